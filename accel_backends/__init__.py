@@ -1,0 +1,51 @@
+"""Device backends for hardware-portable training, found and selected through pluggy.
+
+    >>> import accel_backends
+    >>> backend = accel_backends.get_backend()      # ACCEL_BACKEND, else the best available device
+    >>> backend.name, backend.device(), backend.dist_backend
+"""
+
+from .base import DeviceBackend
+from .distributed import DistributedInfo
+from .errors import (
+    AccelBackendError,
+    BackendNotFoundError,
+    BackendRegistrationError,
+    BackendUnavailableError,
+    DistributedSetupError,
+)
+from .hookspecs import hookimpl, hookspec
+from .memory import MemoryStats
+from .registry import (
+    BackendInfo,
+    PluginLoadWarning,
+    get_backend,
+    hook,
+    list_backends,
+    plugin_failures,
+    register_plugin,
+    reset_registry,
+    unregister_plugin,
+)
+
+__all__ = [
+    "AccelBackendError",
+    "BackendInfo",
+    "BackendNotFoundError",
+    "BackendRegistrationError",
+    "BackendUnavailableError",
+    "DeviceBackend",
+    "DistributedInfo",
+    "DistributedSetupError",
+    "MemoryStats",
+    "PluginLoadWarning",
+    "get_backend",
+    "hook",
+    "hookimpl",
+    "hookspec",
+    "list_backends",
+    "plugin_failures",
+    "register_plugin",
+    "reset_registry",
+    "unregister_plugin",
+]

@@ -1,0 +1,91 @@
+"""The CPU backend: always available, gloo collectives, host memory measured from the process itself."""
+
+from __future__ import annotations
+
+import torch
+
+from ..base import DeviceBackend
+from ..hookspecs import hookimpl
+from ..memory import MemoryStats, PeakRSSTracker, host_memory_total_and_free, process_rss
+
+
+class CPUBackend(DeviceBackend):
+    """Runs everything on the host. The fallback of auto-detection and the backend every test here uses.
+
+    ``torch.cpu`` has no memory statistics, so ``allocated`` is the process's resident set size and the peak is
+    tracked by this backend (see ``PeakRSSTracker``). Subclass it for a plugin that runs on the CPU.
+    """
+
+    name = "cpu"
+    device_type = "cpu"
+    dist_backend = "gloo"
+    priority = 0
+
+    def __init__(self) -> None:
+        self._peak = None  # created on first use: constructing a backend must stay cheap
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_index(self) -> int:
+        return 0
+
+    def device(self, index: int | None = None) -> torch.device:
+        return torch.device("cpu")
+
+    def set_device(self, index: int) -> None:
+        pass  # one host device; several ranks on a node share it
+
+    def synchronize(self) -> None:
+        pass  # host work is synchronous
+
+    def _bind_local_device(self, info) -> None:
+        pass  # every local rank uses the host
+
+    def _tracker(self) -> PeakRSSTracker:
+        if self._peak is None:
+            self._peak = PeakRSSTracker()
+        return self._peak
+
+    def memory_stats(self) -> MemoryStats:
+        total, free = host_memory_total_and_free()
+        return MemoryStats(
+            allocated=process_rss(),
+            reserved=None,
+            peak_allocated=self._tracker().observe(),
+            total=total,
+            free=free,
+        )
+
+    def reset_peak_memory_stats(self) -> None:
+        self._tracker().reset()
+
+    def empty_cache(self) -> None:
+        pass  # no caching allocator on the host
+
+    def to_device(self, tensor: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        return tensor.to("cpu")
+
+    def process_group_device_id(self) -> torch.device | None:
+        return None  # gloo binds no device
+
+    def fsdp_device_id(self) -> torch.device:
+        # FSDP1 refuses to run on the CPU unless told so explicitly ("FSDP needs a non-CPU accelerator device").
+        return torch.device("cpu")
+
+    def manual_seed(self, seed: int) -> None:
+        torch.manual_seed(seed)
+
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        return {"cpu": torch.get_rng_state()}
+
+    def describe(self) -> dict:
+        return {"torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+@hookimpl
+def register_backends(register):
+    register(CPUBackend())

@@ -1,0 +1,214 @@
+"""``DeviceBackend``: everything device-specific that the engine needs, in one small class.
+
+Defaults use the torch device module of ``device_type`` (``torch.get_device_module``), so a backend for a device
+that has one only sets the class attributes. Override what differs; nothing here is abstract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from typing import Any, ClassVar
+
+import torch
+
+from .distributed import DistributedInfo, read_launcher_env
+from .errors import BackendUnavailableError, DistributedSetupError
+from .memory import MemoryStats
+
+DEFAULT_DIST_TIMEOUT_S = 1800.0
+
+
+class DeviceBackend:
+    """One kind of device and its collective library.
+
+    Class attributes: ``name`` (what users select), ``device_type`` (the torch device type), ``dist_backend``
+    (the ``torch.distributed`` backend), ``priority`` (auto-detection prefers higher), ``visible_devices_env``
+    (the variable that restricts visible devices, if any), ``supports_pinned_memory``.
+    """
+
+    name: ClassVar[str] = ""
+    device_type: ClassVar[str] = ""
+    dist_backend: ClassVar[str] = "gloo"
+    priority: ClassVar[int] = 0
+    visible_devices_env: ClassVar[str | None] = None
+    supports_pinned_memory: ClassVar[bool] = False
+
+    # -- availability -------------------------------------------------------------------------------------------
+
+    def device_module(self) -> Any:
+        """The torch device module (``torch.cuda``, ``torch.npu``...); raises if torch has none for this type."""
+        return torch.get_device_module(self.device_type)
+
+    def unavailable_reason(self) -> str | None:
+        """``None`` when usable, else one sentence saying why not and what to do. Never raises."""
+        try:
+            module = self.device_module()
+        except Exception as exc:  # noqa: BLE001 - every failure is a reason, not a crash
+            return f"torch has no '{self.device_type}' device module ({exc})"
+        try:
+            if not module.is_available() or module.device_count() == 0:
+                return f"no {self.device_type} device is visible{self._visible_devices_hint()}"
+        except Exception as exc:  # noqa: BLE001
+            return f"probing {self.device_type} failed: {type(exc).__name__}: {exc}"
+        return None
+
+    def is_available(self) -> bool:
+        return self.unavailable_reason() is None
+
+    def require_available(self) -> None:
+        """Raise ``BackendUnavailableError`` with the backend's reason when it cannot run here."""
+        reason = self.unavailable_reason()
+        if reason is not None:
+            raise BackendUnavailableError(f"backend '{self.name}' is not available here: {reason}")
+
+    def _visible_devices_hint(self) -> str:
+        if self.visible_devices_env and self.visible_devices_env in os.environ:
+            return f" ({self.visible_devices_env}={os.environ[self.visible_devices_env]!r})"
+        return ""
+
+    def describe(self) -> dict:
+        """Versions and settings worth printing in diagnostics; backends add their own."""
+        return {"torch": torch.__version__}
+
+    # -- devices ------------------------------------------------------------------------------------------------
+
+    def device_count(self) -> int:
+        return self.device_module().device_count() if self.is_available() else 0
+
+    def current_index(self) -> int:
+        return self.device_module().current_device()
+
+    def device(self, index: int | None = None) -> torch.device:
+        """The torch device for ``index``, or the current device of this process."""
+        return torch.device(self.device_type, self.current_index() if index is None else index)
+
+    def set_device(self, index: int) -> None:
+        self.device_module().set_device(index)
+
+    def synchronize(self) -> None:
+        self.device_module().synchronize()
+
+    # -- memory -------------------------------------------------------------------------------------------------
+
+    def memory_stats(self) -> MemoryStats:
+        module = self.device_module()
+        free_total = _call_or_none(module, "mem_get_info")
+        free, total = free_total if free_total is not None else (None, None)
+        return MemoryStats(
+            allocated=_call_or_none(module, "memory_allocated"),
+            reserved=_call_or_none(module, "memory_reserved"),
+            peak_allocated=_call_or_none(module, "max_memory_allocated"),
+            total=total,
+            free=free,
+        )
+
+    def reset_peak_memory_stats(self) -> None:
+        _call_or_none(self.device_module(), "reset_peak_memory_stats")
+
+    def empty_cache(self) -> None:
+        _call_or_none(self.device_module(), "empty_cache")
+
+    # -- moves --------------------------------------------------------------------------------------------------
+
+    def to_device(self, tensor: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """Copy to this process's device (a no-op if already there)."""
+        return tensor.to(self.device(), non_blocking=non_blocking)
+
+    def to_host(self, tensor: torch.Tensor, non_blocking: bool = False) -> torch.Tensor:
+        """Copy to host memory, pinned where the device supports it so the way back can overlap compute.
+
+        With ``non_blocking=True`` call ``synchronize()`` before reading the result.
+        """
+        if tensor.device.type == "cpu":
+            return tensor
+        if not self.supports_pinned_memory:
+            return tensor.to("cpu")
+        host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+        host.copy_(tensor, non_blocking=non_blocking)
+        return host
+
+    # -- distributed --------------------------------------------------------------------------------------------
+
+    def init_distributed(self, timeout: float | datetime.timedelta = DEFAULT_DIST_TIMEOUT_S) -> DistributedInfo:
+        """Join the job torchrun started, binding this process to its local device; idempotent.
+
+        Without torchrun's variables this makes a group of one (rank 0, world size 1) on an in-memory store, so
+        the same code runs under ``python`` and under ``torchrun``.
+        """
+        import torch.distributed as dist
+
+        info = read_launcher_env()
+        if dist.is_initialized():
+            current = dist.get_backend()
+            if current != self.dist_backend:
+                raise DistributedSetupError(
+                    f"a '{current}' process group is already initialised, but backend '{self.name}' needs "
+                    f"'{self.dist_backend}'. Select the backend that created it, or destroy that group first."
+                )
+            return dataclasses.replace(info, rank=dist.get_rank(), world_size=dist.get_world_size())
+        self.require_available()
+        self._bind_local_device(info)
+        if not isinstance(timeout, datetime.timedelta):
+            timeout = datetime.timedelta(seconds=timeout)
+        kwargs: dict[str, Any] = {"backend": self.dist_backend, "timeout": timeout}
+        if info.launched:
+            kwargs.update(init_method="env://", rank=info.rank, world_size=info.world_size)
+        else:
+            kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
+        device_id = self.process_group_device_id()
+        if device_id is not None:
+            kwargs["device_id"] = device_id
+        dist.init_process_group(**kwargs)
+        return info
+
+    def _bind_local_device(self, info: DistributedInfo) -> None:
+        count = self.device_count()
+        if info.local_rank >= count:
+            raise DistributedSetupError(
+                f"LOCAL_RANK={info.local_rank} but only {count} {self.device_type} device(s) are visible"
+                f"{self._visible_devices_hint()}: start fewer processes per node or make more devices visible."
+            )
+        self.set_device(info.local_rank)
+
+    def process_group_device_id(self) -> torch.device | None:
+        """The device ``init_process_group(device_id=...)`` binds eagerly; ``None`` where that is not wanted."""
+        return self.device()
+
+    def fsdp_device_id(self) -> torch.device:
+        """What FSDP1's ``device_id`` must be on this backend."""
+        return self.device()
+
+    def metrics_device(self) -> torch.device:
+        """Where small tensors must live for an all-reduce through ``dist_backend``."""
+        return self.device()
+
+    # -- randomness ---------------------------------------------------------------------------------------------
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed the host generator and every device generator of this kind."""
+        torch.manual_seed(seed)
+        _call_or_none(self.device_module(), "manual_seed_all", seed)
+
+    def rng_state(self) -> dict[str, torch.Tensor]:
+        state = {"cpu": torch.get_rng_state()}
+        device_state = _call_or_none(self.device_module(), "get_rng_state")
+        if device_state is not None:
+            state["device"] = device_state
+        return state
+
+    def set_rng_state(self, state: dict[str, torch.Tensor]) -> None:
+        torch.set_rng_state(state["cpu"])
+        if "device" in state:
+            self.device_module().set_rng_state(state["device"])
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} name={self.name!r} device_type={self.device_type!r}>"
+
+
+def _call_or_none(module: Any, function: str, *args: Any) -> Any:
+    """Call ``module.function(*args)`` if the device module has it, else ``None`` (not every device has all)."""
+    fn = getattr(module, function, None)
+    return fn(*args) if callable(fn) else None
+

@@ -1,0 +1,146 @@
+"""``accel-backends``: what is registered, what can run here, and why not."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import warnings
+
+from .errors import AccelBackendError
+from .registry import BACKEND_ENV, PluginLoadWarning, registry
+
+
+def _gib(value: int | None) -> str:
+    return "-" if value is None else f"{value / 2**30:.1f}"
+
+
+def _memory(backend, available: bool) -> dict | None:
+    if not available:
+        return None
+    try:
+        return backend.memory_stats().as_dict()
+    except Exception as exc:  # noqa: BLE001 - diagnostics report, never crash
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def _selection() -> dict:
+    env_value = os.environ.get(BACKEND_ENV)
+    try:
+        selected, error = registry().select().name, None
+    except AccelBackendError as exc:
+        selected, error = None, str(exc)
+    return {"selected": selected, "requested": env_value, "selection_error": error}
+
+
+def collect() -> dict:
+    """Everything ``list`` prints, as plain data (the ``--json`` document)."""
+    reg = registry()
+    backends = []
+    for info in reg.infos():
+        row = dataclasses.asdict(info)
+        row["memory"] = _memory(reg.get(info.name).backend, info.available)
+        backends.append(row)
+    return {
+        "backends": backends,
+        **_selection(),
+        "failed_plugins": [dataclasses.asdict(f) for f in reg.failures],
+    }
+
+
+def _print_table(doc: dict) -> None:
+    header = ("NAME", "STATUS", "PRIO", "DEVICE", "COUNT", "DIST", "MEM GiB total/free", "PLUGIN")
+    rows = []
+    for b in doc["backends"]:
+        mem = b["memory"] or {}
+        memory = f"{_gib(mem.get('total'))}/{_gib(mem.get('free'))}" if b["available"] else "-"
+        plugin = b["plugin"] + (f" (replaces {b['replaced']})" if b["replaced"] else "")
+        status = "available" if b["available"] else "unavailable"
+        rows.append((b["name"], status, str(b["priority"]), b["device_type"], str(b["device_count"]),
+                     b["dist_backend"], memory, plugin))
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for row in [header, *rows]:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+    reasons = [(b["name"], b["reason"]) for b in doc["backends"] if not b["available"]]
+    if reasons:
+        print("\nwhy not:")
+        for name, reason in reasons:
+            print(f"  {name}: {reason}")
+    if doc["failed_plugins"]:
+        print("\nplugins that failed to load:")
+        for f in doc["failed_plugins"]:
+            print(f"  {f['plugin']} ({f['distribution']}): {f['error']}")
+    print()
+    if doc["selected"]:
+        how = f"{BACKEND_ENV}={doc['requested']}" if doc["requested"] else "auto-detected"
+        print(f"selected: {doc['selected']} ({how})")
+    else:
+        print(f"selected: none: {doc['selection_error']}")
+
+
+def _info(name: str | None) -> dict:
+    reg = registry()
+    backend = reg.select(name) if name is None else reg.get(name).backend
+    record = reg.get(backend.name)
+    reason = backend.unavailable_reason()
+    doc = {
+        "name": backend.name,
+        "class": f"{type(backend).__module__}.{type(backend).__qualname__}",
+        "plugin": record.plugin,
+        "replaced": record.replaced,
+        "available": reason is None,
+        "reason": reason,
+        "priority": backend.priority,
+        "device_type": backend.device_type,
+        "dist_backend": backend.dist_backend,
+        "visible_devices_env": backend.visible_devices_env,
+        "visible_devices": os.environ.get(backend.visible_devices_env) if backend.visible_devices_env else None,
+        "supports_pinned_memory": backend.supports_pinned_memory,
+    }
+    if reason is None:
+        doc["device_count"] = backend.device_count()
+        doc["device"] = str(backend.device())
+        doc["memory"] = _memory(backend, True)
+    try:
+        doc["versions"] = backend.describe()
+    except Exception as exc:  # noqa: BLE001
+        doc["versions"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return doc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accel-backends", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    list_parser = sub.add_parser("list", help="every registered backend and whether it can run here")
+    list_parser.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    info_parser = sub.add_parser("info", help="one backend in detail (default: the one that would be selected)")
+    info_parser.add_argument("name", nargs="?")
+    info_parser.add_argument("--json", action="store_true")
+    args = parser.parse_args(argv)
+
+    # Load failures are part of the output here; keep the warning text out of it.
+    warnings.simplefilter("ignore", PluginLoadWarning)
+    try:
+        if args.command == "list":
+            doc = collect()
+            if args.json:
+                print(json.dumps(doc, indent=2))
+            else:
+                _print_table(doc)
+        else:
+            doc = _info(args.name)
+            if args.json:
+                print(json.dumps(doc, indent=2))
+            else:
+                for key, value in doc.items():
+                    print(f"{key:24} {value}")
+    except AccelBackendError as exc:
+        print(f"accel-backends: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

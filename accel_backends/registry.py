@@ -1,0 +1,279 @@
+"""Finds backends (built-in and from entry points), checks them, and picks the one to use.
+
+Selection: an explicit name, else ``ACCEL_BACKEND``, else the available backend with the highest priority.
+Third-party entry points (group ``accel_backends``) load unless ``ACCEL_BACKENDS_AUTOLOAD=0``; one that fails to
+import is skipped with a warning naming it, and ``accel-backends list`` shows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.metadata
+import os
+import threading
+import warnings
+
+import pluggy
+
+from . import hookspecs
+from .backends import BUILTIN_PLUGIN_MODULES
+from .base import DeviceBackend
+from .errors import BackendNotFoundError, BackendRegistrationError, BackendUnavailableError
+
+ENTRY_POINT_GROUP = "accel_backends"
+BACKEND_ENV = "ACCEL_BACKEND"
+AUTOLOAD_ENV = "ACCEL_BACKENDS_AUTOLOAD"
+BUILTIN_LABEL = "accel-backends (built-in)"
+
+
+class PluginLoadWarning(UserWarning):
+    """A third-party plugin could not be loaded; the other backends still work."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PluginFailure:
+    plugin: str  # entry-point name
+    distribution: str | None  # "name version" of the distribution that declared it
+    error: str
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendRecord:
+    backend: DeviceBackend
+    plugin: str  # who registered it: BUILTIN_LABEL, "dist version", or the plugin's name
+    replaced: str | None = None  # the plugin whose backend of the same name this one replaced
+
+
+@dataclasses.dataclass(frozen=True)
+class BackendInfo:
+    """One row of ``list_backends()``."""
+
+    name: str
+    available: bool
+    reason: str | None
+    priority: int
+    device_type: str
+    device_count: int
+    dist_backend: str
+    plugin: str
+    replaced: str | None
+    visible_devices_env: str | None
+
+
+def autoload_enabled(environ=None) -> bool:
+    value = (environ if environ is not None else os.environ).get(AUTOLOAD_ENV, "1")
+    return value.strip().lower() not in ("0", "false", "no", "off")
+
+
+class Registry:
+    """A pluggy ``PluginManager`` plus the backends its plugins registered."""
+
+    def __init__(self, autoload: bool | None = None) -> None:
+        self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
+        self.plugin_manager.add_hookspecs(hookspecs)
+        self.failures: list[PluginFailure] = []
+        self._labels: dict[str, str] = {}  # plugin name -> who provided it, for messages
+        self._records: dict[str, BackendRecord] | None = None
+        for module_name in BUILTIN_PLUGIN_MODULES:
+            module = importlib.import_module(module_name)
+            self.register_plugin(module, name="builtin." + module_name.rsplit(".", 1)[1], label=BUILTIN_LABEL)
+        if autoload_enabled() if autoload is None else autoload:
+            self._load_entry_points()
+
+    # -- plugins ------------------------------------------------------------------------------------------------
+
+    def register_plugin(self, plugin, name: str | None = None, label: str | None = None) -> str:
+        """Register a plugin object or module at run time (tests, observers); returns its plugin name."""
+        registered = self.plugin_manager.register(plugin, name=name)
+        try:
+            self.plugin_manager.check_pending()  # a misspelled hook name is an error, not a silent no-op
+        except pluggy.PluginValidationError:
+            self.plugin_manager.unregister(name=registered)
+            raise
+        self._labels[registered] = label or registered
+        self._records = None
+        return registered
+
+    def unregister_plugin(self, plugin) -> None:
+        self.plugin_manager.unregister(plugin)
+        self._records = None
+
+    def _load_entry_points(self) -> None:
+        seen = set()
+        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            dist = getattr(entry_point, "dist", None)
+            label = f"{dist.name} {dist.version}" if dist is not None else entry_point.value
+            if (entry_point.name, label) in seen:
+                continue  # the same distribution seen twice on sys.path
+            seen.add((entry_point.name, label))
+            try:
+                self.register_plugin(entry_point.load(), name=entry_point.name, label=label)
+            except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
+                self._record_failure(entry_point.name, label, exc)
+
+    def _record_failure(self, plugin: str, distribution: str | None, exc: BaseException) -> None:
+        error = f"{type(exc).__name__}: {exc}"
+        self.failures.append(PluginFailure(plugin=plugin, distribution=distribution, error=error))
+        warnings.warn(
+            f"accel_backends plugin '{plugin}' ({distribution}) failed to load and is skipped: {error}. "
+            f"Fix or uninstall it, or set {AUTOLOAD_ENV}=0 to load built-in backends only.",
+            PluginLoadWarning,
+            stacklevel=3,
+        )
+
+    # -- backends -----------------------------------------------------------------------------------------------
+
+    def records(self) -> dict[str, BackendRecord]:
+        """Backends by name, collected once from every plugin's ``register_backends``."""
+        if self._records is None:
+            self._records = self._collect()
+        return self._records
+
+    def _collect(self) -> dict[str, BackendRecord]:
+        records: dict[str, BackendRecord] = {}
+        builtin_first = sorted(
+            self.plugin_manager.hook.register_backends.get_hookimpls(),
+            key=lambda impl: self._labels.get(impl.plugin_name) != BUILTIN_LABEL,
+        )
+        for impl in builtin_first:
+            label = self._labels.get(impl.plugin_name, impl.plugin_name)
+
+            def register(backend, replace=False, _label=label):
+                _add_record(records, backend, _label, replace)
+
+            try:
+                impl.function(register=register)
+            except BackendRegistrationError:
+                raise
+            except Exception as exc:  # noqa: BLE001
+                self._record_failure(impl.plugin_name, label, exc)
+        return records
+
+    def get(self, name: str) -> BackendRecord:
+        records = self.records()
+        wanted = name.strip().lower()
+        for key, record in records.items():
+            if key.lower() == wanted:
+                return record
+        raise BackendNotFoundError(
+            f"unknown backend '{name}': registered backends are {', '.join(sorted(records))}."
+            f"{self._failures_sentence()} Pick one of those, or install the plugin that provides '{name}'."
+        )
+
+    def _failures_sentence(self) -> str:
+        if not self.failures:
+            return ""
+        failed = "; ".join(f"'{f.plugin}' ({f.distribution}): {f.error}" for f in self.failures)
+        return f" Plugins that failed to load: {failed}."
+
+    def select(self, name: str | None = None) -> DeviceBackend:
+        requested = name if name is not None else os.environ.get(BACKEND_ENV, "")
+        source = "" if name is not None else f" (from {BACKEND_ENV})"
+        if requested.strip() and requested.strip().lower() != "auto":
+            backend = self.get(requested).backend
+            reason = backend.unavailable_reason()
+            if reason is not None:
+                raise BackendUnavailableError(f"backend '{backend.name}'{source} is not available here: {reason}")
+            return backend
+        ranked = sorted(self.records().values(), key=lambda r: (-r.backend.priority, r.backend.name))
+        for record in ranked:
+            if record.backend.is_available():
+                return record.backend
+        reasons = "; ".join(f"{r.backend.name}: {r.backend.unavailable_reason()}" for r in ranked)
+        raise BackendUnavailableError(f"no registered backend is available here ({reasons})")
+
+    def infos(self) -> list[BackendInfo]:
+        rows = []
+        for name, record in sorted(self.records().items(), key=lambda kv: (-kv[1].backend.priority, kv[0])):
+            backend = record.backend
+            reason = backend.unavailable_reason()
+            rows.append(
+                BackendInfo(
+                    name=name,
+                    available=reason is None,
+                    reason=reason,
+                    priority=backend.priority,
+                    device_type=backend.device_type,
+                    device_count=backend.device_count() if reason is None else 0,
+                    dist_backend=backend.dist_backend,
+                    plugin=record.plugin,
+                    replaced=record.replaced,
+                    visible_devices_env=backend.visible_devices_env,
+                )
+            )
+        return rows
+
+
+def _add_record(records: dict[str, BackendRecord], backend, label: str, replace: bool) -> None:
+    if not isinstance(backend, DeviceBackend):
+        raise BackendRegistrationError(
+            f"plugin {label} registered {backend!r}, which is not a DeviceBackend: register an instance of a "
+            "subclass of accel_backends.DeviceBackend"
+        )
+    if not backend.name or not backend.device_type:
+        raise BackendRegistrationError(
+            f"plugin {label} registered {type(backend).__name__} without a name or device_type: set both class "
+            "attributes"
+        )
+    existing = records.get(backend.name)
+    if existing is not None:
+        if replace and existing.plugin == BUILTIN_LABEL:
+            records[backend.name] = BackendRecord(backend, label, replaced=existing.plugin)
+            return
+        raise BackendRegistrationError(
+            f"backend name '{backend.name}' is registered twice: by {existing.plugin} and by {label}. A plugin may "
+            "replace a built-in backend only by calling register(backend, replace=True); otherwise uninstall one "
+            f"of the two, or set {AUTOLOAD_ENV}=0 to load built-in backends only."
+        )
+    records[backend.name] = BackendRecord(backend, label)
+
+
+_lock = threading.Lock()
+_registry: Registry | None = None
+
+
+def registry() -> Registry:
+    """The process-wide registry, built on first use."""
+    global _registry
+    with _lock:
+        if _registry is None:
+            _registry = Registry()
+        return _registry
+
+
+def reset_registry() -> None:
+    """Forget the registry so the next call rebuilds it (after installing a plugin or changing the environment)."""
+    global _registry
+    with _lock:
+        _registry = None
+
+
+def get_backend(name: str | None = None) -> DeviceBackend:
+    """The backend to use: ``name``, else ``$ACCEL_BACKEND``, else the best available one (CPU last)."""
+    return registry().select(name)
+
+
+def list_backends() -> list[BackendInfo]:
+    """Every registered backend, whether it can run here and why not, best first."""
+    return registry().infos()
+
+
+def plugin_failures() -> list[PluginFailure]:
+    """Third-party plugins that failed to load, with their errors."""
+    registry().records()
+    return list(registry().failures)
+
+
+def register_plugin(plugin, name: str | None = None) -> str:
+    """Add a plugin (an observer of the ``on_*`` events, or extra backends) to the process-wide registry."""
+    return registry().register_plugin(plugin, name=name)
+
+
+def unregister_plugin(plugin) -> None:
+    registry().unregister_plugin(plugin)
+
+
+def hook():
+    """The hook relay the engine calls events on: ``hook().on_transfer(engine=..., ...)``."""
+    return registry().plugin_manager.hook

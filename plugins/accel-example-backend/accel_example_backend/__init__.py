@@ -1,0 +1,1 @@
+"""An example device plugin for accel-backends (see plugin.py)."""

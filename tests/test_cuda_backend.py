@@ -1,0 +1,149 @@
+"""The CUDA backend: contract tests with a patched ``torch.cuda`` everywhere, real tests (marked ``cuda``) on a GPU.
+
+The patched tests record which ``torch.cuda`` functions the backend calls; they do not prove anything runs on a
+GPU. Tests marked ``cuda`` do, and are skipped where no GPU is usable.
+"""
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accel_backends import DistributedSetupError
+from accel_backends.backends.cuda import CUDABackend
+
+LAUNCHER = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+
+
+@pytest.fixture
+def patched_cuda(monkeypatch):
+    """Pretend torch was built for CUDA 12.8 and sees two GPUs; record every call."""
+    calls = []
+    state = {"current": 0}
+
+    def recorded(name, result=None):
+        def fn(*args, **kwargs):
+            calls.append((name, args))
+            return result(*args) if callable(result) else result
+
+        return fn
+
+    monkeypatch.setattr(torch.version, "cuda", "12.8")
+    monkeypatch.setattr(torch.version, "hip", None)
+    fakes = {
+        "is_available": recorded("is_available", True),
+        "device_count": recorded("device_count", 2),
+        "current_device": recorded("current_device", lambda: state["current"]),
+        "set_device": recorded("set_device", lambda i: state.update(current=i)),
+        "synchronize": recorded("synchronize"),
+        "memory_allocated": recorded("memory_allocated", 11),
+        "memory_reserved": recorded("memory_reserved", 22),
+        "max_memory_allocated": recorded("max_memory_allocated", 33),
+        "mem_get_info": recorded("mem_get_info", (44, 80)),
+        "reset_peak_memory_stats": recorded("reset_peak_memory_stats"),
+        "empty_cache": recorded("empty_cache"),
+        "manual_seed_all": recorded("manual_seed_all"),
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(torch.cuda, name, fake)
+    return calls
+
+
+def test_cpu_only_torch_is_reported(monkeypatch):
+    monkeypatch.setattr(torch.version, "cuda", None)
+    monkeypatch.setattr(torch.version, "hip", None)
+    reason = CUDABackend().unavailable_reason()
+    assert "built without CUDA or ROCm" in reason and torch.__version__ in reason
+
+
+def test_no_visible_gpu_names_the_variable(patched_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    reason = CUDABackend().unavailable_reason()
+    assert "CUDA 12.8" in reason and "CUDA_VISIBLE_DEVICES=''" in reason
+
+
+def test_rocm_builds_are_reported_as_rocm(patched_cuda, monkeypatch):
+    monkeypatch.setattr(torch.version, "hip", "6.4.1")
+    backend = CUDABackend()
+    assert backend.platform() == "ROCm (HIP 6.4.1)"
+    assert backend.is_available() and backend.dist_backend == "nccl"
+
+
+def test_uses_torch_cuda_for_memory_and_devices(patched_cuda):
+    backend = CUDABackend()
+    assert backend.unavailable_reason() is None and backend.device_count() == 2
+    stats = backend.memory_stats()
+    assert (stats.allocated, stats.reserved, stats.peak_allocated, stats.free, stats.total) == (11, 22, 33, 44, 80)
+    backend.reset_peak_memory_stats()
+    backend.empty_cache()
+    backend.synchronize()
+    names = [name for name, _ in patched_cuda]
+    for expected in ("memory_allocated", "memory_reserved", "max_memory_allocated", "mem_get_info",
+                     "reset_peak_memory_stats", "empty_cache", "synchronize"):
+        assert expected in names
+
+
+def test_init_distributed_uses_nccl_and_binds_the_local_gpu(patched_cuda, monkeypatch):
+    for key, value in LAUNCHER.items():
+        monkeypatch.setenv(key, value)
+    recorded = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: recorded.append(kwargs))
+    backend = CUDABackend()
+    info = backend.init_distributed(timeout=90)
+    (kwargs,) = recorded
+    assert (info.rank, info.world_size, info.local_rank) == (3, 4, 1)
+    assert kwargs["backend"] == "nccl" and kwargs["device_id"] == torch.device("cuda", 1)
+    assert kwargs["timeout"].total_seconds() == 90
+    assert ("set_device", (1,)) in patched_cuda
+    assert backend.metrics_device() == backend.fsdp_device_id() == torch.device("cuda", 1)
+
+
+def test_local_rank_beyond_visible_gpus_is_explained(patched_cuda, monkeypatch):
+    for key, value in {**LAUNCHER, "LOCAL_RANK": "2"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(DistributedSetupError, match=r"LOCAL_RANK=2 but only 2 cuda.*CUDA_VISIBLE_DEVICES='0,1'"):
+        CUDABackend().init_distributed()
+
+
+def test_existing_group_of_another_backend_is_refused(patched_cuda, monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_backend", lambda: "gloo")
+    with pytest.raises(DistributedSetupError, match="'gloo' process group is already initialised.*'nccl'"):
+        CUDABackend().init_distributed()
+
+
+# -- real GPU -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.cuda
+def test_real_gpu_memory_and_pinned_moves():
+    backend = CUDABackend()
+    backend.set_device(0)
+    backend.reset_peak_memory_stats()
+    before = backend.memory_stats()
+    tensor = backend.to_device(torch.randn(1024, 1024))
+    during = backend.memory_stats()
+    assert during.allocated - before.allocated >= 4 * 2**20
+    assert during.peak_allocated >= during.allocated and during.total > during.free > 0
+    host = backend.to_host(tensor, non_blocking=True)
+    backend.synchronize()
+    assert host.is_pinned() and torch.equal(host, tensor.cpu())
+
+
+@pytest.mark.cuda
+def test_real_gpu_single_process_nccl_group(monkeypatch):
+    for var in LAUNCHER:
+        monkeypatch.delenv(var, raising=False)
+    backend = CUDABackend()
+    try:
+        info = backend.init_distributed(timeout=60)
+        assert info.world_size == 1 and dist.get_backend() == "nccl"
+        value = torch.ones(3, device=backend.metrics_device())
+        dist.all_reduce(value)
+        assert value.tolist() == [1.0, 1.0, 1.0]
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()

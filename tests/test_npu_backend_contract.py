@@ -1,0 +1,139 @@
+"""Contract tests of the NPU backend with a STAND-IN ``torch_npu`` (tests/standins/torch_npu), not the real one.
+
+No Ascend hardware or CANN toolkit exists here. These tests check that the backend imports ``torch_npu`` lazily,
+turns every import failure into an unavailable reason, and uses the NPU API and names (``torch.npu.*``,
+``hccl``, ``ASCEND_RT_VISIBLE_DEVICES``). What ran on real Ascend hardware is listed in docs/backends.md.
+"""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from accel_backends import BackendUnavailableError, DistributedSetupError
+from accel_backends.backends.npu import NPUBackend
+from accel_backends.registry import Registry
+
+STANDINS = Path(__file__).parent / "standins"
+LAUNCHER = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
+
+
+@pytest.fixture
+def standin(monkeypatch):
+    """Make ``import torch_npu`` find the stand-in; undo ``torch.npu`` afterwards."""
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    monkeypatch.syspath_prepend(str(STANDINS))
+    monkeypatch.setattr(torch, "npu", None, raising=False)
+    monkeypatch.delattr(torch, "npu")
+    yield
+    sys.modules.pop("torch_npu", None)
+
+
+@pytest.fixture
+def fake_torch_npu(monkeypatch, tmp_path):
+    """Write a ``torch_npu`` whose import fails the way a real one does without CANN."""
+
+    def install(source):
+        (tmp_path / "torch_npu.py").write_text(source)
+        monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+        monkeypatch.syspath_prepend(str(tmp_path))
+
+    yield install
+    sys.modules.pop("torch_npu", None)
+
+
+def test_registering_does_not_import_torch_npu(monkeypatch):
+    monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
+    Registry(autoload=False).records()
+    assert "torch_npu" not in sys.modules
+
+
+def test_not_installed_says_so():
+    try:
+        import torch_npu  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("torch_npu is installed here")
+    reason = NPUBackend().unavailable_reason()
+    assert reason.startswith("torch_npu is not installed") and "CANN" in reason
+
+
+def test_missing_cann_libraries_tell_the_user_to_install_cann(fake_torch_npu):
+    fake_torch_npu('raise ImportError("libhccl.so: cannot open shared object file: No such file or directory")\n')
+    backend = NPUBackend()
+    reason = backend.unavailable_reason()
+    assert "torch_npu failed to import" in reason and "libhccl.so" in reason and "CANN toolkit" in reason
+    assert not backend.is_available()
+    with pytest.raises(BackendUnavailableError, match="libhccl.so"):
+        backend.memory_stats()
+
+
+def test_any_import_exception_becomes_a_reason(fake_torch_npu):
+    fake_torch_npu('raise RuntimeError("SoC version not supported")\n')
+    assert NPUBackend().unavailable_reason() == "torch_npu failed to import: RuntimeError: SoC version not supported"
+
+
+def test_no_visible_device_names_the_visible_devices_variable(standin, monkeypatch):
+    monkeypatch.setenv("STANDIN_NPU_COUNT", "0")
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "")
+    reason = NPUBackend().unavailable_reason()
+    assert "no NPU is visible" in reason and "ASCEND_RT_VISIBLE_DEVICES=''" in reason
+
+
+def test_uses_the_npu_device_module(standin):
+    backend = NPUBackend()
+    assert backend.unavailable_reason() is None
+    import torch_npu
+
+    assert torch_npu.__version__.endswith("standin"), "these tests must never run against the real package"
+    assert backend.device_count() == 2
+    assert backend.device(1) == torch.device("npu", 1)
+    stats = backend.memory_stats()
+    assert (stats.allocated, stats.reserved, stats.peak_allocated) == (5 * 2**20, 8 * 2**20, 7 * 2**20)
+    assert (stats.free, stats.total) == (60 * 2**30, 64 * 2**30)
+    backend.reset_peak_memory_stats()
+    assert backend.memory_stats().peak_allocated == 0
+    backend.empty_cache()
+    backend.synchronize()
+    backend.manual_seed(7)
+    called = {name for name, _ in torch_npu.CALLS}
+    assert {"memory_allocated", "memory_reserved", "max_memory_allocated", "mem_get_info",
+            "reset_peak_memory_stats", "empty_cache", "synchronize", "manual_seed_all"} <= called
+    assert backend.describe()["torch_npu"] == "0.0.0-standin"
+
+
+def test_auto_detection_prefers_an_available_npu_over_cpu(standin):
+    reg = Registry(autoload=False)
+    if reg.get("cuda").backend.is_available():
+        pytest.skip("a GPU outranks the NPU here")
+    assert reg.select().name == "npu"
+
+
+def test_init_distributed_uses_hccl_and_binds_the_local_npu(standin, monkeypatch):
+    for key, value in LAUNCHER.items():
+        monkeypatch.setenv(key, value)
+    calls = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: calls.append(kwargs))
+    backend = NPUBackend()
+    info = backend.init_distributed(timeout=60)
+    import torch_npu
+
+    assert (info.rank, info.world_size, info.local_rank) == (1, 2, 1)
+    (kwargs,) = calls
+    assert kwargs["backend"] == "hccl" and kwargs["init_method"] == "env://"
+    assert kwargs["device_id"] == torch.device("npu", 1)
+    assert ("set_device", (1,)) in torch_npu.CALLS
+    assert backend.metrics_device() == backend.fsdp_device_id() == torch.device("npu", 1)
+
+
+def test_local_rank_beyond_visible_npus_is_explained(standin, monkeypatch):
+    for key, value in {**LAUNCHER, "LOCAL_RANK": "5", "RANK": "5", "WORLD_SIZE": "8"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("ASCEND_RT_VISIBLE_DEVICES", "0,1")
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    with pytest.raises(DistributedSetupError, match=r"LOCAL_RANK=5 but only 2 npu.*ASCEND_RT_VISIBLE_DEVICES='0,1'"):
+        NPUBackend().init_distributed()
