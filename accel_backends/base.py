@@ -25,7 +25,8 @@ class DeviceBackend:
 
     Class attributes: ``name`` (what users select), ``device_type`` (the torch device type), ``dist_backend``
     (the ``torch.distributed`` backend), ``priority`` (auto-detection prefers higher), ``visible_devices_env``
-    (the variable that restricts visible devices, if any), ``supports_pinned_memory``.
+    (the variable that restricts visible devices, if any), ``supports_pinned_memory``, ``preferred_param_dtype``
+    (the dtype the engine computes in when mixed precision is "auto"; gradients are always reduced in fp32).
     """
 
     name: ClassVar[str] = ""
@@ -34,6 +35,7 @@ class DeviceBackend:
     priority: ClassVar[int] = 0
     visible_devices_env: ClassVar[str | None] = None
     supports_pinned_memory: ClassVar[bool] = False
+    preferred_param_dtype: ClassVar[torch.dtype] = torch.float32  # what mixed precision "auto" computes in
 
     # -- availability -------------------------------------------------------------------------------------------
 

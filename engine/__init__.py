@@ -1,2 +1,7 @@
-"""The shared FSDP training engine (FSDPEngine, EngineConfig): it asks ``accel_backends`` for everything
-device-specific. Being built; see the open engine issue and ``docs/``."""
+"""The shared FSDP engine: it shards, trains, offloads and checkpoints a model, and asks ``accel_backends`` for
+everything device-specific."""
+
+from .config import EngineConfig
+from .engine import FSDPEngine
+
+__all__ = ["EngineConfig", "FSDPEngine"]

@@ -15,6 +15,7 @@ class CUDABackend(DeviceBackend):
     priority = 100
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     supports_pinned_memory = True
+    preferred_param_dtype = torch.bfloat16
 
     def device_module(self):
         return torch.cuda

@@ -29,6 +29,7 @@ class NPUBackend(DeviceBackend):
     priority = 90
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     supports_pinned_memory = True
+    preferred_param_dtype = torch.bfloat16
 
     def __init__(self) -> None:
         self._import_failure = _NOT_PROBED  # None once torch_npu imported, else the reason it did not

@@ -1,0 +1,92 @@
+"""``EngineConfig``: every engine option in one dataclass, checked before any process group or model work."""
+
+from __future__ import annotations
+
+import dataclasses
+
+GRAD_SYNC_MODES = ("deferred", "every_micro_batch")
+MIXED_PRECISION_MODES = ("auto", "fp32", "bf16", "fp16")
+LR_SCHEDULES = ("constant", "linear", "cosine")
+
+
+@dataclasses.dataclass
+class EngineConfig:
+    """How to shard, train and offload a model. Defaults are the fast, memory-hungry choices.
+
+    fsdp_version: 1 (``FullyShardedDataParallel``) or 2 (``fully_shard``).
+    param_offload / optimizer_offload: keep parameters / optimizer state in host memory outside ``train_mode``
+        and ``eval_mode``; they are moved to the device on entry and back on exit.
+    grad_sync: ``"deferred"`` reduces gradients once per mini-batch (on the last micro-batch);
+        ``"every_micro_batch"`` reduces after each one (less memory for FSDP1, more communication).
+    keep_params_unsharded: FSDP2 only. Keep parameters gathered between the micro-batches of one mini-batch:
+        fewer all-gathers, the memory of one unsharded copy of the model.
+    mixed_precision: ``"auto"`` computes in the backend's preferred dtype (bf16 on accelerators, fp32 on the CPU);
+        gradients are reduced in fp32 whenever parameters are cast.
+    lora_rank: > 0 wraps the model with PEFT LoRA (only adapter weights train). A model already wrapped by PEFT
+        is used as it is.
+    lr_schedule: ``"constant"``, ``"linear"`` or ``"cosine"``, after ``warmup_steps`` of linear warm-up; decays need
+        ``total_steps`` and end at ``lr * min_lr_ratio``.
+    max_grad_norm: clip the global gradient norm to this (``None``: measure, do not clip).
+    wrap_class_names: decoder-layer classes to shard as units; ``None`` reads the model's ``_no_split_modules``.
+    """
+
+    fsdp_version: int = 2
+    param_offload: bool = False
+    optimizer_offload: bool = False
+    grad_sync: str = "deferred"
+    keep_params_unsharded: bool = False
+    mixed_precision: str = "auto"
+    gradient_checkpointing: bool = False
+    lora_rank: int = 0
+    lora_alpha: int = 16
+    lora_dropout: float = 0.0
+    lora_target_modules: str | tuple[str, ...] = "all-linear"
+    lr: float = 1e-5
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    lr_schedule: str = "constant"
+    warmup_steps: int = 0
+    total_steps: int | None = None
+    min_lr_ratio: float = 0.0
+    max_grad_norm: float | None = 1.0
+    seed: int = 0
+    wrap_class_names: tuple[str, ...] | None = None
+    dist_timeout_s: float = 1800.0
+
+    def __post_init__(self) -> None:
+        problems = list(self._problems())
+        if problems:
+            raise ValueError("invalid EngineConfig: " + "; ".join(problems))
+
+    def _problems(self):
+        if self.fsdp_version not in (1, 2):
+            yield f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}"
+        if self.grad_sync not in GRAD_SYNC_MODES:
+            yield f"grad_sync must be one of {', '.join(GRAD_SYNC_MODES)}, got {self.grad_sync!r}"
+        if self.keep_params_unsharded and self.fsdp_version != 2:
+            yield "keep_params_unsharded is an FSDP2 option: set fsdp_version=2 or turn it off"
+        if self.keep_params_unsharded and self.grad_sync != "deferred":
+            yield "keep_params_unsharded needs grad_sync='deferred' (it keeps parameters between micro-batches)"
+        if self.mixed_precision not in MIXED_PRECISION_MODES:
+            yield f"mixed_precision must be one of {', '.join(MIXED_PRECISION_MODES)}, got {self.mixed_precision!r}"
+        if self.lr_schedule not in LR_SCHEDULES:
+            yield f"lr_schedule must be one of {', '.join(LR_SCHEDULES)}, got {self.lr_schedule!r}"
+        if self.lr_schedule != "constant" and not (self.total_steps and self.total_steps > 0):
+            yield f"lr_schedule={self.lr_schedule!r} decays over total_steps: set total_steps to a positive number"
+        if self.lr <= 0:
+            yield f"lr must be positive, got {self.lr!r}"
+        if self.warmup_steps < 0:
+            yield f"warmup_steps must be >= 0, got {self.warmup_steps!r}"
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            yield f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio!r}"
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            yield f"max_grad_norm must be positive or None, got {self.max_grad_norm!r}"
+        if self.lora_rank < 0:
+            yield f"lora_rank must be >= 0, got {self.lora_rank!r}"
+        if self.dist_timeout_s <= 0:
+            yield f"dist_timeout_s must be positive, got {self.dist_timeout_s!r}"
+
+    @property
+    def offload_enabled(self) -> bool:
+        return self.param_offload or self.optimizer_offload

@@ -1,0 +1,1 @@
+"""GRPO post-training on the shared FSDP engine."""

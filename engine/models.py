@@ -1,0 +1,41 @@
+"""Model preparation before sharding: PEFT LoRA and gradient checkpointing."""
+
+from __future__ import annotations
+
+import torch.nn as nn
+
+from .config import EngineConfig
+
+
+def is_peft_model(model: nn.Module) -> bool:
+    try:
+        from peft import PeftModel
+    except ImportError:
+        return False
+    return isinstance(model, PeftModel)
+
+
+def prepare_model(model: nn.Module, config: EngineConfig) -> nn.Module:
+    """Apply LoRA when asked (unless the model already is a PEFT model) and gradient checkpointing."""
+    if config.lora_rank > 0 and not is_peft_model(model):
+        from peft import LoraConfig, get_peft_model
+
+        targets = config.lora_target_modules
+        lora = LoraConfig(
+            r=config.lora_rank,
+            lora_alpha=config.lora_alpha,
+            lora_dropout=config.lora_dropout,
+            target_modules=targets if isinstance(targets, str) else list(targets),
+            bias="none",
+        )
+        model = get_peft_model(model, lora)
+    if config.gradient_checkpointing:
+        enable = getattr(model, "gradient_checkpointing_enable", None)
+        if enable is None:
+            raise ValueError(f"gradient_checkpointing needs a Hugging Face model; {type(model).__name__} has no "
+                             "gradient_checkpointing_enable()")
+        # Non-reentrant checkpointing works with FSDP and with frozen (LoRA) inputs.
+        enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if is_peft_model(model):
+            model.enable_input_require_grads()
+    return model

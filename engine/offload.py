@@ -1,0 +1,109 @@
+"""Where parameters, gradients and optimizer state live, and the moves between host and device.
+
+Every move goes through the backend (``to_host`` pins host memory where the device supports it) and is reported
+with its byte count. A part that is already where it is asked to go is not touched.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+from torch.distributed.tensor import DTensor
+
+DEVICE, HOST = "device", "cpu"
+PARTS = ("params", "grads", "optimizer")
+
+
+def local(tensor: torch.Tensor) -> torch.Tensor:
+    """The shard this rank holds (FSDP2 parameters, gradients and optimizer state are DTensors)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    shard = local(tensor)
+    return shard.numel() * shard.element_size()
+
+
+def _mover(backend, destination: str):
+    move = backend.to_device if destination == DEVICE else backend.to_host
+
+    def apply(tensor: torch.Tensor) -> torch.Tensor:
+        if isinstance(tensor, DTensor):
+            moved = move(tensor.to_local())
+            return DTensor.from_local(moved, tensor.device_mesh, tensor.placements, run_check=False,
+                                      shape=tensor.shape, stride=tensor.stride())
+        return move(tensor)
+
+    return apply
+
+
+def _fsdp1_handles(module: nn.Module):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    for sub in FullyShardedDataParallel.fsdp_modules(module):
+        handle = getattr(sub, "_handle", None)
+        if handle is not None:
+            yield handle
+
+
+def model_bytes(module: nn.Module, fsdp_version: int) -> tuple[int, int]:
+    """Bytes this rank holds in (parameters + buffers, gradients)."""
+    if fsdp_version == 1:
+        flats = [h.flat_param for h in _fsdp1_handles(module)]
+        params = sum(_nbytes(f) for f in flats)
+        grads = sum(_nbytes(f.grad) for f in flats if f.grad is not None)
+    else:
+        params = sum(_nbytes(p) for p in module.parameters())
+        grads = sum(_nbytes(p.grad) for p in module.parameters() if p.grad is not None)
+    return params + sum(_nbytes(b) for b in module.buffers()), grads
+
+
+def move_model(module: nn.Module, fsdp_version: int, backend, destination: str) -> None:
+    """Move this rank's parameter shards, buffers and any gradients (a gradient lives with its parameter)."""
+    apply = _mover(backend, destination)
+    with torch.no_grad():
+        if fsdp_version == 2:
+            # FSDP2 re-points its sharded parameters after Module._apply (FSDPModule._apply).
+            module._apply(apply)
+            return
+        for handle in _fsdp1_handles(module):
+            flat = handle.flat_param
+            flat.data = apply(flat.data)
+            flat._local_shard = flat.data
+            if flat.grad is not None:
+                flat.grad = apply(flat.grad)
+            # With use_orig_params the original parameters are views into the flat parameter: re-point them.
+            handle._use_sharded_views()
+            if flat.grad is not None:
+                handle._use_sharded_grad_views()
+        for sub in module.modules():
+            for name, buffer in sub._buffers.items():
+                if buffer is not None:
+                    sub._buffers[name] = apply(buffer)
+
+
+def drop_gradients(module: nn.Module, fsdp_version: int) -> None:
+    """Free every gradient; FSDP1 also keeps a flat gradient behind the per-parameter views."""
+    for param in module.parameters():
+        param.grad = None
+    if fsdp_version == 1:
+        for handle in _fsdp1_handles(module):
+            handle.flat_param.grad = None
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer):
+    """(state dict, key) of every per-parameter state tensor; scalar step counters stay where they are."""
+    for state in optimizer.state.values():
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.dim() > 0:
+                yield state, key
+
+
+def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
+    return sum(_nbytes(state[key]) for state, key in optimizer_tensors(optimizer))
+
+
+def move_optimizer(optimizer: torch.optim.Optimizer, backend, destination: str) -> None:
+    apply = _mover(backend, destination)
+    for state, key in list(optimizer_tensors(optimizer)):
+        state[key] = apply(state[key])

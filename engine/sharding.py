@@ -1,0 +1,97 @@
+"""Shard a model with FSDP1 or FSDP2, one unit per decoder layer plus the root, on the backend's device."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn as nn
+
+from .config import EngineConfig
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def compute_dtype(config: EngineConfig, backend) -> torch.dtype:
+    """The dtype forward and backward run in: the backend's preference under ``"auto"``."""
+    if config.mixed_precision == "auto":
+        return backend.preferred_param_dtype
+    return _DTYPES[config.mixed_precision]
+
+
+def layer_classes(model: nn.Module, names: tuple[str, ...] | None) -> set[type]:
+    """Classes to shard as units: ``names``, else every class listed in a submodule's ``_no_split_modules``."""
+    wanted = set(names) if names else set()
+    if not names:
+        for module in model.modules():
+            wanted.update(getattr(module, "_no_split_modules", None) or ())
+    found = {type(m) for m in model.modules() if type(m).__name__ in wanted}
+    missing = wanted - {cls.__name__ for cls in found}
+    if names and missing:
+        raise ValueError(f"wrap_class_names {sorted(missing)} match no module of {type(model).__name__}")
+    if not found:
+        warnings.warn(
+            f"no decoder-layer class found in {type(model).__name__}: sharding it as one unit "
+            "(set EngineConfig.wrap_class_names to shard per layer)",
+            stacklevel=3,
+        )
+    return found
+
+
+def check_same_weights(model: nn.Module, backend) -> None:
+    """Fail early if ranks built different weights (FSDP would silently train a mix of them)."""
+    import torch.distributed as dist
+
+    with torch.no_grad():
+        fingerprint = sum((t.double() * (i % 7 + 1)).sum() for i, t in enumerate(model.state_dict().values()))
+    fingerprint = torch.as_tensor(fingerprint, dtype=torch.float64).to(backend.metrics_device())
+    extremes = torch.stack([fingerprint, -fingerprint])
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
+    if extremes[0].item() != -extremes[1].item():
+        raise ValueError("ranks built different model weights: load the same checkpoint on every rank, or build "
+                         "random weights inside the model factory (the engine seeds every rank alike first)")
+
+
+def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int) -> tuple[nn.Module, int]:
+    """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root)."""
+    check_same_weights(model, backend)
+    classes = layer_classes(model, config.wrap_class_names)
+    dtype = compute_dtype(config, backend)
+    if config.fsdp_version == 2:
+        return _shard_fsdp2(model, classes, dtype, backend, world_size)
+    return _shard_fsdp1(model, classes, dtype, backend)
+
+
+def _shard_fsdp2(model, classes, dtype, backend, world_size):
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mesh = init_device_mesh(backend.device_type, (world_size,))
+    policy = MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32) if dtype != torch.float32 else None
+    kwargs = {"mesh": mesh, **({"mp_policy": policy} if policy else {})}
+    units = 0
+    for module in model.modules():
+        if type(module) in classes:
+            fully_shard(module, **kwargs)
+            units += 1
+    fully_shard(model, **kwargs)
+    return model, units + 1
+
+
+def _shard_fsdp1(model, classes, dtype, backend):
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    mixed = None
+    if dtype != torch.float32:
+        mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    wrapped = FullyShardedDataParallel(
+        model,
+        auto_wrap_policy=ModuleWrapPolicy(classes) if classes else None,
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        mixed_precision=mixed,
+        device_id=backend.fsdp_device_id(),
+        use_orig_params=True,  # lets frozen (LoRA base) and trainable parameters share a unit
+    )
+    units = sum(1 for m in wrapped.modules() if isinstance(m, FullyShardedDataParallel))
+    return wrapped, units
