@@ -222,7 +222,10 @@ def export_hf(engine, path, merge_lora: bool = True) -> None:
     """Gather full weights to rank 0 and write them as safetensors with the model's config."""
     path = _directory(path)
     with _on_device(engine):
-        full = get_model_state_dict(engine.module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        # FSDP1 crashes offloading a full state dict "to the CPU" when it already is there: only offload from a device.
+        on_host = engine.backend.device().type == "cpu"
+        options = StateDictOptions(full_state_dict=True, cpu_offload=not on_host)
+        full = get_model_state_dict(engine.module, options=options)
     if engine.rank == 0:
         from safetensors.torch import save_file
 

@@ -11,9 +11,12 @@ The engine knows FSDP, models and optimizers; everything about the device comes 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import difflib
 import math
 import time
-from collections.abc import Callable, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -38,11 +41,10 @@ class FSDPEngine:
 
     def __init__(self, model: nn.Module | Callable[[], nn.Module], config: EngineConfig | None = None,
                  backend: accel_backends.DeviceBackend | None = None) -> None:
-        if config is not None and not isinstance(config, EngineConfig):
-            raise TypeError(f"config must be an engine.EngineConfig, got {type(config).__name__}")
+        config = _as_config(config)
         if not isinstance(model, nn.Module) and not callable(model):
             raise TypeError(f"model must be an nn.Module or a zero-argument factory, got {type(model).__name__}")
-        self.config = config or EngineConfig()
+        self.config = config
         self.backend = backend or accel_backends.get_backend()
         self.backend.require_available()
         self.dist_info = self.backend.init_distributed(timeout=self.config.dist_timeout_s)
@@ -190,8 +192,12 @@ class FSDPEngine:
                     _accumulate(totals, key, value * weight)
         except BaseException:
             if not forward_only:  # partial gradients of a failed mini-batch are useless: start clean
-                discard_partial_backward(self.module, self.config.fsdp_version)
-                self.zero_grad()
+                try:
+                    discard_partial_backward(self.module, self.config.fsdp_version)
+                    self.zero_grad()
+                except Exception as cleanup_error:  # noqa: BLE001 - never hide the user's error behind ours
+                    warnings.warn(f"could not reset the engine after a failed micro-batch: {cleanup_error!r}",
+                                  stacklevel=2)
             raise
         keys = list(totals)
         packed = torch.stack([totals[k] for k in keys])
@@ -256,6 +262,23 @@ class FSDPEngine:
     def export_hf(self, path, merge_lora: bool = True) -> None:
         """Write full Hugging Face weights (safetensors) from rank 0; LoRA merged, or as a PEFT adapter."""
         checkpoint.export_hf(self, path, merge_lora=merge_lora)
+
+
+def _as_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
+    """Accept an ``EngineConfig`` or a mapping of its fields (from YAML), and name unknown keys."""
+    if config is None:
+        return EngineConfig()
+    if isinstance(config, EngineConfig):
+        return config
+    if isinstance(config, Mapping):
+        fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        for key in config:
+            if key not in fields:
+                close = difflib.get_close_matches(key, fields, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ValueError(f"unknown engine option {key!r}{hint}; valid options: {', '.join(sorted(fields))}")
+        return EngineConfig(**config)
+    raise TypeError(f"config must be an engine.EngineConfig or a mapping, got {type(config).__name__}")
 
 
 def _unpack(result: Any, metrics_device: torch.device) -> tuple[torch.Tensor, torch.Tensor, dict]:

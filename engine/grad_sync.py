@@ -88,7 +88,10 @@ def discard_partial_backward(module: nn.Module, fsdp_version: int) -> None:
         return
     reset = getattr(module, "reset_iter_state", None)
     if reset is not None:  # torch >= 2.12 knows how to abandon an iteration
-        reset()
+        try:
+            reset()
+        except AttributeError:
+            pass  # FSDP2 initialises lazily: before the first forward there is nothing to reset
     else:  # older torch: reshard and reset the per-iteration marker by hand
         module.reshard()
         module._get_fsdp_state()._state_ctx.iter_forward_root = None
