@@ -120,6 +120,8 @@ def write_extra_state(engine, directory: Path) -> None:
 
 def save(engine, path) -> None:
     path = _directory(path)
+    if engine.optimizer is None:
+        raise ValueError("a frozen engine has no training state to checkpoint: use export_hf() for its weights")
     partial = path.with_name(path.name + ".partial")
     previous = path.with_name(path.name + ".old")
     if engine.rank == 0:

@@ -28,6 +28,7 @@ class EngineConfig:
         ``total_steps`` and end at ``lr * min_lr_ratio``.
     max_grad_norm: clip the global gradient norm to this (``None``: measure, do not clip).
     wrap_class_names: decoder-layer classes to shard as units; ``None`` reads the model's ``_no_split_modules``.
+    frozen: forward only (a reference model): no optimizer, no gradients; ``param_offload`` still applies.
     """
 
     fsdp_version: int = 2
@@ -53,6 +54,7 @@ class EngineConfig:
     seed: int = 0
     wrap_class_names: tuple[str, ...] | None = None
     dist_timeout_s: float = 1800.0
+    frozen: bool = False
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -84,6 +86,8 @@ class EngineConfig:
             yield f"max_grad_norm must be positive or None, got {self.max_grad_norm!r}"
         if self.lora_rank < 0:
             yield f"lora_rank must be >= 0, got {self.lora_rank!r}"
+        if self.frozen and self.optimizer_offload:
+            yield "a frozen engine has no optimizer: turn optimizer_offload off"
         if self.dist_timeout_s <= 0:
             yield f"dist_timeout_s must be positive, got {self.dist_timeout_s!r}"
 

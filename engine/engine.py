@@ -31,7 +31,7 @@ from .grad_sync import discard_partial_backward, micro_batch_context
 from .models import prepare_model
 from .offload import DEVICE, HOST
 from .optim import build_optimizer, build_scheduler, clip_gradients
-from .sharding import shard_model
+from .sharding import generation_context, shard_model, unwrap
 
 StepFn = Callable[[nn.Module, Any], Any]
 
@@ -57,8 +57,13 @@ class FSDPEngine:
         self.model_config = getattr(built, "config", None)
         prepared = prepare_model(built, self.config)
         self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size)
-        self.optimizer = build_optimizer(self.module, self.config)
-        self.scheduler = build_scheduler(self.optimizer, self.config)
+        if self.config.frozen:
+            for param in self.module.parameters():
+                param.requires_grad_(False)
+            self.optimizer, self.scheduler = None, None
+        else:
+            self.optimizer = build_optimizer(self.module, self.config)
+            self.scheduler = build_scheduler(self.optimizer, self.config)
         self.global_step = 0  # optimizer steps attempted (skipped ones included)
         self.skipped_steps = 0
         self.last_metrics: dict[str, Any] = {}
@@ -103,7 +108,7 @@ class FSDPEngine:
             hook.on_transfer(engine=self, what="params", destination=device, num_bytes=param_bytes)
             if grad_bytes:
                 hook.on_transfer(engine=self, what="grads", destination=device, num_bytes=grad_bytes)
-        if optimizer and self._residency["optimizer"] != device:
+        if optimizer and self.optimizer is not None and self._residency["optimizer"] != device:
             num_bytes = offload.optimizer_bytes(self.optimizer)
             offload.move_optimizer(self.optimizer, self.backend, device)
             self._residency["optimizer"] = device
@@ -164,6 +169,8 @@ class FSDPEngine:
         if not micro_batches:
             raise ValueError("forward_backward_batch got no micro-batches: pass a non-empty sequence")
         self._require_on_device("forward_backward_batch", ["params"])
+        if not forward_only and self.config.frozen:
+            raise RuntimeError("this engine is frozen (a reference model): use forward_only=True")
         if not forward_only and self._grads_pending:
             raise RuntimeError("gradients of an earlier forward_backward_batch are still pending: call "
                                "optimizer_step() before the next mini-batch")
@@ -230,6 +237,8 @@ class FSDPEngine:
         A non-finite norm skips the step (weights, optimizer state and schedule untouched), zeroes the gradients
         and is reported as ``skipped`` in ``last_step_metrics`` and to ``on_optimizer_step`` observers.
         """
+        if self.optimizer is None:
+            raise RuntimeError("this engine is frozen (a reference model) and has no optimizer")
         self._require_on_device("optimizer_step", ["params", "optimizer"])
         lr = self.scheduler.get_last_lr()[0]
         norm = float(clip_gradients(self.module, self.config.fsdp_version, self.config.max_grad_norm))
@@ -245,9 +254,18 @@ class FSDPEngine:
         accel_backends.hook().on_optimizer_step(engine=self, step=self.global_step, metrics=self.last_step_metrics)
         return norm
 
+    # -- generation ---------------------------------------------------------------------------------------------
+
+    def generate(self, **kwargs: Any) -> torch.Tensor:
+        """Hugging Face ``generate`` on the sharded model (FSDP1 or FSDP2), without gradients."""
+        self._require_on_device("generate", ["params"])
+        with torch.no_grad(), generation_context(self.module, self.config.fsdp_version):
+            return unwrap(self.module, self.config.fsdp_version).generate(**kwargs)
+
     def zero_grad(self) -> None:
         """Drop pending gradients without stepping."""
-        offload.drop_gradients(self.module, self.config.fsdp_version)
+        if self.optimizer is not None:
+            offload.drop_gradients(self.module, self.config.fsdp_version)
         self._grads_pending = False
 
     # -- checkpoints --------------------------------------------------------------------------------------------

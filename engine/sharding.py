@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 import torch
@@ -95,3 +96,22 @@ def _shard_fsdp1(model, classes, dtype, backend):
     )
     units = sum(1 for m in wrapped.modules() if isinstance(m, FullyShardedDataParallel))
     return wrapped, units
+
+
+def unwrap(module: nn.Module, fsdp_version: int) -> nn.Module:
+    """The model object the user gave (HF or PEFT), for methods such as ``generate``."""
+    return module.module if fsdp_version == 1 else module
+
+
+def generation_context(module: nn.Module, fsdp_version: int):
+    """What HF ``generate`` needs around it.
+
+    FSDP2 shards the model object itself, so its forward gathers every unit. FSDP1 wraps it: calling the inner
+    model skips the root unit's gather, so the root's own parameters (embeddings, final norm, head) are gathered
+    for the duration; the decoder layers still gather themselves as they run.
+    """
+    if fsdp_version == 2:
+        return contextlib.nullcontext()
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    return FullyShardedDataParallel.summon_full_params(module, recurse=False, writeback=False)

@@ -1,0 +1,129 @@
+"""``accel-grpo``: GRPO post-training on the shared engine. No arguments: the CPU demo (2 processes).
+
+    accel-grpo                                   # preset cpu-demo
+    accel-grpo --preset h100 model.path=/models/Qwen2.5-0.5B-Instruct data.path=/data/gsm8k/train.jsonl
+    accel-grpo --config my.yaml train.steps=100 rollout.n=16
+    accel-grpo --resume run.name=cpu-demo-20261129-101500
+
+The backend comes from ACCEL_BACKEND or auto-detection. With --nproc N (default: the preset's) it starts N
+workers through torch's elastic launcher; under torchrun it joins that job instead (multi-node: torchrun).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from .config import PRESETS, build_config, check
+from .report import read_metrics
+
+
+def _world_size(config, nproc_arg) -> int:
+    from ..launch import under_launcher
+
+    if under_launcher():
+        import os
+
+        return int(os.environ["WORLD_SIZE"])
+    nproc = nproc_arg if nproc_arg is not None else config.nproc
+    if nproc == "auto":
+        import accel_backends
+
+        backend = accel_backends.get_backend()
+        nproc = 2 if backend.device_type == "cpu" else backend.device_count()
+    if not isinstance(nproc, int) or nproc < 1:
+        raise ValueError(f"nproc must be a positive integer or 'auto', got {nproc!r}")
+    return nproc
+
+
+def _run_dir(config, resume: bool) -> Path:
+    root = Path(config.run.output_dir)
+    if config.run.name:
+        return root / config.run.name
+    if resume:
+        runs = sorted(root.glob(f"{config.preset}-*"), key=lambda p: p.stat().st_mtime)
+        if not runs:
+            raise FileNotFoundError(f"--resume: no earlier {config.preset} run in {root}; name one with run.name=")
+        return runs[-1]
+    return root / f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
+    """What every rank runs."""
+    from .config import GRPOConfig
+    from .trainer import GRPOTrainer
+
+    trainer = GRPOTrainer(GRPOConfig.from_dict(config_dict), Path(run_dir), resume)
+    return trainer.train()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="accel-grpo", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
+    parser.add_argument("--config", help="a YAML file of sections (model, data, rollout, algorithm, train, run, engine)")
+    parser.add_argument("--nproc", type=int, help="worker processes on this node (default: the preset's)")
+    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=10 rollout.n=4")
+    args = parser.parse_args(argv)
+
+    from ..launch import WorkerFailed, run
+
+    try:
+        config = build_config(args.preset, args.config, args.overrides)
+        if args.print_config:
+            print(json.dumps(config.to_dict(), indent=2))
+            return 0
+        world_size = _world_size(config, args.nproc)
+        problems = check(config, world_size)
+        if problems:
+            raise ValueError("invalid configuration:\n  - " + "\n  - ".join(problems))
+        if config.data.reward:
+            from .tasks import load_reward_fn
+
+            load_reward_fn(config.data.reward)  # fail here, not in every worker
+        if config.data.path:
+            from .tasks import load_jsonl
+
+            load_jsonl(config.data.path, ("question", "answer"))  # a bad row is named before any worker starts
+        run_dir = _run_dir(config, args.resume)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"accel-grpo: error: {exc}", file=sys.stderr)
+        return 2
+
+    import accel_backends
+
+    backend = accel_backends.get_backend()
+    print(f"accel-grpo: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), "
+          f"{world_size} process(es), {config.train.steps} steps; run directory {run_dir}", flush=True)
+    started = time.perf_counter()
+    try:
+        run(worker, world_size, config.to_dict(), str(run_dir), args.resume)
+    except WorkerFailed as exc:
+        print(f"accel-grpo: error: {exc}", file=sys.stderr)
+        for rank, trace in exc.tracebacks.items():
+            if trace:
+                print(f"--- rank {rank} ---\n{trace.rstrip()}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("accel-grpo: interrupted; resume with --resume run.name=" + run_dir.name, file=sys.stderr)
+        return 130
+    elapsed = time.perf_counter() - started
+    rewards = [row["reward_mean"] for row in read_metrics(run_dir / "metrics.jsonl")]
+    if rewards:
+        first, final = rewards[:10], rewards[-10:]
+        print(f"accel-grpo: done in {elapsed:.0f} s; reward mean over the first {len(first)} steps "
+              f"{sum(first) / len(first):.3f}, over the last {len(final)} steps {sum(final) / len(final):.3f}")
+    print(f"metrics: {run_dir / 'metrics.jsonl'}\ncurves:  {run_dir / 'curves.png'}\n"
+          f"checkpoints: {run_dir / 'checkpoints'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

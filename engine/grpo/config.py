@@ -1,0 +1,242 @@
+"""``GRPOConfig``: presets, a YAML file and ``key=value`` overrides, checked before any worker starts."""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from pathlib import Path
+from typing import Any
+
+from ..config import EngineConfig
+from .algorithms import AGGREGATION_MODES, KL_KINDS
+
+BUILTIN_MODEL = "builtin:tiny-char"
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    path: str | None = BUILTIN_MODEL  # a local Hugging Face model directory, or the built-in tiny model
+    hidden_size: int = 64  # the built-in model's size (ignored for a path)
+    layers: int = 2
+
+
+@dataclasses.dataclass
+class DataConfig:
+    task: str = "echo"  # echo (synthetic, built in) or gsm8k (JSONL with question/answer)
+    path: str | None = None
+    reward: str | None = None  # module:function; default: the task's own reward
+
+
+@dataclasses.dataclass
+class RolloutConfig:
+    n: int = 8  # samples per prompt (the group size)
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 4
+
+
+@dataclasses.dataclass
+class AlgorithmConfig:
+    norm_by_std: bool = True  # False: Dr. GRPO advantages
+    clip_low: float = 0.2
+    clip_high: float = 0.2
+    clip_c: float | None = None  # dual clipping for negative advantages (> 1)
+    loss_agg: str = "token-mean"
+    kl_coef: float = 0.0  # > 0 adds a KL loss to a frozen reference model
+    kl_kind: str = "k3"
+    ref_param_offload: bool = True  # keep the reference model in host memory between uses
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = 40
+    prompts_per_step: int = 16  # over all ranks
+    ppo_epochs: int = 1
+    mini_batch_size: int = 64  # sequences per rank per optimizer step
+    micro_batch_size: int = 16  # sequences per forward/backward
+    seed: int = 0
+
+
+@dataclasses.dataclass
+class RunConfig:
+    name: str | None = None  # default: <preset>-<date>-<time>
+    output_dir: str = "runs"
+    save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    progress: bool = True
+
+
+@dataclasses.dataclass
+class GRPOConfig:
+    preset: str = "cpu-demo"
+    nproc: int | str = 2  # worker processes on this node; "auto": one per visible accelerator
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineConfig fields
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> GRPOConfig:
+        config = cls()
+        apply(config, data)
+        return config
+
+
+PRESETS: dict[str, dict] = {
+    "cpu-demo": {
+        "nproc": 2,
+        "model": {"path": BUILTIN_MODEL},
+        "data": {"task": "echo"},
+        "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 4},
+        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
+        "train": {"steps": 200, "prompts_per_step": 16, "mini_batch_size": 64, "micro_batch_size": 16},
+        "engine": {"fsdp_version": 2, "lr": 2e-3, "max_grad_norm": 1.0},
+    },
+    "h100": {
+        "nproc": "auto",
+        "model": {"path": None},
+        "data": {"task": "gsm8k", "path": None},
+        "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
+        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
+        "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": 8},
+        "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
+    },
+    "ascend-910b": {
+        "nproc": "auto",
+        "model": {"path": None},
+        "data": {"task": "gsm8k", "path": None},
+        "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
+        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
+        "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": 4},
+        "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
+    },
+}
+
+
+def apply(config: Any, data: dict, prefix: str = "") -> None:
+    """Set fields from a nested mapping; an unknown key is named with the closest valid one."""
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(config, dict):  # the free-form engine section, checked against EngineConfig later
+            config[key] = value
+            continue
+        fields = {f.name: f for f in dataclasses.fields(config)}
+        if key not in fields:
+            close = difflib.get_close_matches(key, fields, n=1)
+            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+            raise ValueError(f"unknown option {name!r}{hint}")
+        current = getattr(config, key)
+        if dataclasses.is_dataclass(current) or isinstance(current, dict):
+            if not isinstance(value, dict):
+                raise ValueError(f"option {name!r} is a section: set its fields, e.g. {name}.<field>=...")
+            apply(current, value, prefix=f"{name}.")
+        else:
+            setattr(config, key, value)
+
+
+def parse_override(text: str) -> dict:
+    """``train.steps=5`` -> ``{"train": {"steps": 5}}`` (values parsed as YAML: numbers, booleans, null)."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ValueError(f"override {text!r} must look like section.key=value")
+    value = yaml.safe_load(raw) if raw.strip() else None
+    nested: dict = {}
+    cursor = nested
+    parts = key.strip().split(".")
+    for part in parts[:-1]:
+        cursor = cursor.setdefault(part, {})
+    cursor[parts[-1]] = value
+    return nested
+
+
+def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> GRPOConfig:
+    """Preset, then the YAML file, then the overrides, in that order."""
+    import yaml
+
+    name = preset or "cpu-demo"
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
+    config = GRPOConfig(preset=name)
+    apply(config, PRESETS[name])
+    if config_file:
+        path = Path(config_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"config file {path} does not exist")
+        loaded = yaml.safe_load(path.read_text()) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"config file {path} must hold a mapping of sections")
+        apply(config, loaded)
+    for override in overrides:
+        apply(config, parse_override(override))
+    return config
+
+
+def engine_config(config: GRPOConfig, frozen: bool = False) -> EngineConfig:
+    options = dict(config.engine)
+    options.setdefault("seed", config.train.seed)
+    options.setdefault("total_steps", config.train.steps)
+    if frozen:
+        keep = {"fsdp_version", "mixed_precision", "wrap_class_names", "dist_timeout_s", "seed", "lora_rank",
+                "lora_alpha", "lora_target_modules"}
+        options = {k: v for k, v in options.items() if k in keep}
+        options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
+    fields = {f.name for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise ValueError(f"unknown engine option(s) {', '.join('engine.' + u for u in unknown)}; valid: "
+                         f"{', '.join(sorted(fields))}")
+    return EngineConfig(**options)
+
+
+def check(config: GRPOConfig, world_size: int) -> list[str]:
+    """Every problem that can be found before a worker starts (paths, sizes, names), as sentences."""
+    problems = []
+    t, r, a = config.train, config.rollout, config.algorithm
+    if config.model.path is None:
+        problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
+    elif config.model.path != BUILTIN_MODEL and not (Path(config.model.path) / "config.json").is_file():
+        problems.append(f"model.path {config.model.path} is not a Hugging Face model directory (no config.json)")
+    if config.data.task == "gsm8k" and not config.data.path:
+        problems.append("task gsm8k needs data.path=/path/to/train.jsonl (rows with question and answer)")
+    elif config.data.path and not Path(config.data.path).is_file():
+        problems.append(f"data.path {config.data.path} does not exist")
+    for name, value in (("train.steps", t.steps), ("train.prompts_per_step", t.prompts_per_step),
+                        ("train.ppo_epochs", t.ppo_epochs), ("train.mini_batch_size", t.mini_batch_size),
+                        ("train.micro_batch_size", t.micro_batch_size), ("rollout.n", r.n),
+                        ("rollout.max_new_tokens", r.max_new_tokens)):
+        if not isinstance(value, int) or value < 1:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    if problems:
+        return problems
+    if t.prompts_per_step % world_size:
+        problems.append(f"train.prompts_per_step={t.prompts_per_step} does not divide over {world_size} ranks")
+    else:
+        per_rank = t.prompts_per_step // world_size * r.n
+        if per_rank % t.mini_batch_size:
+            problems.append(f"each rank rolls out {per_rank} sequences (prompts_per_step / ranks x rollout.n), "
+                            f"which train.mini_batch_size={t.mini_batch_size} does not divide")
+        if t.mini_batch_size % t.micro_batch_size:
+            problems.append(f"train.mini_batch_size={t.mini_batch_size} is not a multiple of "
+                            f"train.micro_batch_size={t.micro_batch_size}")
+    if r.n < 2:
+        problems.append("rollout.n must be at least 2: GRPO compares samples within a group")
+    if not 0 < r.top_p <= 1 or r.temperature <= 0:
+        problems.append("rollout.top_p must be in (0, 1] and rollout.temperature > 0")
+    if a.loss_agg not in AGGREGATION_MODES:
+        problems.append(f"algorithm.loss_agg must be one of {', '.join(AGGREGATION_MODES)}")
+    if a.kl_kind not in KL_KINDS:
+        problems.append(f"algorithm.kl_kind must be one of {', '.join(KL_KINDS)}")
+    if a.clip_c is not None and a.clip_c <= 1:
+        problems.append("algorithm.clip_c must be > 1 (or null)")
+    try:
+        engine_config(config)
+    except (ValueError, TypeError) as exc:
+        problems.append(str(exc))
+    return problems

@@ -1,0 +1,51 @@
+"""Rank 0's outputs: one JSON line of metrics per step, and a PNG of the learning curves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CURVES = (("reward_mean", "reward (mean)"), ("loss", "policy loss"), ("kl", "KL to reference"),
+          ("grad_norm", "grad norm"), ("response_length", "response length"), ("step_time_s", "step time (s)"))
+
+
+class MetricsLog:
+    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone)."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        kept = []
+        if resume_step and path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, metrics: dict) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def plot_curves(metrics_path: Path, png_path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    if not rows:
+        return
+    figure, axes = plt.subplots(2, 3, figsize=(12, 6.5))
+    steps = [row["step"] for row in rows]
+    for axis, (key, title) in zip(axes.flat, CURVES):
+        axis.plot(steps, [row.get(key, float("nan")) for row in rows], lw=1.5)
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    figure.suptitle(metrics_path.parent.name)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)
