@@ -1,0 +1,96 @@
+"""Bad input to accel-grpo fails early (before any worker starts) with a message that says what to fix."""
+
+import json
+
+import pytest
+
+from engine.grpo.cli import main
+from engine.grpo.config import build_config, check
+from engine.grpo.tasks import EchoTask, echo_reward, final_number, gsm8k_reward, load_jsonl, load_reward_fn
+
+
+def run_cli(capsys, *args):
+    code = main(list(args))
+    return code, capsys.readouterr().err
+
+
+def test_unknown_preset(capsys):
+    code, err = run_cli(capsys, "--preset", "tpu-pod")
+    assert code == 2 and "unknown preset 'tpu-pod'" in err and "cpu-demo" in err
+
+
+def test_unknown_option_gets_a_suggestion(capsys):
+    code, err = run_cli(capsys, "train.step=5")
+    assert code == 2 and "unknown option 'train.step' (did you mean train.steps?)" in err
+
+
+def test_unknown_engine_option(capsys):
+    code, err = run_cli(capsys, "engine.fsdp_verison=2")
+    assert code == 2 and "engine.fsdp_verison" in err
+
+
+def test_missing_model_and_data_paths(capsys, tmp_path):
+    code, err = run_cli(capsys, "--preset", "h100", "--nproc", "1")
+    assert code == 2 and "needs model.path" in err and "needs data.path" in err
+    code, err = run_cli(capsys, "--nproc", "1", f"model.path={tmp_path / 'nope'}", "data.task=gsm8k",
+                        f"data.path={tmp_path / 'missing.jsonl'}")
+    assert code == 2 and "is not a Hugging Face model directory" in err and "missing.jsonl does not exist" in err
+
+
+def test_malformed_row_names_file_and_line(capsys, tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"})
+                    + "\n")
+    code, err = run_cli(capsys, "--nproc", "1", "data.task=gsm8k", f"data.path={data}")
+    assert code == 2 and f"{data}:2: missing or empty field(s) answer" in err
+    data.write_text("{not json\n")
+    with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
+        load_jsonl(str(data), ("question", "answer"))
+
+
+def test_reward_that_cannot_be_imported(capsys):
+    code, err = run_cli(capsys, "data.reward=no_such_module:fn")
+    assert code == 2 and "cannot import reward module 'no_such_module'" in err
+    code, err = run_cli(capsys, "data.reward=engine.grpo.tasks:no_such_fn")
+    assert code == 2 and "has no function 'no_such_fn'" in err
+    with pytest.raises(ValueError, match="must look like 'package.module:function'"):
+        load_reward_fn("just_a_name")
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["train.prompts_per_step=5"], "train.prompts_per_step=5 does not divide over 2 ranks"),
+    (["train.mini_batch_size=48"], "which train.mini_batch_size=48 does not divide"),
+    (["train.micro_batch_size=24"], "train.mini_batch_size=64 is not a multiple of train.micro_batch_size=24"),
+    (["rollout.n=1"], "rollout.n must be at least 2"),
+    (["algorithm.loss_agg=mean"], "algorithm.loss_agg must be one of"),
+])
+def test_batch_sizes_and_algorithm_options_are_checked(overrides, message):
+    problems = check(build_config(None, None, overrides), world_size=2)
+    assert any(message in p for p in problems), problems
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    path = tmp_path / "my.yaml"
+    path.write_text("train:\n  steps: 7\n  mini_batch_size: 32\nrollout:\n  n: 4\n")
+    config = build_config("cpu-demo", str(path), ["train.steps=9"])
+    assert (config.train.steps, config.rollout.n, config.preset) == (9, 4, "cpu-demo")
+    assert check(config, world_size=2) == []
+
+
+def test_builtin_rewards_by_hand():
+    assert echo_reward("c x3:", "ccc", "ccc") == 1.0
+    assert echo_reward("c x3:", "cca", "ccc") == pytest.approx(2 / 3)
+    assert echo_reward("c x2:", "cccc", "cc") == 0.5  # two right out of four characters written
+    assert echo_reward("c x2:", "", "cc") == 0.0
+    assert final_number("so 3 + 4 = 7. #### 1,234") == "1234"
+    assert final_number("The answer is 42.") == "42" and final_number("no digits") is None
+    assert gsm8k_reward("q", "... the total is 18", "blah #### 18") == 1.0
+    assert gsm8k_reward("q", "... the total is 17", "blah #### 18") == 0.0
+
+
+def test_echo_task_prompts_match_answers():
+    import torch
+
+    for sample in EchoTask().sample(20, torch.Generator().manual_seed(0)):
+        letter, count = sample.prompt[0], int(sample.prompt.split("x")[1].rstrip(":"))
+        assert sample.answer == letter * count

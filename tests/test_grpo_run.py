@@ -1,0 +1,75 @@
+"""accel-grpo end to end: 2 CPU processes, metrics, checkpoints, resume parity, worker failures."""
+
+import json
+import time
+
+import pytest
+
+from conftest import REPO, run_python
+
+pytestmark = pytest.mark.slow
+
+SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "train.micro_batch_size=4",
+         "run.progress=false"]
+COMPARED = ("reward_mean", "reward_std", "loss", "pg_loss", "kl", "clip_frac", "grad_norm", "response_length", "lr")
+
+
+def grpo(tmp_path, *args, timeout=300):
+    env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+    return run_python(["-m", "engine.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", *args], env=env,
+                      timeout=timeout)
+
+
+def metrics(tmp_path, name):
+    return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_fsdp2_run_writes_metrics_and_checkpoints_and_resumes_identically(tmp_path):
+    straight = grpo(tmp_path, "train.steps=4", "run.save_every=2", "run.name=straight")
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert "metrics:" in straight.stdout and "curves:" in straight.stdout
+    rows = metrics(tmp_path, "straight")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for row in rows:
+        for key in (*COMPARED, "tokens_per_s", "step_time_s", "peak_memory_gib"):
+            assert isinstance(row[key], float) and row[key] == row[key] and abs(row[key]) != float("inf"), key
+    assert (tmp_path / "straight" / "curves.png").stat().st_size > 10_000
+    for step in (2, 4):
+        assert (tmp_path / "straight" / "checkpoints" / f"step_{step:06d}" / "engine_meta.json").exists()
+
+    first = grpo(tmp_path, "train.steps=2", "run.name=resumed")
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume")
+    assert second.returncode == 0, second.stderr[-3000:]
+    resumed = metrics(tmp_path, "resumed")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4]
+    for got, want in zip(resumed, rows):
+        for key in COMPARED:
+            assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (got["step"], key)
+
+
+def test_fsdp1_run(tmp_path):
+    result = grpo(tmp_path, "train.steps=2", "engine.fsdp_version=1", "run.name=fsdp1")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = metrics(tmp_path, "fsdp1")
+    assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
+    assert (tmp_path / "fsdp1" / "checkpoints" / "step_000002" / "engine_meta.json").exists()
+
+
+@pytest.mark.parametrize("reward, expected", [
+    ("explode_on_rank1", "rank 1 failed: RuntimeError: reward service unreachable"),
+    ("die_on_rank1", "rank 1 failed"),
+])
+def test_a_failing_worker_stops_the_job(tmp_path, reward, expected):
+    started = time.monotonic()
+    result = grpo(tmp_path, "train.steps=3", f"data.reward=grpo_rewards:{reward}", "run.name=fail", timeout=240)
+    elapsed = time.monotonic() - started
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert expected in result.stderr
+    assert elapsed < 120, f"the job took {elapsed:.0f} s to stop"
+
+
+def test_non_finite_reward_is_named(tmp_path):
+    result = grpo(tmp_path, "train.steps=1", "data.reward=grpo_rewards:not_a_number", "run.name=nan")
+    assert result.returncode == 1
+    assert "reward function not_a_number returned nan" in result.stderr and "must be finite" in result.stderr
