@@ -31,7 +31,7 @@ def under_launcher() -> bool:
 def run(fn: Callable[..., Any], nproc: int, *args: Any, env: dict[str, str] | None = None) -> Any:
     """Run ``fn(*args)`` on ``nproc`` local workers (or in-process under torchrun); return rank 0's result."""
     if under_launcher():
-        return fn(*args)
+        return _entry(fn, *args)
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError

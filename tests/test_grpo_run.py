@@ -73,3 +73,13 @@ def test_non_finite_reward_is_named(tmp_path):
     result = grpo(tmp_path, "train.steps=1", "data.reward=grpo_rewards:not_a_number", "run.name=nan")
     assert result.returncode == 1
     assert "reward function not_a_number returned nan" in result.stderr and "must be finite" in result.stderr
+
+
+def test_joins_an_existing_torchrun_job(tmp_path):
+    env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+    result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
+                         "engine.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", "train.steps=2",
+                         "run.name=torchrun"], env=env, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("accel-grpo: preset") == 1, "only rank 0 reports"
+    assert [r["step"] for r in metrics(tmp_path, "torchrun")] == [1, 2]

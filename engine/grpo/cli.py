@@ -40,9 +40,19 @@ def _world_size(config, nproc_arg) -> int:
 
 
 def _run_dir(config, resume: bool) -> Path:
+    import os
+
+    from ..launch import under_launcher
+
     root = Path(config.run.output_dir)
     if config.run.name:
         return root / config.run.name
+    if under_launcher():
+        # Every torchrun worker runs this: the name must not depend on when each one got here.
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        if run_id == "none" or resume:
+            raise ValueError("under torchrun, name the run: run.name=NAME (the same on every node)")
+        return root / f"{config.preset}-{run_id}"
     if resume:
         runs = sorted(root.glob(f"{config.preset}-*"), key=lambda p: p.stat().st_mtime)
         if not runs:
@@ -97,11 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accel-grpo: error: {exc}", file=sys.stderr)
         return 2
 
+    import os
+
     import accel_backends
 
     backend = accel_backends.get_backend()
-    print(f"accel-grpo: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), "
-          f"{world_size} process(es), {config.train.steps} steps; run directory {run_dir}", flush=True)
+    is_rank0 = os.environ.get("RANK", "0") == "0"
+    if is_rank0:
+        print(f"accel-grpo: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), "
+              f"{world_size} process(es), {config.train.steps} steps; run directory {run_dir}", flush=True)
     started = time.perf_counter()
     try:
         run(worker, world_size, config.to_dict(), str(run_dir), args.resume)
@@ -115,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         print("accel-grpo: interrupted; resume with --resume run.name=" + run_dir.name, file=sys.stderr)
         return 130
     elapsed = time.perf_counter() - started
+    if not is_rank0:
+        return 0
     rewards = [row["reward_mean"] for row in read_metrics(run_dir / "metrics.jsonl")]
     if rewards:
         first, final = rewards[:10], rewards[-10:]
