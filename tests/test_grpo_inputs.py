@@ -94,3 +94,27 @@ def test_echo_task_prompts_match_answers():
     for sample in EchoTask().sample(20, torch.Generator().manual_seed(0)):
         letter, count = sample.prompt[0], int(sample.prompt.split("x")[1].rstrip(":"))
         assert sample.answer == letter * count
+
+
+def test_unknown_task_and_unusable_backend_fail_before_any_worker(capsys, tmp_path, monkeypatch):
+    code, err = run_cli(capsys, "data.task=poetry", f"run.output_dir={tmp_path}")
+    assert code == 2 and "data.task must be echo or gsm8k" in err
+    monkeypatch.setenv("ACCEL_BACKEND", "no-such-device")
+    code, err = run_cli(capsys, f"run.output_dir={tmp_path}")
+    assert code == 2 and "unknown backend 'no-such-device'" in err
+    assert list(tmp_path.iterdir()) == [], "nothing is written for a run that cannot start"
+
+
+def test_resume_without_a_checkpoint(capsys, tmp_path):
+    code, err = run_cli(capsys, "--resume", "run.name=typo", f"run.output_dir={tmp_path}")
+    assert code == 2 and "--resume: no checkpoint in" in err
+    assert not (tmp_path / "typo").exists()
+
+
+def test_preset_is_chosen_with_the_flag_and_flags_mix_with_overrides(capsys):
+    code, err = run_cli(capsys, "preset=h100")
+    assert code == 2 and "choose the preset with --preset" in err
+    code = main(["train.steps=3", "--preset", "h100", "rollout.n=4", "--print-config"])
+    printed = json.loads(capsys.readouterr().out)
+    assert code == 0 and printed["preset"] == "h100" and printed["train"]["steps"] == 3
+    assert printed["rollout"]["n"] == 4 and printed["rollout"]["max_new_tokens"] == 512

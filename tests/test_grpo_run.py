@@ -25,11 +25,13 @@ def metrics(tmp_path, name):
 
 
 def test_fsdp2_run_writes_metrics_and_checkpoints_and_resumes_identically(tmp_path):
-    straight = grpo(tmp_path, "train.steps=4", "run.save_every=2", "run.name=straight")
+    two_updates = "train.mini_batch_size=4"  # 8 sequences per rank: two optimizer steps per GRPO step
+    straight = grpo(tmp_path, "train.steps=4", "run.save_every=2", "run.name=straight", two_updates)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "metrics:" in straight.stdout and "curves:" in straight.stdout
     rows = metrics(tmp_path, "straight")
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(row["updates"] == 2.0 for row in rows)
     for row in rows:
         for key in (*COMPARED, "tokens_per_s", "step_time_s", "peak_memory_gib"):
             assert isinstance(row[key], float) and row[key] == row[key] and abs(row[key]) != float("inf"), key
@@ -37,9 +39,9 @@ def test_fsdp2_run_writes_metrics_and_checkpoints_and_resumes_identically(tmp_pa
     for step in (2, 4):
         assert (tmp_path / "straight" / "checkpoints" / f"step_{step:06d}" / "engine_meta.json").exists()
 
-    first = grpo(tmp_path, "train.steps=2", "run.name=resumed")
+    first = grpo(tmp_path, "train.steps=2", "run.name=resumed", two_updates)
     assert first.returncode == 0, first.stderr[-3000:]
-    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume")
+    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume", two_updates)
     assert second.returncode == 0, second.stderr[-3000:]
     resumed = metrics(tmp_path, "resumed")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]

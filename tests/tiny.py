@@ -46,13 +46,9 @@ def token_loss(module, batch):
     return loss, count
 
 
-def reference_grads(micro_batches_per_rank, lora_rank=0):
+def reference_grads(micro_batches_per_rank, model=None):
     """Single-process gradients of one pass over every rank's micro-batches, weighted by token count."""
-    model = tiny_qwen2()
-    if lora_rank:
-        from peft import LoraConfig, get_peft_model
-
-        model = get_peft_model(model, LoraConfig(r=lora_rank, lora_alpha=16, target_modules="all-linear"))
+    model = model if model is not None else tiny_qwen2()
     all_batches = [b for batches in micro_batches_per_rank for b in batches]
     total = sum(token_loss(model, b)[1] for b in all_batches)
     for b in all_batches:

@@ -79,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=10 rollout.n=4")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
+
+    import accel_backends
 
     from ..launch import WorkerFailed, run
 
@@ -100,18 +102,21 @@ def main(argv: list[str] | None = None) -> int:
             from .tasks import load_jsonl
 
             load_jsonl(config.data.path, ("question", "answer"))  # a bad row is named before any worker starts
+        backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
         run_dir = _run_dir(config, args.resume)
+        if args.resume:
+            from .trainer import latest_checkpoint
+
+            if latest_checkpoint(run_dir) is None:
+                raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         print(f"accel-grpo: error: {exc}", file=sys.stderr)
         return 2
 
     import os
 
-    import accel_backends
-
-    backend = accel_backends.get_backend()
     is_rank0 = os.environ.get("RANK", "0") == "0"
     if is_rank0:
         print(f"accel-grpo: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), "

@@ -82,7 +82,8 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> GRPOConfig:
-        config = cls()
+        data = dict(data)
+        config = cls(preset=data.pop("preset", "cpu-demo"))
         apply(config, data)
         return config
 
@@ -97,25 +98,24 @@ PRESETS: dict[str, dict] = {
         "train": {"steps": 200, "prompts_per_step": 16, "mini_batch_size": 64, "micro_batch_size": 16},
         "engine": {"fsdp_version": 2, "lr": 2e-3, "max_grad_norm": 1.0},
     },
-    "h100": {
-        "nproc": "auto",
-        "model": {"path": None},
-        "data": {"task": "gsm8k", "path": None},
-        "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
-        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
-        "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": 8},
-        "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
-    },
-    "ascend-910b": {
-        "nproc": "auto",
-        "model": {"path": None},
-        "data": {"task": "gsm8k", "path": None},
-        "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
-        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
-        "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": 4},
-        "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
-    },
 }
+
+
+def _accelerator_preset(micro_batch_size: int) -> dict:
+    """Real models on GPUs/NPUs: a local model and GSM8K data are required (model.path=, data.path=)."""
+    return {
+        "nproc": "auto",
+        "model": {"path": None},
+        "data": {"task": "gsm8k", "path": None},
+        "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
+        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
+        "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": micro_batch_size},
+        "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
+    }
+
+
+PRESETS["h100"] = _accelerator_preset(micro_batch_size=8)  # 80 GB HBM
+PRESETS["ascend-910b"] = _accelerator_preset(micro_batch_size=4)  # 64 GB HBM
 
 
 def apply(config: Any, data: dict, prefix: str = "") -> None:
@@ -130,7 +130,12 @@ def apply(config: Any, data: dict, prefix: str = "") -> None:
             close = difflib.get_close_matches(key, fields, n=1)
             hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
             raise ValueError(f"unknown option {name!r}{hint}")
+        if key == "preset" and not prefix:
+            raise ValueError("choose the preset with --preset NAME (setting it here would not load its values)")
         current = getattr(config, key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and fields[key].type in (
+                "str | None", "str"):
+            value = str(value)  # run.name=2024 is a name, not a number
         if dataclasses.is_dataclass(current) or isinstance(current, dict):
             if not isinstance(value, dict):
                 raise ValueError(f"option {name!r} is a section: set its fields, e.g. {name}.<field>=...")
@@ -178,10 +183,17 @@ def build_config(preset: str | None, config_file: str | None, overrides: list[st
     return config
 
 
-def engine_config(config: GRPOConfig, frozen: bool = False) -> EngineConfig:
+def updates_per_step(config: GRPOConfig, world_size: int) -> int:
+    """Optimizer steps per GRPO step: PPO epochs x mini-batches in one rank's rollout."""
+    per_rank = config.train.prompts_per_step // world_size * config.rollout.n
+    return config.train.ppo_epochs * max(1, per_rank // config.train.mini_batch_size)
+
+
+def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> EngineConfig:
     options = dict(config.engine)
     options.setdefault("seed", config.train.seed)
-    options.setdefault("total_steps", config.train.steps)
+    # The schedule advances once per optimizer step, and a GRPO step may make several.
+    options.setdefault("total_steps", config.train.steps * updates_per_step(config, world_size))
     if frozen:
         keep = {"fsdp_version", "mixed_precision", "wrap_class_names", "dist_timeout_s", "seed", "lora_rank",
                 "lora_alpha", "lora_target_modules"}
@@ -205,7 +217,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append(f"model.path {config.model.path} is not a Hugging Face model directory (no config.json)")
     if config.data.task == "gsm8k" and not config.data.path:
         problems.append("task gsm8k needs data.path=/path/to/train.jsonl (rows with question and answer)")
-    elif config.data.path and not Path(config.data.path).is_file():
+    elif config.data.task == "gsm8k" and not Path(config.data.path).is_file():
         problems.append(f"data.path {config.data.path} does not exist")
     for name, value in (("train.steps", t.steps), ("train.prompts_per_step", t.prompts_per_step),
                         ("train.ppo_epochs", t.ppo_epochs), ("train.mini_batch_size", t.mini_batch_size),
@@ -235,8 +247,10 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append(f"algorithm.kl_kind must be one of {', '.join(KL_KINDS)}")
     if a.clip_c is not None and a.clip_c <= 1:
         problems.append("algorithm.clip_c must be > 1 (or null)")
+    if config.data.task not in ("echo", "gsm8k"):
+        problems.append(f"data.task must be echo or gsm8k, got {config.data.task!r}")
     try:
-        engine_config(config)
+        engine_config(config, world_size)
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     return problems

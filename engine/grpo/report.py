@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CURVES = (("reward_mean", "reward (mean)"), ("loss", "policy loss"), ("kl", "KL to reference"),
+CURVES = (("reward_mean", "reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),
           ("grad_norm", "grad norm"), ("response_length", "response length"), ("step_time_s", "step time (s)"))
 
 

@@ -42,6 +42,8 @@ def rollout(engine, tokenizer, prompts: list[str], n: int, max_new_tokens: int, 
         max_new_tokens=max_new_tokens,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_id=tokenizer.eos_token_id,
+        # Sharded forwards are collectives: a rank that finished early must keep stepping with the others.
+        synced_gpus=engine.world_size > 1,
     ).cpu()
     prompt_length = encoded["input_ids"].size(1)
     response = output[:, prompt_length:]

@@ -54,6 +54,12 @@ def build_model(config: GRPOConfig):
     return tokenizer, lambda: AutoModelForCausalLM.from_pretrained(config.model.path, torch_dtype=torch.float32)
 
 
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    """The newest complete checkpoint of a run (directories are named step_NNNNNN)."""
+    found = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "engine_meta.json").exists())
+    return found[-1] if found else None
+
+
 @dataclasses.dataclass
 class StepData:
     """One rank's training data for a step (host tensors, sliced into micro-batches by ``rows``)."""
@@ -78,10 +84,11 @@ class GRPOTrainer:
         self.tokenizer, factory = build_model(config)
         self.task = build_task(config.data.task, config.data.path)
         self.reward_fn = load_reward_fn(config.data.reward or BUILTIN_REWARDS[config.data.task])
-        self.actor = FSDPEngine(factory, engine_config(config), self.backend)
+        world_size = self.backend.init_distributed().world_size
+        self.actor = FSDPEngine(factory, engine_config(config, world_size), self.backend)
         self.reference = None
         if config.algorithm.kl_coef > 0:
-            self.reference = FSDPEngine(factory, engine_config(config, frozen=True), self.backend)
+            self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
         self.start_step = self._resume() if resume else 0
 
@@ -91,11 +98,12 @@ class GRPOTrainer:
         return self.run_dir / "checkpoints" / f"step_{step:06d}"
 
     def _resume(self) -> int:
-        found = sorted(p for p in (self.run_dir / "checkpoints").glob("step_*") if (p / "engine_meta.json").exists())
-        if not found:
+        """Load the latest checkpoint; return the GRPO step it was taken after (its directory's number)."""
+        latest = latest_checkpoint(self.run_dir)
+        if latest is None:
             raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
-        self.actor.load_checkpoint(found[-1])
-        return self.actor.global_step
+        self.actor.load_checkpoint(latest)
+        return int(latest.name.removeprefix("step_"))
 
     # -- one step -----------------------------------------------------------------------------------------------
 
@@ -155,11 +163,14 @@ class GRPOTrainer:
                     metrics = self.actor.forward_backward_batch(micro_batches, self._step_fn)
                     metrics["grad_norm"] = self.actor.optimizer_step()
                     metrics["lr"] = self.actor.last_step_metrics["lr"]
-                    metrics["skipped_steps"] = float(self.actor.last_step_metrics["skipped"])
+                    metrics["skipped_updates"] = float(self.actor.last_step_metrics["skipped"])
                     for key, value in metrics.items():
                         totals[key] = totals.get(key, 0.0) + value
                     updates += 1
-        return {key: value / updates for key, value in totals.items()}
+        averaged = {key: value / updates for key, value in totals.items()}
+        averaged["skipped_updates"] = totals["skipped_updates"]  # a count, not a mean
+        averaged["updates"] = float(updates)
+        return averaged
 
     def _global(self, stats: dict) -> dict:
         keys = sorted(stats)
@@ -204,7 +215,8 @@ class GRPOTrainer:
                 "approx_kl": update["approx_kl"],
                 "grad_norm": update["grad_norm"],
                 "lr": update["lr"],
-                "skipped_steps": update["skipped_steps"],
+                "updates": update["updates"],
+                "skipped_updates": update["skipped_updates"],
                 "response_length": totals["response_tokens"] / count,
                 "tokens_per_s": totals["response_tokens"] / (finished - started),
                 "rollout_time_s": rollout_done - started,
