@@ -56,17 +56,18 @@ class FSDPEngine:
             raise TypeError(f"the model factory returned {type(built).__name__}, not an nn.Module")
         self.model_config = getattr(built, "config", None)
         prepared = prepare_model(built, self.config)
+        if self.config.frozen:
+            prepared.requires_grad_(False)  # before sharding, so FSDP knows no gradients are wanted
         self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size)
         if self.config.frozen:
-            for param in self.module.parameters():
-                param.requires_grad_(False)
             self.optimizer, self.scheduler = None, None
         else:
             self.optimizer = build_optimizer(self.module, self.config)
             self.scheduler = build_scheduler(self.optimizer, self.config)
         self.global_step = 0  # optimizer steps attempted (skipped ones included)
         self.skipped_steps = 0
-        self.last_metrics: dict[str, Any] = {}
+        self.last_metrics: dict[str, Any] = {}  # of the last forward_backward_batch
+        self.last_step_metrics: dict[str, Any] = {}  # of the last optimizer_step
         self._residency = {"params": DEVICE, "optimizer": DEVICE}
         self._grads_pending = False
         if self.config.param_offload:

@@ -93,3 +93,24 @@ def _offloaded_misuse(rank):
 def test_work_on_offloaded_parameters_says_to_use_train_mode():
     message = run_ranks(_offloaded_misuse)[0]
     assert "offloaded" in message and "train_mode()" in message
+
+
+def _frozen(rank):
+    from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    engine = FSDPEngine(tiny_qwen2, EngineConfig(frozen=True, param_offload=True))
+    batches = make_micro_batches(rank, 2)
+    with engine.eval_mode():
+        loss = engine.forward_backward_batch(batches, token_loss, forward_only=True)["loss"]
+        with pytest.raises(RuntimeError) as not_trainable:
+            engine.forward_backward_batch(batches, token_loss)
+    assert not any(p.requires_grad for p in engine.module.parameters())
+    assert engine.residency()["params"] == "cpu"
+    return loss, str(not_trainable.value)
+
+
+def test_frozen_reference_engine_is_forward_only():
+    loss, message = run_ranks(_frozen)[0]
+    assert loss > 0 and "frozen" in message and "forward_only=True" in message
+    with pytest.raises(ValueError, match="frozen engine has no optimizer"):
+        EngineConfig(frozen=True, optimizer_offload=True)

@@ -85,3 +85,16 @@ def test_joins_an_existing_torchrun_job(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("accel-grpo: preset") == 1, "only rank 0 reports"
     assert [r["step"] for r in metrics(tmp_path, "torchrun")] == [1, 2]
+
+
+def test_the_cpu_demo_learns(tmp_path):
+    """The README's main command, as it is (200 steps, 2 processes): the reward must clearly rise."""
+    env = {"ACCEL_BACKEND": "cpu"}
+    result = run_python(["-m", "engine.grpo.cli", f"run.output_dir={tmp_path}", "run.name=demo",
+                         "run.progress=false"], env=env, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rewards = [row["reward_mean"] for row in metrics(tmp_path, "demo")]
+    first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
+    print(f"cpu-demo reward: first 10 steps {first:.3f}, last 10 steps {last:.3f}")
+    assert len(rewards) == 200 and last >= 2 * first and last >= 0.6
+    assert "reward mean over the first 10 steps" in result.stdout
