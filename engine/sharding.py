@@ -104,14 +104,26 @@ def unwrap(module: nn.Module, fsdp_version: int) -> nn.Module:
 
 
 def generation_context(module: nn.Module, fsdp_version: int):
-    """What HF ``generate`` needs around it.
+    """What HF ``generate`` needs around it: the root unit's own parameters gathered.
 
-    FSDP2 shards the model object itself, so its forward gathers every unit. FSDP1 wraps it: calling the inner
-    model skips the root unit's gather, so the root's own parameters (embeddings, final norm, head) are gathered
-    for the duration; the decoder layers still gather themselves as they run.
+    ``generate`` may call a forward below the sharded root (PEFT's ``generate`` calls the base model's), which
+    skips the root's gather; the root's own parameters (embeddings, final norm, head) are therefore gathered for
+    the duration. The decoder layers still gather themselves as they run.
     """
     if fsdp_version == 2:
-        return contextlib.nullcontext()
+        return _fsdp2_root_unsharded(module)
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     return FullyShardedDataParallel.summon_full_params(module, recurse=False, writeback=False)
+
+
+@contextlib.contextmanager
+def _fsdp2_root_unsharded(module: nn.Module):
+    # FSDP2 initialises lazily on the root's first forward; a forward that starts below the root would make a
+    # layer claim to be the root. Initialise from the root first (idempotent).
+    module._get_fsdp_state()._lazy_init()
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()

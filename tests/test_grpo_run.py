@@ -50,12 +50,18 @@ def test_fsdp2_run_writes_metrics_and_checkpoints_and_resumes_identically(tmp_pa
             assert got[key] == pytest.approx(want[key], rel=1e-5, abs=1e-6), (got["step"], key)
 
 
-def test_fsdp1_run(tmp_path):
-    result = grpo(tmp_path, "train.steps=2", "engine.fsdp_version=1", "run.name=fsdp1")
+@pytest.mark.parametrize("variant", [
+    ["engine.fsdp_version=1"],
+    ["engine.lora_rank=4"],  # PEFT's generate runs below the sharded root
+    ["engine.fsdp_version=1", "engine.lora_rank=4", "engine.param_offload=true", "engine.optimizer_offload=true"],
+], ids=["fsdp1", "lora-fsdp2", "lora-fsdp1-offload"])
+def test_engine_variants_run(tmp_path, variant):
+    result = grpo(tmp_path, "train.steps=2", "run.name=variant", *variant)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = metrics(tmp_path, "fsdp1")
+    rows = metrics(tmp_path, "variant")
     assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
-    assert (tmp_path / "fsdp1" / "checkpoints" / "step_000002" / "engine_meta.json").exists()
+    assert all(r["grad_norm"] == r["grad_norm"] for r in rows)
+    assert (tmp_path / "variant" / "checkpoints" / "step_000002" / "engine_meta.json").exists()
 
 
 @pytest.mark.parametrize("reward, expected", [
