@@ -10,7 +10,7 @@ import sys
 import warnings
 
 from .errors import AccelBackendError
-from .registry import BACKEND_ENV, PluginLoadWarning, registry
+from .registry import BACKEND_ENV, PluginLoadWarning, registry, safe_reason
 
 
 def _gib(value: int | None) -> str:
@@ -84,7 +84,7 @@ def _info(name: str | None) -> dict:
     reg = registry()
     backend = reg.select(name) if name is None else reg.get(name).backend
     record = reg.get(backend.name)
-    reason = backend.unavailable_reason()
+    reason = safe_reason(backend)
     doc = {
         "name": backend.name,
         "class": f"{type(backend).__module__}.{type(backend).__qualname__}",

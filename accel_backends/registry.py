@@ -172,22 +172,28 @@ class Registry:
         source = "" if name is not None else f" (from {BACKEND_ENV})"
         if requested.strip() and requested.strip().lower() != "auto":
             backend = self.get(requested).backend
-            reason = backend.unavailable_reason()
+            reason = safe_reason(backend)
             if reason is not None:
                 raise BackendUnavailableError(f"backend '{backend.name}'{source} is not available here: {reason}")
             return backend
         ranked = sorted(self.records().values(), key=lambda r: (-r.backend.priority, r.backend.name))
         for record in ranked:
-            if record.backend.is_available():
+            if safe_reason(record.backend) is None:
                 return record.backend
-        reasons = "; ".join(f"{r.backend.name}: {r.backend.unavailable_reason()}" for r in ranked)
+        reasons = "; ".join(f"{r.backend.name}: {safe_reason(r.backend)}" for r in ranked)
         raise BackendUnavailableError(f"no registered backend is available here ({reasons})")
 
     def infos(self) -> list[BackendInfo]:
         rows = []
         for name, record in sorted(self.records().items(), key=lambda kv: (-kv[1].backend.priority, kv[0])):
             backend = record.backend
-            reason = backend.unavailable_reason()
+            reason = safe_reason(backend)
+            count = 0
+            if reason is None:
+                try:
+                    count = backend.device_count()
+                except Exception as exc:  # noqa: BLE001 - a faulty plugin must not break the listing
+                    reason = f"device_count() failed: {type(exc).__name__}: {exc}"
             rows.append(
                 BackendInfo(
                     name=name,
@@ -195,7 +201,7 @@ class Registry:
                     reason=reason,
                     priority=backend.priority,
                     device_type=backend.device_type,
-                    device_count=backend.device_count() if reason is None else 0,
+                    device_count=count,
                     dist_backend=backend.dist_backend,
                     plugin=record.plugin,
                     replaced=record.replaced,
@@ -203,6 +209,14 @@ class Registry:
                 )
             )
         return rows
+
+
+def safe_reason(backend: DeviceBackend) -> str | None:
+    """``unavailable_reason()``, with a plugin that raises (against the contract) reported, not propagated."""
+    try:
+        return backend.unavailable_reason()
+    except Exception as exc:  # noqa: BLE001
+        return f"its availability probe raised {type(exc).__name__}: {exc}"
 
 
 def _add_record(records: dict[str, BackendRecord], backend, label: str, replace: bool) -> None:

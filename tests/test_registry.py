@@ -216,3 +216,16 @@ def test_no_warning_for_a_clean_registry():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         accel_backends.list_backends()
+
+
+def test_a_probe_that_raises_makes_the_backend_unavailable_not_the_registry():
+    class Faulty(FakeBackend):
+        def unavailable_reason(self):
+            raise OSError("driver exploded")
+
+    reg = registry_with(Provides(Faulty("faulty", 999)))
+    assert reg.select().name == "cpu"
+    row = next(i for i in reg.infos() if i.name == "faulty")
+    assert not row.available and "driver exploded" in row.reason
+    with pytest.raises(BackendUnavailableError, match="driver exploded"):
+        reg.select("faulty")
