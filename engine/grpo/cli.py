@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -25,8 +26,6 @@ def _world_size(config, nproc_arg) -> int:
     from ..launch import under_launcher
 
     if under_launcher():
-        import os
-
         return int(os.environ["WORLD_SIZE"])
     nproc = nproc_arg if nproc_arg is not None else config.nproc
     if nproc == "auto":
@@ -40,8 +39,6 @@ def _world_size(config, nproc_arg) -> int:
 
 
 def _run_dir(config, resume: bool) -> Path:
-    import os
-
     from ..launch import under_launcher
 
     root = Path(config.run.output_dir)
@@ -114,8 +111,6 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         print(f"accel-grpo: error: {exc}", file=sys.stderr)
         return 2
-
-    import os
 
     is_rank0 = os.environ.get("RANK", "0") == "0"
     if is_rank0:

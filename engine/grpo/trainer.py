@@ -154,13 +154,15 @@ class GRPOTrainer:
     def update(self, data: StepData) -> dict:
         train = self.config.train
         totals: dict[str, float] = {}
-        updates = 0
+        updates, peak_gib = 0, 0.0
         with self.actor.train_mode():
             for _ in range(train.ppo_epochs):
                 for start in range(0, len(data.batch), train.mini_batch_size):
                     micro_batches = [data.micro_batch(slice(s, s + train.micro_batch_size))
                                      for s in range(start, start + train.mini_batch_size, train.micro_batch_size)]
                     metrics = self.actor.forward_backward_batch(micro_batches, self._step_fn)
+                    # Each call measures its own peak (the engine resets it): keep the largest, do not average.
+                    peak_gib = max(peak_gib, metrics.pop("peak_memory_gib"))
                     metrics["grad_norm"] = self.actor.optimizer_step()
                     metrics["lr"] = self.actor.last_step_metrics["lr"]
                     metrics["skipped_updates"] = float(self.actor.last_step_metrics["skipped"])
@@ -170,6 +172,7 @@ class GRPOTrainer:
         averaged = {key: value / updates for key, value in totals.items()}
         averaged["skipped_updates"] = totals["skipped_updates"]  # a count, not a mean
         averaged["updates"] = float(updates)
+        averaged["peak_memory_gib"] = peak_gib
         return averaged
 
     def _global(self, stats: dict) -> dict:
@@ -178,11 +181,10 @@ class GRPOTrainer:
         dist.all_reduce(packed)
         return dict(zip(keys, packed.tolist()))
 
-    def _peak_gib(self) -> float:
-        peak = self.backend.memory_stats().peak_allocated or 0
-        value = torch.tensor([float(peak)], device=self.backend.metrics_device())
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return value.item() / 2**30
+    def _largest_over_ranks(self, value: float) -> float:
+        packed = torch.tensor([value], dtype=torch.float64, device=self.backend.metrics_device())
+        dist.all_reduce(packed, op=dist.ReduceOp.MAX)
+        return packed.item()
 
     def train(self) -> dict:
         cfg = self.config
@@ -198,6 +200,7 @@ class GRPOTrainer:
             started = time.perf_counter()
             self.backend.reset_peak_memory_stats()
             data, stats = self.collect(step)
+            rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
             rollout_done = time.perf_counter()
             update = self.update(data)
             finished = time.perf_counter()
@@ -222,7 +225,7 @@ class GRPOTrainer:
                 "rollout_time_s": rollout_done - started,
                 "update_time_s": finished - rollout_done,
                 "step_time_s": finished - started,
-                "peak_memory_gib": self._peak_gib(),
+                "peak_memory_gib": self._largest_over_ranks(max(rollout_peak_gib, update["peak_memory_gib"])),
             }
             if log is not None:
                 log.write(last)
