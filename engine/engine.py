@@ -25,7 +25,7 @@ import torch.nn as nn
 
 import accel_backends
 
-from . import checkpoint, offload
+from . import checkpoint, events, offload
 from .config import EngineConfig
 from .grad_sync import discard_partial_backward, micro_batch_context
 from .models import prepare_model
@@ -97,7 +97,6 @@ class FSDPEngine:
         """
         if device not in (DEVICE, HOST):
             raise ValueError(f"device must be {DEVICE!r} or {HOST!r}, got {device!r}")
-        hook = accel_backends.hook()
         version = self.config.fsdp_version
         if model and self._residency["params"] != device:
             param_bytes, grad_bytes = offload.model_bytes(self.module, version)
@@ -106,14 +105,14 @@ class FSDPEngine:
                                  "optimizer_step() first")
             offload.move_model(self.module, version, self.backend, device)
             self._residency["params"] = device
-            hook.on_transfer(engine=self, what="params", destination=device, num_bytes=param_bytes)
+            events.transfer(self, "params", device, param_bytes)
             if grad_bytes:
-                hook.on_transfer(engine=self, what="grads", destination=device, num_bytes=grad_bytes)
+                events.transfer(self, "grads", device, grad_bytes)
         if optimizer and self.optimizer is not None and self._residency["optimizer"] != device:
             num_bytes = offload.optimizer_bytes(self.optimizer)
             offload.move_optimizer(self.optimizer, self.backend, device)
             self._residency["optimizer"] = device
-            hook.on_transfer(engine=self, what="optimizer", destination=device, num_bytes=num_bytes)
+            events.transfer(self, "optimizer", device, num_bytes)
 
     @contextlib.contextmanager
     def train_mode(self, disable_auto_offload: bool = False):
@@ -129,8 +128,7 @@ class FSDPEngine:
 
     @contextlib.contextmanager
     def _mode(self, mode: str, disable_auto_offload: bool, wanted: tuple[str, ...]):
-        hook = accel_backends.hook()
-        hook.on_mode_switch(engine=self, mode=mode, entering=True)
+        events.mode_switch(self, mode, entering=True)
         onload = []
         if not disable_auto_offload:
             offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
@@ -148,7 +146,7 @@ class FSDPEngine:
                 self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
                 # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
                 self.backend.empty_cache()
-            hook.on_mode_switch(engine=self, mode=mode, entering=False)
+            events.mode_switch(self, mode, entering=False)
 
     def _require_on_device(self, what: str, parts: Sequence[str]) -> None:
         away = [p for p in parts if self._residency[p] != DEVICE]
@@ -252,7 +250,7 @@ class FSDPEngine:
         self.zero_grad()
         self.global_step += 1
         self.last_step_metrics = {"step": self.global_step, "grad_norm": norm, "lr": lr, "skipped": skipped}
-        accel_backends.hook().on_optimizer_step(engine=self, step=self.global_step, metrics=self.last_step_metrics)
+        events.optimizer_step(self, self.global_step, self.last_step_metrics)
         return norm
 
     # -- generation ---------------------------------------------------------------------------------------------
