@@ -6,11 +6,32 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 import warnings
 
 from .errors import AccelBackendError
 from .registry import BACKEND_ENV, PluginLoadWarning, registry, safe_reason
+
+
+# The torch minor versions CI tests, oldest and newest (pyproject.toml's range and docs/hardware.md agree).
+TESTED_TORCH = ((2, 10), (2, 13))
+
+
+def torch_version_check(version: str) -> dict:
+    """``version`` (a torch version string) against the tested range, with a warning when outside it."""
+    low, high = TESTED_TORCH
+    tested = f"{low[0]}.{low[1]} to {high[0]}.{high[1]}"
+    match = re.match(r"(\d+)\.(\d+)", version)
+    minor = (int(match[1]), int(match[2])) if match else None
+    inside = minor is not None and low <= minor <= high
+    doc = {"version": version, "tested_range": tested, "in_tested_range": inside}
+    if not inside:
+        doc["warning"] = (f"torch {version} is outside the tested range {tested}: FSDP2 details this project relies "
+                          f"on differ between torch versions (torch 2.8 gives wrong FSDP2 gradients on the CPU); "
+                          f"install a torch in the range, e.g. pip install 'torch>={low[0]}.{low[1]},"
+                          f"<{high[0]}.{high[1] + 1}'")
+    return doc
 
 
 def _gib(value: int | None) -> str:
@@ -85,7 +106,10 @@ def _info(name: str | None) -> dict:
     backend = reg.select(name) if name is None else reg.get(name).backend
     record = reg.get(backend.name)
     reason = safe_reason(backend)
+    import torch
+
     doc = {
+        "torch": torch_version_check(torch.__version__),
         "name": backend.name,
         "class": f"{type(backend).__module__}.{type(backend).__qualname__}",
         "plugin": record.plugin,
@@ -131,11 +155,15 @@ def main(argv: list[str] | None = None) -> int:
                 _print_table(doc)
         else:
             doc = _info(args.name)
+            torch_doc = doc["torch"]
             if args.json:
                 print(json.dumps(doc, indent=2))
             else:
+                doc["torch"] = f"{torch_doc['version']} (tested: {torch_doc['tested_range']})"
                 for key, value in doc.items():
                     print(f"{key:24} {value}")
+            if "warning" in torch_doc:
+                print(f"accel-backends: warning: {torch_doc['warning']}", file=sys.stderr)
     except AccelBackendError as exc:
         print(f"accel-backends: error: {exc}", file=sys.stderr)
         return 2

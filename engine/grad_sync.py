@@ -1,10 +1,11 @@
 """Deferred gradient sync: reduce gradients once per mini-batch instead of once per micro-batch.
 
-``micro_batch_context(module, index, count, ...)`` wraps the forward and backward of one micro-batch. For every
-micro-batch but the last it turns gradient reduction off (FSDP1 ``no_sync()``, FSDP2
-``set_requires_gradient_sync(False)``) and, when asked, keeps FSDP2 parameters unsharded after backward. The
-previous settings are restored on exit, also when the micro-batch raises, so a failure never leaves a model that
-silently stops reducing gradients.
+``micro_batch_context(module, fsdp_version, index, count, ...)`` wraps the forward and backward of one micro-batch.
+For every micro-batch but the last it turns gradient reduction off (FSDP1 ``no_sync()``, FSDP2
+``set_requires_gradient_sync(False)``) and, when asked, keeps FSDP2 parameters unsharded after backward
+(``set_reshard_after_backward(False)``). Each unit's previous settings are restored on exit, also when the
+micro-batch raises, so a failure never leaves a model that silently stops reducing gradients. Only FSDP2's public
+setters write settings; reading them back needs private state, which lives in ``compat.py``.
 """
 
 from __future__ import annotations
@@ -13,43 +14,25 @@ import contextlib
 
 import torch.nn as nn
 
-
-def _fsdp2_param_groups(module: nn.Module):
-    """Every FSDP2 parameter group under ``module`` (torch 2.6 has one per module, newer torch a list)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    for sub in module.modules():
-        if isinstance(sub, FSDPModule):
-            state = sub._get_fsdp_state()
-            groups = getattr(state, "_fsdp_param_groups", None)
-            if groups is None:
-                group = getattr(state, "_fsdp_param_group", None)
-                groups = [group] if group is not None else []
-            yield from groups
+from . import compat
 
 
 @contextlib.contextmanager
 def _fsdp2_settings(module: nn.Module, sync: bool, reshard_after_backward: bool | None, is_last: bool):
-    groups = list(_fsdp2_param_groups(module))
-    saved = [(g, g.reduce_grads, getattr(g, "all_reduce_grads", None), g.reshard_after_backward) for g in groups]
-    state_ctx = module._get_fsdp_state()._state_ctx
-    saved_last = state_ctx.is_last_backward
+    units = compat.fsdp2_units(module)
+    saved = [(unit, compat.requires_gradient_sync(unit), compat.reshard_after_backward(unit)) for unit in units]
+    saved_last = compat.is_last_backward(module)
     try:
-        for group in groups:
-            group.reduce_grads = sync
-            if hasattr(group, "all_reduce_grads"):
-                group.all_reduce_grads = sync
-            if reshard_after_backward is not None:
-                group.reshard_after_backward = reshard_after_backward
-        state_ctx.is_last_backward = is_last
+        module.set_requires_gradient_sync(sync)  # recurses into every unit
+        if reshard_after_backward is not None:
+            module.set_reshard_after_backward(reshard_after_backward)
+        module.set_is_last_backward(is_last)
         yield
     finally:
-        for group, reduce_grads, all_reduce_grads, reshard in saved:
-            group.reduce_grads = reduce_grads
-            if all_reduce_grads is not None:
-                group.all_reduce_grads = all_reduce_grads
-            group.reshard_after_backward = reshard
-        state_ctx.is_last_backward = saved_last
+        for unit, unit_sync, unit_reshard in saved:
+            unit.set_requires_gradient_sync(unit_sync, recurse=False)
+            unit.set_reshard_after_backward(unit_reshard, recurse=False)
+        module.set_is_last_backward(saved_last)
 
 
 def micro_batch_context(module: nn.Module, fsdp_version: int, index: int, count: int, *, deferred: bool,
@@ -72,32 +55,15 @@ def micro_batch_context(module: nn.Module, fsdp_version: int, index: int, count:
 def gradient_sync_enabled(module: nn.Module, fsdp_version: int) -> bool:
     """Whether the next backward would reduce gradients (tests and assertions read this)."""
     if fsdp_version == 1:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        return all(m._sync_gradients for m in module.modules() if isinstance(m, FullyShardedDataParallel))
-    return all(g.reduce_grads for g in _fsdp2_param_groups(module))
+        return compat.fsdp1_requires_gradient_sync(module)
+    return all(compat.requires_gradient_sync(unit) for unit in compat.fsdp2_units(module))
 
 
 def discard_partial_backward(module: nn.Module, fsdp_version: int) -> None:
-    """After a micro-batch failed: forget gradients FSDP accumulated without syncing, and reshard.
+    """After a micro-batch failed: forget gradients FSDP accumulated without syncing, and reshard every unit.
 
     FSDP2 keeps skipped-sync gradients on its unsharded parameters, not on ``param.grad``; left there they would
     be added to the next mini-batch. FSDP1 keeps them in the flat gradient, which ``drop_gradients`` frees.
     """
-    if fsdp_version != 2:
-        return
-    reset = getattr(module, "reset_iter_state", None)
-    if reset is not None:  # torch >= 2.12 knows how to abandon an iteration
-        try:
-            reset()
-        except AttributeError:
-            pass  # FSDP2 initialises lazily: before the first forward there is nothing to reset
-    else:  # older torch: reshard and reset the per-iteration marker by hand
-        module.reshard()
-        module._get_fsdp_state()._state_ctx.iter_forward_root = None
-    for group in _fsdp2_param_groups(module):
-        for fsdp_param in group.fsdp_params:
-            fsdp_param.unsharded_accumulated_grad = None
-            unsharded = getattr(fsdp_param, "_unsharded_param", None)
-            if unsharded is not None:
-                unsharded.grad = None
+    if fsdp_version == 2:
+        compat.reset_after_failure(module)

@@ -8,6 +8,7 @@ import warnings
 import torch
 import torch.nn as nn
 
+from . import compat
 from .config import EngineConfig
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -121,7 +122,7 @@ def generation_context(module: nn.Module, fsdp_version: int):
 def _fsdp2_root_unsharded(module: nn.Module):
     # FSDP2 initialises lazily on the root's first forward; a forward that starts below the root would make a
     # layer claim to be the root. Initialise from the root first (idempotent).
-    module._get_fsdp_state()._lazy_init()
+    compat.lazy_init(module)
     module.unshard()
     try:
         yield

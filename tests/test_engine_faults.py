@@ -12,8 +12,18 @@ class BadBatch(Exception):
 
 
 def _raising_step(module, batch):
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
+
     from tiny import token_loss
 
+    if batch.get("poison") == "mid_forward":
+        # Fails inside the forward, after FSDP gathered the last decoder layer and before it ran.
+        last_layer = [m for m in module.modules() if isinstance(m, Qwen2DecoderLayer)][-1]
+        hook = last_layer.register_forward_pre_hook(lambda *_: (_ for _ in ()).throw(BadBatch("mid-forward")))
+        try:
+            return token_loss(module, batch)
+        finally:
+            hook.remove()
     loss, count = token_loss(module, batch)  # the forward runs (parameters gathered), then the step fails
     if batch.get("poison"):
         raise BadBatch("malformed micro-batch")
@@ -21,24 +31,41 @@ def _raising_step(module, batch):
 
 
 def _raising_micro_batch(rank, fsdp_version):
-    from engine import EngineConfig, FSDPEngine
+    from torch.distributed.tensor import DTensor
+
+    from engine import EngineConfig, FSDPEngine, compat
     from engine.grad_sync import gradient_sync_enabled
     from engine_checks import assert_grads_close, full_grads
     from tiny import make_micro_batches, reference_grads, tiny_qwen2, token_loss
 
-    engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version))
-    poisoned = make_micro_batches(seed=99, count=4)
-    poisoned[2] = dict(poisoned[2], poison=True)
-    with engine.train_mode():
-        with pytest.raises(BadBatch):
-            engine.forward_backward_batch(poisoned, _raising_step)
-        assert gradient_sync_enabled(engine.module, fsdp_version), "sync must be restored after the failure"
-        assert all(p.grad is None for p in engine.module.parameters()), "partial gradients are dropped"
-        # The engine stays usable: the next mini-batch gives exactly the reference gradients.
-        per_rank = [make_micro_batches(seed=10 + r, count=4) for r in range(2)]
-        engine.forward_backward_batch(per_rank[rank], token_loss)
-        worst = assert_grads_close(full_grads(engine), reference_grads(per_rank))
-        engine.optimizer_step()
+    worst = []
+    # FSDP2 also fails inside the forward (the last layer gathered), and with parameters kept unsharded between
+    # micro-batches: every unit must be resharded then, not only the root.
+    cases = [(False, "after_forward"), (False, "mid_forward"), (True, "mid_forward")]
+    for keep_unsharded, where in (cases if fsdp_version == 2 else cases[:1]):
+        engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version,
+                                                     keep_params_unsharded=keep_unsharded))
+        poisoned = make_micro_batches(seed=99, count=4)
+        poisoned[2] = dict(poisoned[2], poison=where)
+        with engine.train_mode():
+            with pytest.raises(BadBatch):
+                engine.forward_backward_batch(poisoned, _raising_step)
+            assert gradient_sync_enabled(engine.module, fsdp_version), "sync must be restored after the failure"
+            assert all(p.grad is None for p in engine.module.parameters()), "partial gradients are dropped"
+            if fsdp_version == 2:
+                units = compat.fsdp2_units(engine.module)
+                assert len(units) == 3, "the root and two decoder layers"
+                # A sharded unit registers its DTensor shards as parameters; an unsharded one plain tensors.
+                unsharded = [name for name, p in engine.module.named_parameters() if not isinstance(p, DTensor)]
+                assert not unsharded, f"still unsharded after the failure: {unsharded}"
+                assert all(compat.reshard_after_backward(u) for u in units), "reshard-after-backward restored"
+                assert compat.is_last_backward(engine.module), "the next backward is a last one again"
+            # The engine stays usable: the next mini-batch gives exactly the reference gradients (no stale
+            # gradient of the failed mini-batch survives).
+            per_rank = [make_micro_batches(seed=10 + r, count=4) for r in range(2)]
+            engine.forward_backward_batch(per_rank[rank], token_loss)
+            worst.append(assert_grads_close(full_grads(engine), reference_grads(per_rank)))
+            engine.optimizer_step()
     return worst
 
 

@@ -137,3 +137,40 @@ def test_local_rank_beyond_visible_npus_is_explained(standin, monkeypatch):
     monkeypatch.setattr(dist, "is_initialized", lambda: False)
     with pytest.raises(DistributedSetupError, match=r"LOCAL_RANK=5 but only 2 npu.*ASCEND_RT_VISIBLE_DEVICES='0,1'"):
         NPUBackend().init_distributed()
+
+
+def _torch_npu_metadata(directory, version, torch_requirement):
+    """Installed-package metadata of a torch_npu ``version`` that requires ``torch_requirement``, as pip writes it."""
+    info = directory / f"torch_npu-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch-npu\nVersion: {version}\n"
+                                   f"Requires-Dist: {torch_requirement}\n")
+
+
+THIS_TORCH = torch.__version__.split("+")[0]
+OTHER_TORCH = "2.9.0" if THIS_TORCH != "2.9.0" else "2.8.0"
+
+
+def test_torch_npu_built_for_another_torch_names_the_matching_release(fake_torch_npu, tmp_path):
+    # What a mismatched torch_npu says by itself tells the user nothing.
+    fake_torch_npu('raise RuntimeError("Two accelerators cannot be used at the same time")\n')
+    _torch_npu_metadata(tmp_path, f"{OTHER_TORCH}.post4", f"torch=={OTHER_TORCH}")
+    reason = NPUBackend().unavailable_reason()
+    assert reason.startswith(f"torch_npu {OTHER_TORCH}.post4 is built for torch {OTHER_TORCH}, "
+                             f"but torch {torch.__version__} is installed")
+    assert f"pip install 'torch-npu=={THIS_TORCH}.*'" in reason and f"torch=={OTHER_TORCH}" in reason
+    assert "Two accelerators cannot be used at the same time" in reason, "torch_npu's own error is kept"
+
+
+def test_a_mismatch_is_reported_even_when_torch_npu_imports(standin, tmp_path, monkeypatch):
+    _torch_npu_metadata(tmp_path, f"{OTHER_TORCH}.post4", f"torch=={OTHER_TORCH}.*")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reason = NPUBackend().unavailable_reason()
+    assert reason.startswith(f"torch_npu {OTHER_TORCH}.post4 is built for torch {OTHER_TORCH}.*, but torch")
+
+
+@pytest.mark.parametrize("requirement", [f"torch=={THIS_TORCH}", f"torch=={THIS_TORCH}.*"])
+def test_torch_npu_built_for_this_torch_passes_the_version_check(standin, tmp_path, monkeypatch, requirement):
+    _torch_npu_metadata(tmp_path, f"{THIS_TORCH}.post1", requirement)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert NPUBackend().unavailable_reason() is None

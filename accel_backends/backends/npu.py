@@ -8,6 +8,8 @@ unavailable reason, not a crash of every program that merely lists backends.
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
 
 import torch
 
@@ -69,23 +71,64 @@ class NPUBackend(DeviceBackend):
         return info
 
 
+def _torch_release() -> str:
+    """This torch's release, without a local build tag (``2.10.0+cu128`` -> ``2.10.0``)."""
+    return torch.__version__.split("+")[0]
+
+
+def _matching_torch_npu() -> str:
+    """What to install for this torch: torch_npu releases carry their torch's version (``2.10.0.post7``)."""
+    return f"pip install 'torch-npu=={_torch_release()}.*'"
+
+
+def _torch_npu_pin() -> tuple[str, str] | None:
+    """(installed torch_npu version, the exact torch it requires), from its metadata; ``None`` if unknown."""
+    try:
+        dist = importlib.metadata.distribution("torch-npu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    for requirement in dist.requires or ():
+        match = re.match(r"torch\s*\(?\s*==\s*([0-9][^\s,;)]*)", requirement)
+        if match:
+            return dist.version, match[1]
+    return None
+
+
+def _version_mismatch() -> str | None:
+    """Why the installed torch_npu does not fit this torch (each torch_npu pins one exact torch), or ``None``."""
+    pin = _torch_npu_pin()
+    if pin is None:
+        return None
+    npu_version, wanted = pin
+    release, wanted_release = _torch_release(), wanted.removesuffix(".*").split("+")[0]
+    if release == wanted_release or (wanted.endswith(".*") and release.startswith(wanted_release + ".")):
+        return None
+    return (f"torch_npu {npu_version} is built for torch {wanted}, but torch {torch.__version__} is installed: "
+            f"{_matching_torch_npu()} to match this torch (or install torch=={wanted_release})")
+
+
 def _describe_import_failure() -> str | None:
+    mismatch = _version_mismatch()  # a torch_npu built for another torch fails to import with unhelpful messages
+    failure = None
     try:
         importlib.import_module("torch_npu")
     except ModuleNotFoundError as exc:
-        if exc.name == "torch_npu":
+        if exc.name == "torch_npu" and mismatch is None:
             return (
-                f"torch_npu is not installed: pip install torch-npu=={torch.__version__.split('+')[0]} "
+                f"torch_npu is not installed: {_matching_torch_npu()} "
                 f"(the extra accel-backends[npu]) and {_CANN_HINT}"
             )
-        return f"torch_npu failed to import: {exc}"
+        failure = f"torch_npu failed to import: {exc}"
     except (ImportError, OSError) as exc:
-        return f"torch_npu failed to import: {exc}: {_CANN_HINT}"
+        failure = f"torch_npu failed to import: {exc}: {_CANN_HINT}"
     except Exception as exc:  # noqa: BLE001 - vendor packages raise all sorts of things at import
-        return f"torch_npu failed to import: {type(exc).__name__}: {exc}"
-    if not hasattr(torch, "npu"):
-        return "torch_npu imported but did not register torch.npu: reinstall torch_npu matching this torch"
-    return None
+        failure = f"torch_npu failed to import: {type(exc).__name__}: {exc}"
+    else:
+        if not hasattr(torch, "npu"):
+            failure = "torch_npu imported but did not register torch.npu: reinstall torch_npu matching this torch"
+    if mismatch is not None:
+        return mismatch + (f" ({failure})" if failure else "")
+    return failure
 
 
 @hookimpl

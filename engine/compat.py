@@ -1,0 +1,135 @@
+"""The one place that touches FSDP's private state, so a torch upgrade breaks (at most) this module.
+
+Everything else in ``engine/`` changes FSDP2 through its public methods (``set_requires_gradient_sync``,
+``set_reshard_after_backward``, ``set_is_last_backward``, ``reshard``, ``reset_iter_state``). What remains here
+has no public API in the torch versions we test: reading back a setting (torch has setters but no getters), the
+recovery after a failed micro-batch on a torch without ``reset_iter_state``, freeing gradients FSDP2 keeps on its
+unsharded parameters, and the root's lazy initialisation. Each use says which torch versions it was tested on;
+``tests/test_torch_range.py`` and the engine tests run on every torch of the tested range (``docs/hardware.md``).
+"""
+
+from __future__ import annotations
+
+import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
+
+
+def fsdp2_units(module: nn.Module) -> list[FSDPModule]:
+    """Every FSDP2 unit in ``module`` (the root first), in ``modules()`` order."""
+    return [sub for sub in module.modules() if isinstance(sub, FSDPModule)]
+
+
+def _param_groups(unit: FSDPModule) -> list:
+    # Private: FSDPState._fsdp_param_groups (a list), tested on torch 2.10.0 and 2.13.0. Older torch (2.6) had
+    # a single _fsdp_param_group; kept as a fallback so a clear error comes from the version check, not here.
+    state = unit._get_fsdp_state()
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is None:
+        group = getattr(state, "_fsdp_param_group", None)
+        groups = [group] if group is not None else []
+    return list(groups)
+
+
+def requires_gradient_sync(unit: FSDPModule) -> bool:
+    """Whether ``unit`` reduces gradients in its next backward (the getter to ``set_requires_gradient_sync``)."""
+    # Private: FSDPParamGroup.reduce_grads, tested on torch 2.10.0 and 2.13.0.
+    return all(group.reduce_grads for group in _param_groups(unit))
+
+
+def reshard_after_backward(unit: FSDPModule) -> bool:
+    """Whether ``unit`` reshards after backward (the getter to ``set_reshard_after_backward``)."""
+    # Private: FSDPParamGroup.reshard_after_backward, tested on torch 2.10.0 and 2.13.0.
+    return all(group.reshard_after_backward for group in _param_groups(unit))
+
+
+def is_last_backward(root: FSDPModule) -> bool:
+    """Whether the next backward is the last of the iteration (the getter to ``set_is_last_backward``)."""
+    # Private: FSDPState._state_ctx.is_last_backward, tested on torch 2.10.0 and 2.13.0.
+    return root._get_fsdp_state()._state_ctx.is_last_backward
+
+
+def lazy_init(root: FSDPModule) -> None:
+    """Initialise FSDP2 from the root, as its first forward would (idempotent).
+
+    Needed before a forward that starts below the root, which would otherwise make a layer claim to be the root.
+    """
+    # Private: FSDPState._lazy_init, tested on torch 2.10.0 and 2.13.0.
+    root._get_fsdp_state()._lazy_init()
+
+
+def reset_after_failure(root: FSDPModule) -> None:
+    """After a forward or backward raised: reshard every unit, forget the iteration and its partial gradients.
+
+    torch >= 2.12 has the public ``reset_iter_state`` for this; on older torch every unit is resharded with the
+    public ``reshard`` and the per-iteration state is reset by hand. In both cases the gradients FSDP2 accumulated
+    on its unsharded parameters while sync was off are freed, so none reaches the next mini-batch.
+    """
+    units = fsdp2_units(root)
+    state = root._get_fsdp_state()
+    initialised = state._state_ctx.all_states  # Private; empty until the first forward. Tested on 2.10.0, 2.13.0.
+    if initialised and hasattr(root, "reset_iter_state"):  # public from torch 2.12 (tested on 2.13.0)
+        root.reset_iter_state()
+    elif initialised:
+        _reset_iter_state_by_hand(units)
+    for unit in units:
+        unit.reshard()  # public; a no-op for a unit that is already sharded
+        _free_unsharded_gradients(unit)
+
+
+def _reset_iter_state_by_hand(units: list[FSDPModule]) -> None:
+    # What torch 2.12's reset_iter_state does, for torch without it; tested on 2.10.0. Waits on collectives
+    # still in flight (none on the CPU), then returns every state and parameter group to IDLE so that the
+    # public reshard() really reshards (in FORWARD state a unit without reshard-after-forward, the root, ignores
+    # it). Private: FSDPState._training_state, _modules_to_run_forward, _comm_ctx.{all_gather_state,
+    # reduce_scatter_state, post_forward_order}, _state_ctx.{iter_forward_root, post_backward_final_callback_queued};
+    # FSDPParamGroup._training_state, _post_forward_indices, _all_gather_result, _post_reduce_event,
+    # _all_reduce_state, _reshard_after_forward_event, _partial_reduce_output.
+    from torch.distributed.fsdp._fully_shard._fsdp_common import TrainingState
+
+    root_state = units[0]._get_fsdp_state()
+    for unit in units:
+        state = unit._get_fsdp_state()
+        state._training_state = TrainingState.IDLE
+        state._modules_to_run_forward.clear()
+        for group in _param_groups(unit):
+            stream = group.device_handle.current_stream()
+            for name in ("_post_reduce_event", "_reshard_after_forward_event"):
+                if getattr(group, name, None) is not None:
+                    stream.wait_event(getattr(group, name))
+                    setattr(group, name, None)
+            all_gather = group._all_gather_result
+            if all_gather is not None and all_gather.all_gather_work is not None:
+                all_gather.all_gather_work.wait()
+            group._all_gather_result = None
+            group._all_reduce_state = None
+            group._partial_reduce_output = None
+            group._post_forward_indices.clear()
+            group._training_state = TrainingState.IDLE
+    comm_ctx = root_state._comm_ctx
+    for pending in (comm_ctx.all_gather_state, comm_ctx.reduce_scatter_state):
+        if pending is not None and pending.event is not None:
+            root_state._device_handle.current_stream().wait_event(pending.event)
+    comm_ctx.all_gather_state = None
+    comm_ctx.reduce_scatter_state = None
+    comm_ctx.post_forward_order.clear()
+    root_state._state_ctx.iter_forward_root = None
+    root_state._state_ctx.post_backward_final_callback_queued = False
+
+
+def _free_unsharded_gradients(unit: FSDPModule) -> None:
+    # Gradients accumulated with sync off live on the unsharded parameters, not on param.grad. Private:
+    # FSDPParam.unsharded_accumulated_grad and FSDPParam._unsharded_param, tested on torch 2.10.0 and 2.13.0.
+    for group in _param_groups(unit):
+        for fsdp_param in group.fsdp_params:
+            fsdp_param.unsharded_accumulated_grad = None
+            unsharded = getattr(fsdp_param, "_unsharded_param", None)
+            if unsharded is not None:
+                unsharded.grad = None
+
+
+def fsdp1_requires_gradient_sync(module: nn.Module) -> bool:
+    """Whether every FSDP1 unit reduces gradients in its next backward (``no_sync`` has no getter)."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    # Private: FullyShardedDataParallel._sync_gradients, tested on torch 2.10.0 and 2.13.0.
+    return all(m._sync_gradients for m in module.modules() if isinstance(m, FullyShardedDataParallel))
