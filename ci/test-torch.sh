@@ -5,13 +5,16 @@
 #
 # The environment is .venv-torch<VERSION> (or $ACCEL_VENV); it is reinstalled only when pyproject.toml or the
 # constraints changed. Older torch exists on the registry only as the CUDA build (torch plus its CUDA libraries,
-# about 3.5 GB); it imports and runs on a CPU-only machine. pip's cache makes a second install fast.
-# Without pytest arguments it runs the engine and backend tests (not GRPO, not the packaged plugins).
+# about 3.5 GB); it imports and runs on a CPU-only machine. The wheels are downloaded once into a wheelhouse
+# ($ACCEL_WHEELS, default ~/.cache/accel-backends/wheels-torch<VERSION>; keep it in CI's cache) and installed from
+# there without the network afterwards: pip's own HTTP cache was seen not to keep them.
+# Unless pytest arguments name tests, it runs the engine and backend tests (not GRPO, not the packaged plugins).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 version=${1:?usage: ci/test-torch.sh TORCH_VERSION [pytest arguments]}
 shift
 venv=${ACCEL_VENV:-$root/.venv-torch$version}
+wheels=${ACCEL_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/accel-backends/wheels-torch$version}
 python=${PYTHON:-python3}
 stamp=$venv/.accel-setup-stamp
 # Pins: the main leg's, with torch replaced and this torch's own pins (ci/constraints-torch<VERSION>.txt, if any)
@@ -34,7 +37,13 @@ fi
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   echo "ci/test-torch.sh: installing torch $version and the test dependencies into $venv" >&2
   start=$SECONDS
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" -e "$root[test]"
+  pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+  if ! "${pip[@]}" install --quiet --no-index --find-links "$wheels" -c "$constraints" -e "$root[test]" 2>/dev/null
+  then
+    echo "ci/test-torch.sh: downloading the wheels into $wheels (first time: about 3.5 GB)" >&2
+    "${pip[@]}" download --quiet --dest "$wheels" -c "$constraints" "$root[test]"
+    "${pip[@]}" install --quiet --no-index --find-links "$wheels" -c "$constraints" -e "$root[test]"
+  fi
   echo "ci/test-torch.sh: installed in $((SECONDS - start)) s" >&2
   echo "$want" > "$stamp"
 fi
@@ -44,8 +53,12 @@ if [ "$installed" != "$version" ]; then
   exit 1
 fi
 cd "$root"
-if [ $# -eq 0 ]; then
-  set -- tests/test_engine_*.py tests/test_*backend*.py tests/test_registry.py tests/test_torch_range.py
+names_tests=false
+for arg in "$@"; do
+  case $arg in -*) ;; *) names_tests=true ;; esac
+done
+if ! $names_tests; then
+  set -- "$@" tests/test_engine_*.py tests/test_*backend*.py tests/test_registry.py tests/test_torch_range.py
 fi
 start=$SECONDS
 status=0

@@ -60,14 +60,15 @@ def lazy_init(root: FSDPModule) -> None:
 def reset_after_failure(root: FSDPModule) -> None:
     """After a forward or backward raised: reshard every unit, forget the iteration and its partial gradients.
 
-    torch >= 2.12 has the public ``reset_iter_state`` for this; on older torch every unit is resharded with the
-    public ``reshard`` and the per-iteration state is reset by hand. In both cases the gradients FSDP2 accumulated
+    Newer torch has the public ``reset_iter_state`` for this (present in 2.13.0, absent in 2.10.0); on a torch
+    without it every unit's per-iteration state is reset by hand. Every unit is then resharded with the public
+    ``reshard``. In both cases the gradients FSDP2 accumulated
     on its unsharded parameters while sync was off are freed, so none reaches the next mini-batch.
     """
     units = fsdp2_units(root)
     state = root._get_fsdp_state()
     initialised = state._state_ctx.all_states  # Private; empty until the first forward. Tested on 2.10.0, 2.13.0.
-    if initialised and hasattr(root, "reset_iter_state"):  # public from torch 2.12 (tested on 2.13.0)
+    if initialised and hasattr(root, "reset_iter_state"):  # public; tested on 2.13.0
         root.reset_iter_state()
     elif initialised:
         _reset_iter_state_by_hand(units)
@@ -77,7 +78,7 @@ def reset_after_failure(root: FSDPModule) -> None:
 
 
 def _reset_iter_state_by_hand(units: list[FSDPModule]) -> None:
-    # What torch 2.12's reset_iter_state does, for torch without it; tested on 2.10.0. Waits on collectives
+    # What reset_iter_state does in torch 2.13, for a torch without it; tested on 2.10.0. Waits on collectives
     # still in flight (none on the CPU), then returns every state and parameter group to IDLE so that the
     # public reshard() really reshards (in FORWARD state a unit without reshard-after-forward, the root, ignores
     # it). Private: FSDPState._training_state, _modules_to_run_forward, _comm_ctx.{all_gather_state,
