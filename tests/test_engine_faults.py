@@ -39,6 +39,8 @@ def _raising_micro_batch(rank, fsdp_version):
     from tiny import make_micro_batches, reference_grads, tiny_qwen2, token_loss
 
     worst = []
+    per_rank = [make_micro_batches(seed=10 + r, count=4) for r in range(2)]
+    expected = reference_grads(per_rank)
     # FSDP2 also fails inside the forward (the last layer gathered), and with parameters kept unsharded between
     # micro-batches: every unit must be resharded then, not only the root.
     cases = [(False, "after_forward"), (False, "mid_forward"), (True, "mid_forward")]
@@ -62,9 +64,8 @@ def _raising_micro_batch(rank, fsdp_version):
                 assert compat.is_last_backward(engine.module), "the next backward is a last one again"
             # The engine stays usable: the next mini-batch gives exactly the reference gradients (no stale
             # gradient of the failed mini-batch survives).
-            per_rank = [make_micro_batches(seed=10 + r, count=4) for r in range(2)]
             engine.forward_backward_batch(per_rank[rank], token_loss)
-            worst.append(assert_grads_close(full_grads(engine), reference_grads(per_rank)))
+            worst.append(assert_grads_close(full_grads(engine), expected))
             engine.optimizer_step()
     return worst
 
