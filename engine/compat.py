@@ -62,8 +62,8 @@ def reset_after_failure(root: FSDPModule) -> None:
 
     Newer torch has the public ``reset_iter_state`` for this (present in 2.13.0, absent in 2.10.0); on a torch
     without it every unit's per-iteration state is reset by hand. Every unit is then resharded with the public
-    ``reshard``. In both cases the gradients FSDP2 accumulated
-    on its unsharded parameters while sync was off are freed, so none reaches the next mini-batch.
+    ``reshard``, and the gradients FSDP2 accumulated on its unsharded parameters while sync was off are freed:
+    ``reset_iter_state`` leaves them in place (seen on 2.13.0), and they would be added to the next mini-batch.
     """
     units = fsdp2_units(root)
     state = root._get_fsdp_state()
