@@ -89,7 +89,8 @@ def run_step(step: dict, env: dict) -> dict:
     except subprocess.TimeoutExpired as exc:
         rc, out, err = "timeout", _text(exc.stdout), _text(exc.stderr) + f"\nstopped after {step['limit_s']} s"
     record = {"cmd": " ".join(map(str, step["cmd"])), "rc": rc, "ok": rc == 0,
-              "seconds": round(time.perf_counter() - started, 1), "stdout_tail": out[-4000:], "stderr_tail": err[-3000:]}
+              "seconds": round(time.perf_counter() - started, 1), "stdout_tail": out[-4000:],
+              "stderr_tail": err[-3000:]}
     if step.get("json") and Path(step["json"]).is_file():
         record["result"] = json.loads(Path(step["json"]).read_text())
     if step.get("metrics") and Path(step["metrics"]).is_file():

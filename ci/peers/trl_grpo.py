@@ -72,8 +72,8 @@ def main() -> None:
         num_generations=args.n, max_completion_length=args.new_tokens, learning_rate=args.lr, beta=args.kl_coef,
         num_iterations=1, epsilon=0.2, loss_type="dapo", scale_rewards="group", temperature=1.0, top_p=1.0,
         top_k=0, max_steps=args.steps, lr_scheduler_type="constant", warmup_steps=0, max_grad_norm=1.0,
-        weight_decay=0.0, logging_steps=1, report_to="none", save_strategy="no", use_cpu=True, bf16=False,
-        seed=args.seed, disable_dropout=True, log_completions=False, dataloader_num_workers=0)
+        weight_decay=0.0, gradient_checkpointing=False, logging_steps=1, report_to="none", save_strategy="no",
+        use_cpu=True, bf16=False, seed=args.seed, disable_dropout=True, log_completions=False, dataloader_num_workers=0)
     known = {f.name for f in dataclasses.fields(GRPOConfig)}
     dropped = sorted(k for k in wanted if k not in known)
 

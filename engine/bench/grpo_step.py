@@ -14,6 +14,8 @@ from pathlib import Path
 from .common import summary
 
 PARTS = ("rollout", "old_log_probs", "ref_log_probs", "update")
+FSDP_HOOK_FRAMES = {"FSDP::pre_forward", "FSDP::post_forward", "FSDP::pre_backward", "FSDP::post_backward",
+                    "FSDP::root_post_backward"}
 
 
 class _PartTimer:
@@ -53,16 +55,21 @@ class _PartTimer:
         self.module.rollout, self.module.batched_log_probs = self._saved
 
 
-def _profile(trainer, step: int, rows: int) -> list[dict]:
-    """The ops taking most of one step's CPU time (self time), from ``torch.profiler``."""
+def _profile(trainer, step: int, rows: int) -> dict:
+    """The ops taking most of one step's CPU time (self time), from ``torch.profiler``, and FSDP's share."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU], record_shapes=False) as prof:
         data, _ = trainer.collect(step)
         trainer.update(data)
-    table = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
-    return [{"name": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
-             "cpu_total_ms": e.cpu_time_total / 1e3} for e in table]
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    # FSDP's hooks, inclusive of the gathers, copies and reshards they run (these frames do not nest).
+    hooks = sum(e.cpu_time_total for e in events if e.key.split(" ")[0] in FSDP_HOOK_FRAMES)
+    table = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:rows]
+    return {"self_cpu_ms": total / 1e3, "fsdp_hooks_cpu_ms": hooks / 1e3, "fsdp_share": hooks / max(total, 1),
+            "top_ops": [{"name": e.key, "calls": e.count, "self_cpu_ms": e.self_cpu_time_total / 1e3,
+                         "cpu_total_ms": e.cpu_time_total / 1e3} for e in table]}
 
 
 def run(options, backend, rank) -> dict:

@@ -74,8 +74,12 @@ def print_grpo(s: dict) -> None:
     for name, row in s["parts"].items():
         calls = s["calls_per_step"].get(name, "")
         print(f"  {name:15} {_ms(row):>30} {s['share_of_step'][name]:6.1%}  calls {calls}")
-    for row in s.get("profile", [])[:10]:
-        print(f"  profile: {row['name'][:50]:50} {row['self_cpu_ms']:9.1f} ms self, {row['calls']} calls")
+    profile = s.get("profile")
+    if profile:
+        print(f"  torch.profiler, one step: {profile['self_cpu_ms']:.0f} ms CPU time, of which inside FSDP's hooks "
+              f"{profile['fsdp_hooks_cpu_ms']:.0f} ms ({profile['fsdp_share']:.0%}); top ops by self time:")
+        for row in profile["top_ops"][:10]:
+            print(f"    {row['name'][:56]:56} {row['self_cpu_ms']:9.1f} ms, {row['calls']} calls")
 
 
 PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
