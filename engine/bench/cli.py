@@ -9,8 +9,8 @@ Scenarios (``--scenarios``, default all):
   rollout      FSDPEngine.generate: tokens per second and all-gathers per call, for two lengths
   grpo         one GRPO step of a preset (cpu-demo): rollout, old/ref log-probs, update, tokens per second
 
-Variants run interleaved (A, B, A, B...) and are reported as medians, min-max and ratios of medians: on a shared
-machine only ratios measured in one run mean anything.
+Variants run interleaved (A, B, A, B...) and are reported as medians and min-max; ratios are the median over
+rounds of each round's ratio. On a shared machine only ratios measured in one run mean anything.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What every scenario shares: the model, its data, interleaved timing, summaries and counters.
 
 Shared machines are noisy, so every comparison runs its variants interleaved (A, B, A, B, ...) and reports the
-median, the range and the ratio of medians; absolute times are only comparable within one run.
+median, the range and the median of the per-round ratios; absolute times are only comparable within one run.
 """
 
 from __future__ import annotations
@@ -75,9 +75,13 @@ def summary(samples: list[float], scale: float = 1e3) -> dict:
             "max_ms": max(samples) * scale, "n": len(samples)}
 
 
-def ratio(numerator: dict, denominator: dict) -> float:
-    """Ratio of two summaries' medians (guarded against a zero denominator)."""
-    return numerator["median_ms"] / max(denominator["median_ms"], 1e-12)
+def ratio(numerator: list[float], denominator: list[float]) -> float:
+    """Median over rounds of the per-round ratio of two interleaved variants.
+
+    Each round runs both variants back to back, so a round's ratio sees the same machine load on both sides;
+    the median over rounds then drops the rounds another process disturbed. Steadier than a ratio of medians.
+    """
+    return statistics.median(a / max(b, 1e-12) for a, b in zip(numerator, denominator))
 
 
 class CommCounter(CollectiveCounter):

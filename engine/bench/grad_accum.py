@@ -50,7 +50,7 @@ def _one_version(options, backend, rank, fsdp_version: int) -> dict:
         for mode, values in samples.items():
             rows[mode].update(summary(values))
         for mode in rows:
-            rows[mode]["time_vs_every_micro_batch"] = ratio(rows[mode], rows["every_micro_batch"])
+            rows[mode]["time_vs_every_micro_batch"] = ratio(samples[mode], samples["every_micro_batch"])
         by_count[str(count)] = rows
     units = next(iter(engines.values())).num_sharded_units
     return {"sharded_units": units, "micro_batches": by_count}

@@ -80,7 +80,7 @@ def fast_against_legacy(options, backend, layers: int) -> dict:
                          options["switches"])
     result = {name: summary(values) for name, values in samples.items()}
     result.update(layers=layers, sharded_units=engine.num_sharded_units,
-                  legacy_over_fast=ratio(result["legacy"], result["fast_path"]),
+                  legacy_over_fast=ratio(samples["legacy"], samples["fast_path"]),
                   fast_path_calls={"gc_collect": counter.gc_collect, "empty_cache": counter.empty_cache,
                                    "switches": FAST_SWITCHES_PER_SAMPLE * options["switches"]})
     del engine
@@ -170,7 +170,7 @@ def optimizer_onload(options, backend, rank) -> dict:
     result = {"available": True}
     for name, values in samples.items():
         result[name] = {**summary(values), **seen[name]}
-    result["step_over_mode_time"] = ratio(result["step"], result["mode"])
+    result["step_over_mode_time"] = ratio(samples["step"], samples["mode"])
     return result
 
 

@@ -65,5 +65,5 @@ def run(options, backend, rank) -> dict:
     samples = interleave(variants, options["steps"])
     result = {name: summary(values) for name, values in samples.items()}
     result["micro_batches"] = options["micro_batches"]
-    result["engine_over_hand_written"] = ratio(result["engine"], result["hand_written"])
+    result["engine_over_hand_written"] = ratio(samples["engine"], samples["hand_written"])
     return result

@@ -88,6 +88,6 @@ PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "o
 
 def print_result(result: dict) -> None:
     print(f"accel-bench: backend {result['backend']}, {result['world_size']} rank(s); medians [min-max] of "
-          f"interleaved samples; compare ratios, not absolute times, on a shared machine")
+          f"interleaved samples, ratios per round (median); compare ratios, not absolute times, on a shared machine")
     for name, scenario in result["scenarios"].items():
         PRINTERS[name](scenario)
