@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 
 from . import grad_accum, grpo_step, mode_switch, overhead, rollout
+from .common import release
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
@@ -37,6 +38,7 @@ def worker(options: dict) -> dict:
     result = {"backend": backend.name, "world_size": dist.get_world_size(), "options": options, "scenarios": {}}
     for name in options["scenarios"]:
         result["scenarios"][name] = SCENARIOS[name](options, backend, rank)
+        release(backend)
     return result
 
 

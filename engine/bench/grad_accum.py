@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .. import EngineConfig, FSDPEngine
 from .common import (NOT_AVAILABLE, CommCounter, interleave, lm_loss, micro_batches, model_factory,
-                     new_feature_config, ratio, summary, timed)
+                     new_feature_config, ratio, release, summary, timed)
 
 SYNC_MODES = {
     "every_micro_batch": {"grad_sync": "every_micro_batch"},
@@ -86,6 +86,9 @@ def _plain(value):
 
 
 def run(options, backend, rank) -> dict:
-    result = {f"fsdp{version}": _one_version(options, backend, rank, version) for version in options["fsdp_versions"]}
+    result = {}
+    for version in options["fsdp_versions"]:
+        result[f"fsdp{version}"] = _one_version(options, backend, rank, version)
+        release(backend)
     result["decision"] = sync_decision(options, backend)
     return result

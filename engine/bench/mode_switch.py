@@ -14,7 +14,7 @@ import gc
 from .. import FSDPEngine
 from ..offload import move_model
 from .common import (TransferLog, interleave, lm_loss, micro_batches, model_factory,
-                     new_feature_config, ratio, summary, timed)
+                     new_feature_config, ratio, release, summary, timed)
 
 FAST_SWITCHES_PER_SAMPLE = 200  # one fast switch is microseconds: time a batch of them per sample
 OFFLOAD_VARIANTS = {
@@ -83,7 +83,6 @@ def fast_against_legacy(options, backend, layers: int) -> dict:
                   legacy_over_fast=ratio(samples["legacy"], samples["fast_path"]),
                   fast_path_calls={"gc_collect": counter.gc_collect, "empty_cache": counter.empty_cache,
                                    "switches": FAST_SWITCHES_PER_SAMPLE * options["switches"]})
-    del engine
     return result
 
 
@@ -175,8 +174,12 @@ def optimizer_onload(options, backend, rank) -> dict:
 
 
 def run(options, backend, rank) -> dict:
-    result = {f"layers_{layers}": fast_against_legacy(options, backend, layers) for layers in options["switch_layers"]}
+    result = {}
+    for layers in options["switch_layers"]:
+        result[f"layers_{layers}"] = fast_against_legacy(options, backend, layers)
+        release(backend)
     result["offload"] = offload_round_trips(options, backend, rank)
+    release(backend)
     result["optimizer_onload"] = optimizer_onload(options, backend, rank)
     return result
 
