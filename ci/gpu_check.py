@@ -40,14 +40,14 @@ def steps(cpu: bool, out_dir: Path) -> list[dict]:
     bench_json = out_dir / "bench.json"
     return [
         {"name": "backends", "limit_s": 20, "cmd": [PY, "-m", "accel_backends", "list", "--json"]},
-        {"name": "pytest_cuda", "limit_s": 80,
+        {"name": "pytest_cuda", "limit_s": 70,
          "cmd": [PY, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "tests"]},
         {"name": "conformance_kit", "limit_s": 40, "cmd": [PY, "-m", "accel_backends.testing", backend]},
-        {"name": "bench", "limit_s": 200, "json": bench_json,
+        {"name": "bench", "limit_s": 230, "json": bench_json,
          "cmd": ["bash", str(ROOT / "ci/bench.sh"), "--nproc", "1", *bench_model, "--steps", "3", "--switches", "3",
                  "--grpo-steps", "2", *[a for o in grpo_model for a in ("--grpo-override", o)]],
          "env": {"BENCH_PYTHON": PY, "BENCH_OUT": str(out_dir)}},
-        {"name": "grpo", "limit_s": 110, "metrics": out_dir / "grpo" / "gpu-check" / "metrics.jsonl",
+        {"name": "grpo", "limit_s": 90, "metrics": out_dir / "grpo" / "gpu-check" / "metrics.jsonl",
          "cmd": [PY, "-m", "engine.grpo.cli", "--nproc", "1", *grpo_model, "train.steps=6", "run.progress=false",
                  f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check"]},
     ]
