@@ -72,6 +72,8 @@ class Registry:
     def __init__(self, autoload: bool | None = None) -> None:
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.plugin_manager.add_hookspecs(hookspecs)
+        self._spec_modules: list = []
+        self._add_new_hookspecs()
         self.failures: list[PluginFailure] = []
         self._labels: dict[str, str] = {}  # plugin name -> who provided it, for messages
         self._records: dict[str, BackendRecord] | None = None
@@ -85,6 +87,7 @@ class Registry:
 
     def register_plugin(self, plugin, name: str | None = None, label: str | None = None) -> str:
         """Register a plugin object or module at run time (tests, observers); returns its plugin name."""
+        self._add_new_hookspecs()  # an entry point's import may just have added some (engine/hookspecs.py)
         registered = self.plugin_manager.register(plugin, name=name)
         try:
             self.plugin_manager.check_pending()  # a misspelled hook name is an error, not a silent no-op
@@ -93,11 +96,19 @@ class Registry:
             raise
         self._labels[registered] = label or registered
         self._records = None
+        _plugins_changed()
         return registered
 
     def unregister_plugin(self, plugin) -> None:
         self.plugin_manager.unregister(plugin)
         self._records = None
+        _plugins_changed()
+
+    def _add_new_hookspecs(self) -> None:
+        for module in list(_extra_hookspecs):
+            if module not in self._spec_modules:
+                self.plugin_manager.add_hookspecs(module)
+                self._spec_modules.append(module)
 
     def _load_entry_points(self) -> None:
         seen = set()
@@ -245,6 +256,38 @@ def _add_record(records: dict[str, BackendRecord], backend, label: str, replace:
 
 _lock = threading.Lock()
 _registry: Registry | None = None
+_extra_hookspecs: list = []  # hook-spec modules of the layers above (the engine's events), in order added
+_plugins_version = 0  # changes whenever the set of plugins (or hook specs) may have changed
+
+
+def _plugins_changed() -> None:
+    global _plugins_version
+    _plugins_version += 1
+
+
+def plugins_version() -> int:
+    """A number that changes whenever plugins are added or removed or the registry is reset.
+
+    Callers that cache per-hook lookups (``engine/events.py`` caches whether anybody listens) compare it to
+    know when to look again.
+    """
+    return _plugins_version
+
+
+def add_hookspecs(module) -> None:
+    """Add a module of ``@accel_backends.hookspec`` functions to the plugin manager, now and after every reset.
+
+    This is how the layers above specify their own hooks without this package knowing them: ``engine`` adds
+    its observer events when it is imported. Plugins implementing those hooks must import that module first
+    (or the registry refuses them as implementing an unknown hook). Adding the same module twice is a no-op.
+    """
+    if module in _extra_hookspecs:
+        return
+    _extra_hookspecs.append(module)
+    current = _registry  # read without the lock: this runs while an entry point is imported under it
+    if current is not None:
+        current._add_new_hookspecs()
+    _plugins_changed()
 
 
 def registry() -> Registry:
@@ -261,6 +304,7 @@ def reset_registry() -> None:
     global _registry
     with _lock:
         _registry = None
+        _plugins_changed()
 
 
 def get_backend(name: str | None = None) -> DeviceBackend:
@@ -289,5 +333,5 @@ def unregister_plugin(plugin) -> None:
 
 
 def hook():
-    """The hook relay the engine calls events on: ``hook().on_transfer(engine=..., ...)``."""
+    """The plugin manager's hook relay (``hook().register_backends``, and the hooks other layers added)."""
     return registry().plugin_manager.hook
