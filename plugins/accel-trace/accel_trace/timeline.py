@@ -58,15 +58,15 @@ class Timeline:
         self._add(engine, tid, {"name": f"{mode}_mode", "cat": "mode", "ph": "B" if entering else "E", "ts": now})
         stack = self._open[tid]
         if entering:
-            stack.append((mode, now))
+            stack.append([mode, now])  # [mode, time from which it still has to be counted]
             return
         if stack:
-            _, start = stack.pop()
-            if not stack:  # an outermost context closed: count its time, and save what we have
-                key = f"{mode}_mode_s"
-                pending = self._pending[tid]
-                pending[key] = pending.get(key, 0.0) + (now - start) / 1e6
+            if len(stack) == 1:  # an outermost context closed: count its time, and save what we have
+                self._count_mode_time(tid, now)
+                stack.pop()
                 self.write()
+            else:
+                stack.pop()
 
     def transfer(self, engine, what: str, destination: str, num_bytes: int, seconds: float | None) -> None:
         tid, now = self._thread(engine), _now_us()
@@ -89,6 +89,7 @@ class Timeline:
         args = {"step": step, **{k: _plain(v) for k, v in metrics.items()}}
         self._add(engine, tid, {"name": "optimizer_step", "cat": "step", "ph": "i", "s": "t", "ts": now,
                                 "args": args})
+        self._count_mode_time(tid, now)  # the step belongs to the mode it ran in, up to now
         pending = self._pending[tid]
         summary = {"engine": tid, "step": step, "wall_s": (now - pending.pop("since")) / 1e6, **pending}
         summary.update({k: args[k] for k in ("grad_norm", "lr", "skipped") if k in args})
@@ -100,6 +101,16 @@ class Timeline:
         self.write()
 
     # -- helpers ------------------------------------------------------------------------------------------------
+
+    def _count_mode_time(self, tid: int, now: float) -> None:
+        """Add the outermost open mode's time since it was last counted to the engine's pending step."""
+        stack = self._open[tid]
+        if stack:
+            mode, counted_from = stack[0]
+            pending = self._pending[tid]
+            key = f"{mode}_mode_s"
+            pending[key] = pending.get(key, 0.0) + (now - counted_from) / 1e6
+            stack[0][1] = now
 
     def _thread(self, engine) -> int:
         key = id(engine)
