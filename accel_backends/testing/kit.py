@@ -6,7 +6,7 @@ import dataclasses
 from typing import Iterable, Union
 
 from ..base import DeviceBackend
-from ..registry import registry
+from ..registry import registry, safe_reason
 from .launcher import run_job
 from .rules import RULE_NAMES, RULES, Rule, RuleSkipped, rule_named
 
@@ -80,7 +80,7 @@ def _merge(name: str, per_rank: list[RuleResult]) -> RuleResult:
 def run_multi_process(backend_ref: BackendRef, names: tuple[str, ...], nproc: int,
                       timeout: float = DEFAULT_TIMEOUT_S) -> list[RuleResult]:
     backend = resolve(backend_ref)
-    reason = backend.unavailable_reason()
+    reason = safe_reason(backend)
     if reason is not None:
         return [RuleResult(n, "skipped", f"the backend is not available here: {reason}") for n in names]
     if backend.device_type != "cpu" and backend.device_count() < nproc:

@@ -16,6 +16,7 @@ import torch
 from ..base import DeviceBackend
 from ..errors import BackendUnavailableError
 from ..memory import MemoryStats
+from ..registry import safe_reason
 
 MEMORY_PROBE_BYTES = 64 * 2**20  # large enough to stand out of allocator and host-RSS noise
 GROUP_TIMEOUT_S = 60.0  # a rank that fails while another waits in a collective is reported, not waited for
@@ -39,7 +40,7 @@ def require(condition: bool, message: str) -> None:
 
 
 def require_available(backend: DeviceBackend) -> None:
-    reason = backend.unavailable_reason()
+    reason = safe_reason(backend)  # a probe that raises breaks the availability rule, not every rule
     if reason is not None:
         raise RuleSkipped(f"the backend is not available here: {reason}")
 
