@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Union
+from typing import Callable, Iterable, Union
 
 from ..base import DeviceBackend
 from ..registry import registry, safe_reason
@@ -95,11 +95,13 @@ def run_multi_process(backend_ref: BackendRef, names: tuple[str, ...], nproc: in
 
 
 def run_conformance(backend: BackendRef, nproc: int = 2, rules: Iterable[str] | None = None,
-                    timeout: float = DEFAULT_TIMEOUT_S) -> list[RuleResult]:
+                    timeout: float = DEFAULT_TIMEOUT_S,
+                    on_result: Callable[[RuleResult], None] | None = None) -> list[RuleResult]:
     """Check ``backend`` (a registered name, or an instance) against the contract; one result per rule, in order.
 
     ``rules`` selects by name (default: all). A name is looked up in the registry of every process, as a user's
-    job would find it; an instance is pickled to the ranks (its class must be importable there).
+    job would find it; an instance is pickled to the ranks (its class must be importable there). ``on_result``
+    sees each result as soon as it is known (the command line prints it).
     """
     names = tuple(RULE_NAMES if rules is None else rules)
     for name in names:
@@ -107,8 +109,15 @@ def run_conformance(backend: BackendRef, nproc: int = 2, rules: Iterable[str] | 
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     instance = resolve(backend)
-    results = {rule.name: run_rule(instance, rule) for rule in RULES if rule.name in names and not rule.multi_process}
+    results = []
+    for rule in RULES:
+        if rule.name in names and not rule.multi_process:
+            results.append(run_rule(instance, rule))
+            if on_result is not None:
+                on_result(results[-1])
     multi = tuple(rule.name for rule in RULES if rule.name in names and rule.multi_process)
-    if multi:
-        results.update((r.rule, r) for r in run_multi_process(backend, multi, nproc, timeout))
-    return [results[name] for name in RULE_NAMES if name in results]
+    for result in run_multi_process(backend, multi, nproc, timeout) if multi else ():
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
+    return results
