@@ -2,7 +2,9 @@
 
 Each function forwards one event to the plugins implementing it (specified in ``engine/hookspecs.py``). With no
 plugin implementing a hook, an event costs a version comparison and a dictionary lookup: which hooks have
-listeners is cached and looked up again only when plugins change (``accel_backends.registry.plugins_version``).
+listeners is cached and looked up again only when plugins change (``accel_backends.registry.plugins_version``),
+so plugins must come and go through the registry (entry points, ``register_plugin`` / ``unregister_plugin``), not
+through the pluggy manager directly.
 """
 
 from __future__ import annotations

@@ -143,6 +143,16 @@ def test_cpu_passes_every_rule_from_the_command_line():
     assert lines[-1] == f"{len(RULE_NAMES)} passed, 0 failed, 0 skipped"
 
 
+@pytest.mark.cuda
+@pytest.mark.slow
+def test_cuda_passes_every_rule_on_a_gpu_machine():
+    import torch
+
+    nproc = str(min(2, torch.cuda.device_count()))
+    result = run_python(["-m", "accel_backends.testing", "cuda", "--nproc", nproc], timeout=600)
+    assert result.returncode == 0 and f"{len(RULE_NAMES)} passed" in result.stdout, result.stdout + result.stderr
+
+
 def test_command_line_errors_are_one_line():
     unknown = run_python(["-m", "accel_backends.testing", "nosuch"])
     assert unknown.returncode == 2 and "Traceback" not in unknown.stderr
