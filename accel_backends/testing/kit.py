@@ -20,10 +20,6 @@ class RuleResult:
     status: str  # "passed", "failed" or "skipped"
     detail: str  # what held, what broke, or why the rule does not apply
 
-    @property
-    def ok(self) -> bool:
-        return self.status != "failed"
-
     def line(self) -> str:
         return f"{self.status.upper():<8}{self.rule}: {self.detail}"
 
@@ -74,7 +70,7 @@ def _merge(name: str, per_rank: list[RuleResult]) -> RuleResult:
             for detail, ranks in failed.items()))
     if all(r.status == "skipped" for r in per_rank):
         return RuleResult(name, "skipped", per_rank[0].detail)
-    return per_rank[0] if per_rank[0].status == "passed" else next(r for r in per_rank if r.status == "passed")
+    return next(r for r in per_rank if r.status == "passed")  # what rank 0 (or the first that ran it) saw
 
 
 def run_multi_process(backend_ref: BackendRef, names: tuple[str, ...], nproc: int,
