@@ -32,8 +32,9 @@ def on_transfer(engine, what, destination, num_bytes, seconds):
 
     ``destination`` is ``"device"`` or ``"cpu"``; ``num_bytes`` is the size that crossed between host and device
     (this rank's shards); ``seconds`` is how long the move took, or ``None`` where it was not measured. Fires
-    after the move, only when something moved: never with nothing offloaded. An implementation may leave out
-    ``seconds`` from its signature (pluggy passes only the arguments it names).
+    after the move (a mode's auto offload/onload, or ``engine.to()``), only when something moved: never in a mode
+    switch with nothing offloaded. An implementation may leave out ``seconds`` from its signature (pluggy passes
+    only the arguments it names).
     """
 
 
