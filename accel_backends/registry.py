@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 import os
 import threading
 import warnings
@@ -107,8 +108,29 @@ class Registry:
     def _add_new_hookspecs(self) -> None:
         for module in list(_extra_hookspecs):
             if module not in self._spec_modules:
+                self._drop_plugins_that_do_not_fit(module)
                 self.plugin_manager.add_hookspecs(module)
                 self._spec_modules.append(module)
+
+    def _drop_plugins_that_do_not_fit(self, module) -> None:
+        """Unregister (with a warning) plugins whose optional hooks take arguments ``module``'s specs do not pass.
+
+        Without this, pluggy would raise inside ``add_hookspecs``: one bad observer would make ``import engine``
+        fail in every job.
+        """
+        for name in dir(module):
+            caller = getattr(self.plugin_manager.hook, name, None)
+            if caller is None or self.plugin_manager.parse_hookspec_opts(module, name) is None:
+                continue
+            passed = set(inspect.signature(getattr(module, name)).parameters)
+            for impl in caller.get_hookimpls():
+                unknown = sorted(set(impl.argnames) - passed)
+                if unknown:
+                    self.plugin_manager.unregister(name=impl.plugin_name)
+                    label = self._labels.get(impl.plugin_name, impl.plugin_name)
+                    self._record_failure(impl.plugin_name, label, TypeError(
+                        f"its hook {name}() asks for {', '.join(unknown)}, which the hook does not pass "
+                        f"(it passes {', '.join(sorted(passed))})"))
 
     def _load_entry_points(self) -> None:
         seen = set()

@@ -1,5 +1,7 @@
 """The engine's observer hooks: specified by engine/, added to the device plugins' manager, free when unheard."""
 
+import types
+
 import pytest
 
 import accel_backends
@@ -108,3 +110,24 @@ def test_nobody_listening_costs_no_hook_call(monkeypatch):
     accel_backends.register_plugin(observer)
     events.optimizer_step(None, 2, {"grad_norm": 1.0})
     assert observer.seen == [("step", 2, 1.0)]
+
+
+def test_an_observer_that_does_not_fit_the_engine_spec_is_dropped_with_a_warning(monkeypatch):
+    from accel_backends import registry
+    from accel_backends.registry import PluginLoadWarning, Registry
+
+    class Misfit:
+        @accel_backends.hookimpl(optionalhook=True)
+        def on_late_event(self, engine, wrong_argument):
+            pass
+
+    late_specs = types.ModuleType("late_specs")
+    exec("from accel_backends import hookspec\n@hookspec\ndef on_late_event(engine):\n    '''A later layer.'''\n",
+         vars(late_specs))
+    reg = Registry(autoload=False)
+    reg.register_plugin(Misfit(), name="misfit", label="misfit-dist 1.0")  # optional: accepted before the spec
+    monkeypatch.setattr(registry, "_extra_hookspecs", [*registry._extra_hookspecs, late_specs])
+    with pytest.warns(PluginLoadWarning, match="misfit.*asks for wrong_argument"):
+        reg._add_new_hookspecs()  # what importing the later layer does; must not raise
+    assert "misfit" not in dict(reg.plugin_manager.list_name_plugin())
+    assert [f.plugin for f in reg.failures] == ["misfit"]
