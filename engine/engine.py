@@ -129,23 +129,25 @@ class FSDPEngine:
     @contextlib.contextmanager
     def _mode(self, mode: str, disable_auto_offload: bool, wanted: tuple[str, ...]):
         events.mode_switch(self, mode, entering=True)
-        onload = []
-        if not disable_auto_offload:
-            offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
-            onload = [p for p in wanted if offloaded[p] and self._residency[p] == HOST]
-        # The fast path: with nothing offloaded ``onload`` is empty and no move, gc or cache call happens.
-        if onload:
-            self.to(DEVICE, model="params" in onload, optimizer="optimizer" in onload)
-        was_training = self.module.training
-        self.module.train(mode == "train")
-        try:
-            yield
-        finally:
-            self.module.train(was_training)
+        try:  # observers get an exit event for every enter event, also when the onload or offload raises
+            onload = []
+            if not disable_auto_offload:
+                offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
+                onload = [p for p in wanted if offloaded[p] and self._residency[p] == HOST]
+            # The fast path: with nothing offloaded ``onload`` is empty and no move, gc or cache call happens.
             if onload:
-                self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
-                # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
-                self.backend.empty_cache()
+                self.to(DEVICE, model="params" in onload, optimizer="optimizer" in onload)
+            was_training = self.module.training
+            self.module.train(mode == "train")
+            try:
+                yield
+            finally:
+                self.module.train(was_training)
+                if onload:
+                    self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
+                    # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
+                    self.backend.empty_cache()
+        finally:
             events.mode_switch(self, mode, entering=False)
 
     def _require_on_device(self, what: str, parts: Sequence[str]) -> None:
