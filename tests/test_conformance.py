@@ -136,7 +136,7 @@ def test_a_backend_that_does_not_join_the_group_fails_distributed_and_skips_the_
 @pytest.mark.slow
 def test_cpu_passes_every_rule_from_the_command_line():
     result = run_python(["-m", "accel_backends.testing", "cpu", "--nproc", "2"], timeout=600)
-    lines = result.stdout.splitlines()
+    lines = [line for line in result.stdout.splitlines() if not line.startswith("[Gloo]")]  # torch 2.10's gloo logs
     assert result.returncode == 0, result.stdout + result.stderr
     assert lines[0].startswith("conformance of backend 'cpu'") and "accel-backends (built-in)" in lines[0]
     assert [line.split(":")[0] for line in lines[1:-1]] == [f"PASSED  {name}" for name in RULE_NAMES]
