@@ -136,10 +136,12 @@ def test_a_backend_that_does_not_join_the_group_fails_distributed_and_skips_the_
 @pytest.mark.slow
 def test_cpu_passes_every_rule_from_the_command_line():
     result = run_python(["-m", "accel_backends.testing", "cpu", "--nproc", "2"], timeout=600)
-    lines = [line for line in result.stdout.splitlines() if not line.startswith("[Gloo]")]  # torch 2.10's gloo logs
+    lines = result.stdout.splitlines()
     assert result.returncode == 0, result.stdout + result.stderr
     assert lines[0].startswith("conformance of backend 'cpu'") and "accel-backends (built-in)" in lines[0]
-    assert [line.split(":")[0] for line in lines[1:-1]] == [f"PASSED  {name}" for name in RULE_NAMES]
+    # The ranks' gloo on torch 2.10 prints (interleaved) connection lines among the kit's: compare the kit's.
+    rules = [line.split(":")[0] for line in lines[1:-1] if line.startswith(("PASSED", "FAILED", "SKIPPED"))]
+    assert rules == [f"PASSED  {name}" for name in RULE_NAMES]
     assert lines[-1] == f"{len(RULE_NAMES)} passed, 0 failed, 0 skipped"
 
 
