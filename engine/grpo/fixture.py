@@ -64,7 +64,7 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
                     generation: dict | None = None, chat_template: bool = True, seed: int = 0) -> Path:
     """Write the model directory and return its path. ``generation`` overrides ``generation_config.json`` keys."""
     import torch
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -87,10 +87,11 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
         for eos in eos_ids:
             model.lm_head.weight[eos, 0] = 0.5
     model.save_pretrained(directory, safe_serialization=True)
-    generation_config = GenerationConfig(**{**GENERATION_DEFAULTS, **(generation or {})})
-    generation_config.eos_token_id = eos_ids
-    generation_config.pad_token_id = tokenizer.pad_token_id
-    generation_config.save_pretrained(directory)
+    # Written as JSON, as found in model repositories (HF's own writer refuses some combinations, e.g. greedy
+    # decoding with sampling settings, which real repositories nevertheless ship).
+    generation_config = {**GENERATION_DEFAULTS, **(generation or {}), "eos_token_id": eos_ids,
+                         "pad_token_id": tokenizer.pad_token_id}
+    (directory / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
     (directory / "README.md").write_text("Tiny random Qwen2.5-Instruct-like model written by "
                                          "engine.grpo.fixture.make_tiny_model (accel-grpo make-tiny-model).\n")
     return directory

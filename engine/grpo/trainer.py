@@ -76,6 +76,7 @@ class GRPOTrainer:
         # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
         self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
+        self.micro_batches_per_update = train.mini_batch_size // train.micro_batch_size
         self.start_step = self._resume() if resume else 0
 
     # -- checkpoints --------------------------------------------------------------------------------------------
@@ -143,7 +144,7 @@ class GRPOTrainer:
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
         loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask, clip_low=algo.clip_low,
                                     clip_high=algo.clip_high, clip_c=algo.clip_c, agg=algo.loss_agg)
-        scale, weight = micro_batch_scale(mask, algo.loss_agg, self._micro_batches_per_update * self.world_size)
+        scale, weight = micro_batch_scale(mask, algo.loss_agg, self.micro_batches_per_update * self.world_size)
         metrics = {"pg_loss": loss.item() * scale, "clip_frac": metrics["clip_frac"],
                    "approx_kl": metrics["approx_kl"], "entropy": aggregate_loss(entropy, mask, "token-mean").item()}
         if micro["ref_log_probs"] is not None:
@@ -155,7 +156,6 @@ class GRPOTrainer:
 
     def update(self, data: StepData) -> dict:
         train = self.config.train
-        self._micro_batches_per_update = train.mini_batch_size // train.micro_batch_size
         totals: dict[str, float] = {}
         updates, peak_gib = 0, 0.0
         with self.actor.train_mode():
