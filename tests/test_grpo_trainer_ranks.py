@@ -46,15 +46,19 @@ def _forward_widths(trainer):
 
 def _hand_reference_grads(trainer, rank_data, mode):
     """The loss of the whole global batch (both ranks' sequences) on an unsharded copy, aggregated by hand."""
-    from engine.grpo.logprobs import response_log_probs
+    from engine.grpo.logprobs import position_ids
     from engine.grpo.model import build_model
 
     model = build_model(trainer.config.model)[1]()
     per_token, masks = [], []
     for data in rank_data:
         batch = data["batch"]
-        log_probs = response_log_probs(model, batch["input_ids"], batch["attention_mask"], batch["prompt_length"],
-                                       trainer.config.rollout.temperature)
+        # The plain formula: full logits, full log-softmax (independent of engine.grpo.logprobs' slicing).
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=position_ids(batch["attention_mask"])).logits
+        logits = logits[:, batch["prompt_length"] - 1:-1] / trainer.config.rollout.temperature
+        targets = batch["input_ids"][:, batch["prompt_length"]:]
+        log_probs = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         ratio = torch.exp(log_probs - log_probs.detach())
         per_token.append(-data["advantages"].unsqueeze(-1) * ratio)
         masks.append(batch["response_mask"].float())

@@ -2,13 +2,17 @@
 
 A naive ``log_softmax(logits.float() / temperature)`` over ``[batch, prompt + response, vocab]`` holds the
 logits, their fp32/temperature copy and the log-softmax at once: with Qwen's 151,936-token vocabulary, 8
-sequences of 256 response tokens are 1.2 GB per copy. Here the model returns logits only at the response
-positions (``logits_to_keep``), and the log-softmax is reduced to the chosen token's log-probability one slice
-of positions at a time, so the extra memory is one slice, not the whole batch. With gradients, each slice is
-recomputed in the backward pass instead of being kept (activation checkpointing of the slice).
+sequences of 256 response tokens are 1.2 GB per copy. Here the model's output layer itself is replaced, for the
+duration of the forward, by one that turns one slice of response positions at a time into logits and reduces
+them to the chosen token's log-probability (and entropy): no ``[B, R, V]`` tensor exists at all. With gradients
+each slice is recomputed in the backward pass instead of being kept (activation checkpointing of the slice).
+Models whose logits are not a plain linear layer of the hidden states (soft-capping, scaling) get their logits at
+the response positions only (``logits_to_keep``) and the same slice-by-slice reduction.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -56,15 +60,73 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     return log_probs, entropy
 
 
+def _plain_output_layer(module):
+    """The model's output ``nn.Linear`` when logits are exactly ``hidden @ weight.T (+ bias)``; else ``None``."""
+    get = getattr(module, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    config = getattr(module, "config", None)
+    changes_logits = any(getattr(config, key, None) for key in ("final_logit_softcapping", "logit_scale"))
+    return head if type(head) is torch.nn.Linear and not changes_logits else None
+
+
+def _head_log_probs(hidden, weight, bias, targets, temperature):
+    return _chosen_log_probs(torch.nn.functional.linear(hidden, weight, bias), targets, temperature)
+
+
+@contextlib.contextmanager
+def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list):
+    """Within the block the output layer returns the chosen tokens' log-probs ``[B, R]`` instead of logits.
+
+    It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
+    see the result), computing logits for one slice of positions at a time. With gradients each slice is
+    recomputed in the backward pass: only the hidden states, which exist anyway, are kept.
+    """
+    def forward(hidden):
+        hidden = hidden[:, :-1]  # the last position predicts a token after the response
+        pieces, entropies = [], []
+        for row in range(hidden.size(0)):
+            for start in range(0, hidden.size(1), ROWS_PER_SLICE):
+                h = hidden[row, start:start + ROWS_PER_SLICE]
+                chosen = targets[row, start:start + ROWS_PER_SLICE]
+                if torch.is_grad_enabled() and (h.requires_grad or head.weight.requires_grad):
+                    pieces.append(checkpoint(_head_log_probs, h, head.weight, head.bias, chosen, temperature,
+                                             use_reentrant=False))
+                else:
+                    pieces.append(_head_log_probs(h, head.weight, head.bias, chosen, temperature))
+                if with_entropy:
+                    with torch.no_grad():
+                        entropies.append(_entropy(torch.nn.functional.linear(h, head.weight, head.bias),
+                                                  temperature))
+        if with_entropy:
+            entropy_out.append(torch.cat(entropies).view(targets.shape))
+        return torch.cat(pieces).view(targets.shape)
+
+    head.forward = forward
+    try:
+        yield
+    finally:
+        del head.forward  # back to the class's forward
+
+
 def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
                        temperature: float, with_entropy: bool = False):
     """Log-probs ``[B, R]`` of the response tokens under ``module`` (and their entropy when asked).
 
     Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
-    their logits come from the ``R + 1`` last positions but one: the model computes only those.
+    their logits come from the ``R + 1`` last positions but one: the model computes only those
+    (``logits_to_keep``), and a plain linear output layer computes them slice by slice.
     """
     response_length = input_ids.size(1) - prompt_length
-    logits = module(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids(attention_mask),
-                    logits_to_keep=response_length + 1).logits
-    log_probs, entropy = token_log_probs(logits[:, :-1], input_ids[:, prompt_length:], temperature, with_entropy)
+    targets = input_ids[:, prompt_length:]
+    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask),
+              "logits_to_keep": response_length + 1}
+    head = _plain_output_layer(module)
+    if head is not None:
+        entropy_out: list = []
+        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out):
+            log_probs = module(**kwargs).logits
+        entropy = entropy_out[0] if with_entropy else None
+    else:
+        logits = module(**kwargs).logits
+        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy)
     return (log_probs, entropy) if with_entropy else log_probs
