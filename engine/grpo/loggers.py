@@ -44,12 +44,16 @@ class Loggers:
 
     def __init__(self, names: list[str], run_dir: Path, resume_step: int) -> None:
         self.loggers = [MetricsLog(run_dir / "metrics.jsonl", resume_step)]
+        self.samples = MetricsLog(run_dir / "samples.jsonl", resume_step)  # one rollout per step, to read
         if "tensorboard" in names:
             self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))
 
     def write(self, metrics: dict) -> None:
         for logger in self.loggers:
             logger.write(metrics)
+
+    def write_sample(self, record: dict) -> None:
+        self.samples.write(record)
 
     def close(self) -> None:
         for logger in self.loggers:

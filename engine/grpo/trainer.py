@@ -120,6 +120,9 @@ class GRPOTrainer:
                  "sequences": float(len(batch)), "response_tokens": lengths.sum().item(),
                  "clipped": batch.clipped.sum().item()}
         self._longest_response = float(lengths.max().item())
+        self.sample_record = {"step": step + 1, "prompt": samples[0].prompt, "response": batch.responses[0],
+                              "reward": scores[0].item(), "response_tokens": int(lengths[0]),
+                              "ended_by_eos": not bool(batch.clipped[0]) and int(lengths[0]) > 0}
         return StepData(batch, advantages, old, ref), stats
 
     def reference_log_probs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -244,6 +247,7 @@ class GRPOTrainer:
             last.update(self._validate(step))
             if loggers is not None:
                 loggers.write(last)
+                loggers.write_sample(self.sample_record)
             if progress is not None:
                 shown = {"reward": f"{mean:.3f}", "step_s": f"{last['step_time_s']:.2f}"}
                 if "val/accuracy" in last:
