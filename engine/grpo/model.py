@@ -58,7 +58,9 @@ def build_model(model_config):
         return tokenizer, factory
 
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()  # one "Loading weights" bar per rank and model is noise in the job's output
     tokenizer = AutoTokenizer.from_pretrained(model_config.path, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token

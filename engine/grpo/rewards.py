@@ -137,12 +137,13 @@ def _call(reward: Reward, samples: list[Sample], responses: list[str]) -> list[A
             else:
                 values.append(reward.fn(sample.prompt, response, sample.answer))
         except Exception as exc:
-            raise _failure(reward, exc, sample.where or "?", sample) from exc
+            raise _failure(reward, exc, sample.where, sample) from exc
     return values
 
 
 def _failure(reward: Reward, exc: Exception, rows: str, sample: Sample) -> RuntimeError:
-    return RuntimeError(f"reward function {reward.name} raised {type(exc).__name__}: {exc} (row {rows}, prompt "
+    where = f"row {rows}, " if rows else ""
+    return RuntimeError(f"reward function {reward.name} raised {type(exc).__name__}: {exc} ({where}prompt "
                         f"{sample.prompt[-200:]!r})")
 
 
@@ -156,8 +157,8 @@ def score_all(rewards: list[Reward], samples: list[Sample], responses: list[str]
             except ValueError:
                 raise
             except Exception as exc:
-                raise _failure(reward, exc, f"{samples[0].where or '?'} and {len(samples) - 1} more in the batch",
-                               samples[0]) from exc
+                raise _failure(reward, exc, f"{samples[0].where} and {len(samples) - 1} more in the batch"
+                               if samples[0].where else "", samples[0]) from exc
         else:
             values = _call(reward, samples, responses)
         for index, value in enumerate(values):

@@ -33,6 +33,8 @@ def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts:
             batch = rollout(engine, tokenizer, [s.prompt for s in chunk], n, rollout_config.max_new_tokens,
                             rollout_config.val_temperature or 1.0, rollout_config.top_p, rollout_config.top_k,
                             greedy=greedy)
+            if not real:
+                continue  # this rank only kept the others company in generate
             scores = score_all(rewards, [s for s in chunk[:real] for _ in range(n)], batch.responses[:real * n])
             total += sum(scores)
             correct += sum(1.0 for value in scores if value >= CORRECT)
