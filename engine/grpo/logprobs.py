@@ -83,8 +83,9 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
     """
     def forward(hidden):
         hidden = hidden[:, :-1]  # the last position predicts a token after the response
-        pieces, entropies = [], []
+        rows, entropies = [], []
         for row in range(hidden.size(0)):
+            pieces = []
             for start in range(0, hidden.size(1), ROWS_PER_SLICE):
                 h = hidden[row, start:start + ROWS_PER_SLICE]
                 chosen = targets[row, start:start + ROWS_PER_SLICE]
@@ -97,9 +98,10 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
                     with torch.no_grad():
                         entropies.append(_entropy(torch.nn.functional.linear(h, head.weight, head.bias),
                                                   temperature))
+            rows.append(torch.cat(pieces))
         if with_entropy:
             entropy_out.append(torch.cat(entropies).view(targets.shape))
-        return torch.cat(pieces).view(targets.shape)
+        return torch.stack(rows)  # a new tensor, not a view: FSDP hooks the model's outputs for backward
 
     head.forward = forward
     try:
