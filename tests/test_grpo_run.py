@@ -115,7 +115,10 @@ def test_real_model_path_end_to_end(tmp_path):
     train = write_parquet(tmp_path / "train.parquet", verl_rows(QUESTIONS[:8]))
     val = write_parquet(tmp_path / "test.parquet", verl_rows(QUESTIONS[8:], split="test"))
     args = [f"model.path={model}", f"data.path={train}", f"data.val_path={val}",
-            "data.reward=grpo_rewards:compute_score", "run.val_every=2", "run.loggers=[jsonl,tensorboard]",
+            # A verl-style reward, plus a TRL-style one with a weight (the sum is the reward).
+            "data.reward=[grpo_rewards:compute_score,grpo_rewards:length_penalty]", "data.reward_weights=[1,0.5]",
+            # Sampled validation: the fixture's most likely token is an EOS, so greedy responses are empty.
+            "rollout.val_n=2", "rollout.val_temperature=1.0", "run.val_every=2", "run.loggers=[jsonl,tensorboard]",
             "rollout.max_new_tokens=12", "engine.lr=1e-4", "run.save_every=1", "run.name=real"]
     first = grpo(tmp_path, "train.steps=2", *args)
     assert first.returncode == 0, first.stderr[-3000:]
@@ -124,7 +127,8 @@ def test_real_model_path_end_to_end(tmp_path):
     rows = metrics(tmp_path, "real")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert [("val/accuracy" in r) for r in rows] == [False, True, True]  # every 2 steps and at the end
-    assert all(0.0 <= r["val/accuracy"] <= 1.0 and r["val/reward_mean"] >= 0.0 for r in rows[1:])
+    # Random responses earn no accuracy and a length penalty: the validation responses were really scored.
+    assert all(r["val/accuracy"] == 0.0 and -0.5 < r["val/reward_mean"] < 0.0 for r in rows[1:]), rows
     for row in rows:
         assert 0 < row["response_length"] <= row["response_length_max"] <= 12
         assert 0.0 <= row["response_clip_frac"] < 1.0 and row["entropy"] > 0.0

@@ -4,7 +4,7 @@ It has what real instruction-tuned checkpoints have and the built-in character m
 ``tokenizer.json`` with the ``<|im_start|>``/``<|im_end|>``/``<|endoftext|>`` special tokens, a chat template,
 a ``generation_config.json`` with several EOS ids and its own sampling settings (which a rollout must not
 inherit), and ``model.safetensors`` weights. The weights are random except that both EOS tokens are made likely
-(about one token in eight), so responses end at an EOS as real ones do.
+(together about 4% per token), so responses end at an EOS as real ones do.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
     model = Qwen2ForCausalLM(config)
     with torch.no_grad():
         # A constant feature in every embedding survives the final RMSNorm as a large positive value; the EOS rows
-        # of the output layer read it, so each EOS gets a logit about 4 above the others at every position.
+        # of the output layer read it, so each EOS gets a logit a few units above the others at every position.
         model.model.embed_tokens.weight[:, 0] = 1.0
         for eos in eos_ids:
             model.lm_head.weight[eos, 0] = 0.5
