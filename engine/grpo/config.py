@@ -290,6 +290,8 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
                         "answer check")
     if (d.val_path or d.val_fraction) and not d.path:
         problems.append("data.val_path / data.val_fraction need data.path (the echo task has no held-out set)")
+    if config.run.val_every and not (d.val_path or d.val_fraction):
+        problems.append("run.val_every needs a validation set: data.val_path=... or data.val_fraction=...")
     if not 0 <= d.val_fraction < 1:
         problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
     if d.chat_template not in ("auto", "none"):

@@ -96,9 +96,3 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
                                          "engine.grpo.fixture.make_tiny_model (accel-grpo make-tiny-model).\n")
     return directory
 
-
-def describe(directory) -> dict:
-    """What a test or a user may want to know about a fixture directory."""
-    directory = Path(directory)
-    return {"config": json.loads((directory / "config.json").read_text()),
-            "generation_config": json.loads((directory / "generation_config.json").read_text())}

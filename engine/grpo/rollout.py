@@ -26,6 +26,7 @@ class RolloutBatch:
     prompt_length: int
     responses: list[str]
     clipped: torch.Tensor  # [B] bool: the response reached max_new_tokens without an EOS
+    generate_output: object = None  # generate's full output when asked for (return_dict_in_generate=True)
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -103,17 +104,15 @@ def rollout(engine, tokenizer, prompts: list[str], n: int, max_new_tokens: int, 
     after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # positions after the first EOS
     response_mask = (~after_eos).long()
     texts = [tokenizer.decode(row[mask.bool()], skip_special_tokens=True) for row, mask in zip(response, response_mask)]
-    batch = RolloutBatch(
+    return RolloutBatch(
         input_ids=sequences,
         attention_mask=torch.cat([encoded["attention_mask"], response_mask], dim=1),
         response_mask=response_mask,
         prompt_length=prompt_length,
         responses=texts,
         clipped=~is_eos.any(dim=1) & (response_mask.sum(dim=1) >= max_new_tokens),
+        generate_output=output if hasattr(output, "sequences") else None,
     )
-    if hasattr(output, "sequences"):
-        batch.generate_output = output  # for tests that compare with generate's processed scores
-    return batch
 
 
 def batched_log_probs(engine, batch: RolloutBatch, micro_batch_size: int, temperature: float,

@@ -1,8 +1,10 @@
-"""The GRPO loop, run by every rank: rollout -> rewards -> advantages -> old/ref log-probs -> PPO updates.
+"""The GRPO loop, run by every rank: rollout -> old/ref log-probs -> rewards -> advantages -> PPO updates ->
+validation -> metrics.
 
 Each rank samples its own prompts and all ``n`` responses of each, so whole groups stay on one rank and group
 advantages need no communication. Updates go through ``FSDPEngine.forward_backward_batch`` (deferred gradient
-sync) and ``optimizer_step``; metrics are averaged over ranks through the backend.
+sync) and ``optimizer_step``; metrics are averaged over ranks through the backend. Data files, reward styles,
+sampling, log-probs, validation and loggers live in their own modules (see ``docs/grpo.md``).
 """
 
 from __future__ import annotations
