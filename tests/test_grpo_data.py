@@ -3,6 +3,7 @@ reward styles, and every bad input of issue 7 failing before any worker starts w
 
 import json
 import shutil
+import sys
 
 import pytest
 
@@ -189,3 +190,24 @@ def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer, capsys):
     kept = drop_long_prompts(samples, tokenizer, 100, "t.parquet")
     assert len(kept) == len(QUESTIONS)
     assert "dropped 1 of 13 prompts longer than data.max_prompt_tokens=100" in capsys.readouterr().out
+
+
+def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokenizer, monkeypatch):
+    from engine.grpo.config import GRPOConfig
+    from engine.grpo.loggers import require_tensorboard
+    from engine.grpo.tasks import build_tasks
+
+    root = tmp_path / "dd"
+    write_datasets_dir(root / "train", verl_rows())
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
+    config = GRPOConfig()
+    config.data.path, config.data.val_fraction, config.data.task = str(root), 0.25, "gsm8k"
+    task, validation = build_tasks(config.data, tokenizer, seed=0)
+    assert len(task.samples) == 9 and len(validation) == 3
+    assert not {s.where for s in task.samples} & {s.where for s in validation}
+    (root / "dataset_dict.json").write_text(json.dumps({"splits": ["test"]}))
+    with pytest.raises(ValueError, match="DatasetDict without a train split"):
+        build_tasks(config.data, tokenizer, seed=0)
+    monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an environment without it looks like
+    with pytest.raises(ValueError, match=r"tensorboard, which is not installed: pip install 'accel-backends\[tens"):
+        require_tensorboard()
