@@ -134,7 +134,7 @@ def test_reward_styles_by_signature_weights_and_failures():
 
 def test_scientific_notation_and_typed_options(capsys):
     config = build_config(None, None, ["engine.lr=1e-4", "train.steps=1e2", "rollout.temperature=7e-1"])
-    assert config.engine["lr"] == "1e-4" and check(config, 2) == []  # coerced where the engine config is built
+    assert config.engine["lr"] == 1e-4 and check(config, 2) == []
     from engine.grpo.config import engine_config
 
     assert engine_config(config, 2).lr == 1e-4 and config.train.steps == 100 and config.rollout.temperature == 0.7

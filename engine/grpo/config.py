@@ -137,8 +137,9 @@ def apply(config: Any, data: dict, prefix: str = "") -> None:
     """Set fields from a nested mapping; an unknown key is named with the closest valid one."""
     for key, value in data.items():
         name = f"{prefix}{key}"
-        if isinstance(config, dict):  # the free-form engine section, checked against EngineConfig later
-            config[key] = value
+        if isinstance(config, dict):  # the engine section: EngineConfig's fields (unknown ones are named later)
+            engine_fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+            config[key] = coerce(name, value, engine_fields[key].type) if key in engine_fields else value
             continue
         fields = {f.name: f for f in dataclasses.fields(config)}
         if key not in fields:
