@@ -19,7 +19,11 @@ class FactorySpy:
     "options, message",
     [
         ({"fsdp_version": 3}, "fsdp_version must be 1 or 2, got 3"),
-        ({"grad_sync": "sometimes"}, "grad_sync must be one of deferred, every_micro_batch, got 'sometimes'"),
+        ({"grad_sync": "sometimes"}, "grad_sync must be one of auto, deferred, every_micro_batch, got 'sometimes'"),
+        ({"grad_sync_margin": 1.5}, r"grad_sync_margin is a fraction of free device memory in \[0, 1\)"),
+        ({"optimizer_onload": "always"}, "optimizer_onload must be one of mode, step"),
+        ({"generate_gather": "never"}, "generate_gather must be one of once, per_layer"),
+        ({"keep_params_unsharded": True}, "keep_params_unsharded needs grad_sync='deferred' set explicitly"),
         ({"fsdp_version": 1, "keep_params_unsharded": True}, "keep_params_unsharded is an FSDP2 option"),
         ({"mixed_precision": "fp8"}, "mixed_precision must be one of"),
         ({"lr_schedule": "cosine"}, "set total_steps"),
