@@ -337,9 +337,14 @@ class FSDPEngine:
     # -- generation ---------------------------------------------------------------------------------------------
 
     def generate(self, **kwargs: Any) -> torch.Tensor:
-        """Hugging Face ``generate`` on the sharded model (FSDP1 or FSDP2), without gradients."""
+        """Hugging Face ``generate`` on the sharded model (FSDP1 or FSDP2), without gradients.
+
+        Each sharded unit is gathered once per call and resharded at the end (``generate_gather="once"``), or
+        for every new token (``"per_layer"``, less memory).
+        """
         self._require_on_device("generate", ["params"])
-        with torch.no_grad(), generation_context(self.module, self.config.fsdp_version):
+        gather = self.config.generate_gather
+        with torch.no_grad(), generation_context(self.module, self.config.fsdp_version, gather):
             return unwrap(self.module, self.config.fsdp_version).generate(**kwargs)
 
     def zero_grad(self) -> None:
