@@ -38,6 +38,8 @@ class EngineConfig:
         ``total_steps`` and end at ``lr * min_lr_ratio``.
     max_grad_norm: clip the global gradient norm to this (``None``: measure, do not clip).
     wrap_class_names: decoder-layer classes to shard as units; ``None`` reads the model's ``_no_split_modules``.
+    load_on_rank0: for a model given as a path or a factory, only rank 0 builds the weights; the other ranks
+        build on the meta device and receive their shards from rank 0 (host memory: a shard, not the model).
     frozen: forward only (a reference model): no optimizer, no gradients; ``param_offload`` still applies.
     """
 
@@ -68,6 +70,7 @@ class EngineConfig:
     wrap_class_names: tuple[str, ...] | None = None
     dist_timeout_s: float = 1800.0
     frozen: bool = False
+    load_on_rank0: bool = True
 
     def __post_init__(self) -> None:
         problems = list(self._problems())

@@ -16,6 +16,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ import torch.nn as nn
 
 import accel_backends
 
-from . import checkpoint, events, offload, sync_plan
+from . import checkpoint, events, loading, offload, sync_plan
 from .config import EngineConfig
 from .grad_sync import discard_partial_backward, micro_batch_context
 from .models import prepare_model
@@ -41,11 +42,10 @@ StepFn = Callable[[nn.Module, Any], Any]
 class FSDPEngine:
     """One sharded model with its optimizer and schedule, on one backend. See ``docs/engine.md``."""
 
-    def __init__(self, model: nn.Module | Callable[[], nn.Module], config: EngineConfig | None = None,
-                 backend: accel_backends.DeviceBackend | None = None) -> None:
+    def __init__(self, model: nn.Module | Callable[[], nn.Module] | str | os.PathLike,
+                 config: EngineConfig | None = None, backend: accel_backends.DeviceBackend | None = None) -> None:
         config = _as_config(config)
-        if not isinstance(model, nn.Module) and not callable(model):
-            raise TypeError(f"model must be an nn.Module or a zero-argument factory, got {type(model).__name__}")
+        loading.check_source(model)
         self.config = config
         self.backend = backend or accel_backends.get_backend()
         self.backend.require_available()
@@ -53,15 +53,24 @@ class FSDPEngine:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.backend.manual_seed(self.config.seed)
 
-        built = model if isinstance(model, nn.Module) else model()
-        if not isinstance(built, nn.Module):
-            raise TypeError(f"the model factory returned {type(built).__name__}, not an nn.Module")
+        # A path or a factory is built for real on rank 0 only; the other ranks build it on the meta device.
+        built, from_rank0 = loading.build(model, self.rank, self.world_size, self.config.load_on_rank0)
         self.model_config = getattr(built, "config", None)
         prepared = prepare_model(built, self.config)
         if self.config.frozen:
             prepared.requires_grad_(False)  # before sharding, so FSDP knows no gradients are wanted
         trainable = sync_plan.trainable_numel(prepared)
-        self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size)
+        full_state = expected = None
+        if from_rank0 and self.rank == 0:
+            full_state = prepared.state_dict()  # references, not copies: rank 0 already holds them
+            expected = loading.fingerprint(prepared.named_parameters())
+        self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size,
+                                                          from_rank0=from_rank0)
+        if from_rank0:
+            loading.receive_from_rank0(self.module, self.config.fsdp_version, self.backend.device(), full_state)
+            del full_state
+            loading.check_received(self.module, self.config.fsdp_version, expected, self.backend.metrics_device())
+        self.loaded_on_rank0 = from_rank0
         self.grad_sync_plan = self._plan_grad_sync(trainable)
         self.grad_sync_mode = self.grad_sync_plan.mode
         if self.config.frozen:

@@ -53,14 +53,23 @@ def check_same_weights(model: nn.Module, backend) -> None:
                          "random weights inside the model factory (the engine seeds every rank alike first)")
 
 
-def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int) -> tuple[nn.Module, int]:
-    """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root)."""
-    check_same_weights(model, backend)
+def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int,
+                from_rank0: bool = False) -> tuple[nn.Module, int]:
+    """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root).
+
+    ``from_rank0``: the weights will be sent by rank 0 after sharding (``loading.py``); ranks other than 0 hold
+    a meta-device model whose shards are allocated here, uninitialised.
+    """
+    if not from_rank0:
+        check_same_weights(model, backend)
     classes = layer_classes(model, config.wrap_class_names)
     dtype = compute_dtype(config, backend)
     if config.fsdp_version == 2:
-        return _shard_fsdp2(model, classes, dtype, backend, world_size)
-    return _shard_fsdp1(model, classes, dtype, backend)
+        wrapped, units = _shard_fsdp2(model, classes, dtype, backend, world_size)
+        if from_rank0 and any(p.is_meta for p in wrapped.parameters()):
+            wrapped.to_empty(device=backend.device())  # this rank's shards only; FSDP2 keeps tied weights tied
+        return wrapped, units
+    return _shard_fsdp1(model, classes, dtype, backend, from_rank0)
 
 
 def _shard_fsdp2(model, classes, dtype, backend, world_size):
@@ -81,15 +90,21 @@ def _shard_fsdp2(model, classes, dtype, backend, world_size):
     return model, units + 1
 
 
-def _shard_fsdp1(model, classes, dtype, backend):
+def _shard_fsdp1(model, classes, dtype, backend, from_rank0=False):
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     mixed = None
     if dtype != torch.float32:
         mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    materialize = None
+    if from_rank0 and any(p.is_meta for p in model.parameters()):
+        from .loading import fsdp1_materializer
+
+        materialize = fsdp1_materializer(backend.device())
     wrapped = FullyShardedDataParallel(
         model,
+        param_init_fn=materialize,
         auto_wrap_policy=ModuleWrapPolicy(classes) if classes else None,
         sharding_strategy=ShardingStrategy.FULL_SHARD,
         mixed_precision=mixed,

@@ -46,8 +46,10 @@ def test_unknown_option_is_named():
 
 
 def test_model_that_is_not_a_module_is_refused():
-    with pytest.raises(TypeError, match="nn.Module or a zero-argument factory"):
+    with pytest.raises(ValueError, match="'Qwen/Qwen2-0.5B' is not a local Hugging Face model directory"):
         FSDPEngine("Qwen/Qwen2-0.5B", EngineConfig())
+    with pytest.raises(TypeError, match="nn.Module, a zero-argument factory or a local Hugging Face model dir"):
+        FSDPEngine(42, EngineConfig())
     assert not dist.is_initialized()
 
 
