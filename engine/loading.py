@@ -52,8 +52,6 @@ def build(model: ModelSource, rank: int, world_size: int, on_rank0: bool) -> tup
     try:
         with torch.device("meta"):
             built = _checked(model())
-    except (TypeError, ValueError):
-        raise
     except Exception as error:  # noqa: BLE001 - e.g. from_pretrained refuses a meta context: build it for real
         warnings.warn(f"the model factory cannot run on the meta device ({type(error).__name__}: "
                       f"{str(error).splitlines()[0]}); building it in full on this rank, which costs the host "

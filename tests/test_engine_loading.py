@@ -71,6 +71,18 @@ def _loading(rank, model_dir):
         rotary = [b for n, b in engine.module.named_buffers() if n.endswith("inv_freq")]
         assert rotary and all(torch.isfinite(b).all() for b in rotary)
         report[name] = {"loaded_on_rank0": engine.loaded_on_rank0, "factory_devices": factory.devices}
+    # A factory that refuses the meta device (from_pretrained does) is built in full, with a warning saying so.
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = FSDPEngine(lambda: AutoModelForCausalLM.from_pretrained(model_dir), EngineConfig(lr=1e-3))
+    report["pretrained_factory_warned"] = any("cannot run on the meta device" in str(w.message) for w in caught)
+    losses, _ = _train(engine, rank)
+    report["pretrained_factory_losses"] = losses
+    report["path_losses"] = _train(FSDPEngine(model_dir, EngineConfig(lr=1e-3)), rank)[0]
     return report
 
 
@@ -87,3 +99,5 @@ def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
         want = ["cpu"] if rank == 0 else ["meta"]
         assert report["fsdp2_lora_factory"]["factory_devices"] == want
         assert report["fsdp1_tied_factory"]["factory_devices"] == want
+        assert report["pretrained_factory_warned"] is (rank == 1)
+        assert report["pretrained_factory_losses"] == report["path_losses"]
