@@ -145,6 +145,13 @@ def _check_grad_sync_plan(rank):
     from engine_checks import CollectiveCounter
     from tiny import make_micro_batches, tiny_qwen2, token_loss
 
+    import logging
+
+    records = []
+    handler = logging.Handler()
+    handler.emit = records.append
+    logging.getLogger("engine").addHandler(handler)
+    logging.getLogger("engine").setLevel(logging.INFO)
     batches = make_micro_batches(seed=rank, count=2)
     report = {}
     for label, free in {"roomy": 2**40, "tight": 2**18, "unknown": None}.items():
@@ -161,6 +168,7 @@ def _check_grad_sync_plan(rank):
                           backend=SmallDeviceBackend(2**20))
     report["explicit"] = {"mode": explicit.grad_sync_mode, "reason": explicit.grad_sync_plan.reason}
     report["numel"] = sum(p.numel() for p in tiny_qwen2().parameters())
+    report["log"] = [(r.levelname, r.getMessage().split(" (")[0]) for r in records]
     return report
 
 
@@ -246,7 +254,7 @@ def _assert_update_peak(log):
 
 def test_fsdp2_engine_at_the_floor():
     results = run_ranks(_fsdp2_checks)
-    for result in results:
+    for rank, result in enumerate(results):
         _assert_generate(result["generate"])
         _assert_generate(result["generate_lora"])
         _assert_mode_switch(result["mode_switch"])
@@ -262,6 +270,9 @@ def test_fsdp2_engine_at_the_floor():
         assert "do not fit" in sync["tight"]["plan"]["reason"]
         assert sync["unknown"]["mode"] == "every_micro_batch" and "no free memory" in sync["unknown"]["plan"]["reason"]
         assert sync["explicit"] == {"mode": "deferred", "reason": "set explicitly in EngineConfig.grad_sync"}
+        logged = [("INFO", "gradient sync: deferred"), ("WARNING", "gradient sync: every_micro_batch"),
+                  ("WARNING", "gradient sync: every_micro_batch"), ("INFO", "gradient sync: deferred")]
+        assert sync["log"] == (logged if rank == 0 else []), "once per engine, on rank 0 only"
 
         onload = result["step_onload"]
         assert {r for o, r in onload["residency"] if o == "step"} == {"cpu"}
