@@ -171,28 +171,30 @@ class FSDPEngine:
     @contextlib.contextmanager
     def _mode(self, mode: str, disable_auto_offload: bool, wanted: tuple[str, ...]):
         events.mode_switch(self, mode, entering=True)
-        onload = []
-        if not disable_auto_offload:
-            offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
-            onload = [p for p in wanted if offloaded[p] and self._residency[p] == HOST]
-        # The fast path: with nothing offloaded ``onload`` is empty and no move, gc or cache call happens.
-        if onload:
-            if mode == "train" and not self._grads_pending:
-                self._start_update_peak()  # the update's peak includes bringing its parts in
-            self.to(DEVICE, model="params" in onload, optimizer="optimizer" in onload)
-        training = mode == "train"
-        self._mode_stack.append(training)
-        self._set_module_mode(training)
-        try:
-            yield
-        finally:
-            self._mode_stack.pop()
-            if self._mode_stack:  # back to the enclosing context's mode (a no-op when it is the same)
-                self._set_module_mode(self._mode_stack[-1])
+        try:  # observers get an exit event for every enter event, also when the onload or offload raises
+            onload = []
+            if not disable_auto_offload:
+                offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
+                onload = [p for p in wanted if offloaded[p] and self._residency[p] == HOST]
+            # The fast path: with nothing offloaded ``onload`` is empty and no move, gc or cache call happens.
             if onload:
-                self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
-                # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
-                self.backend.empty_cache()
+                if mode == "train" and not self._grads_pending:
+                    self._start_update_peak()  # the update's peak includes bringing its parts in
+                self.to(DEVICE, model="params" in onload, optimizer="optimizer" in onload)
+            training = mode == "train"
+            self._mode_stack.append(training)
+            self._set_module_mode(training)
+            try:
+                yield
+            finally:
+                self._mode_stack.pop()
+                if self._mode_stack:  # back to the enclosing context's mode (a no-op when it is the same)
+                    self._set_module_mode(self._mode_stack[-1])
+                if onload:
+                    self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
+                    # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
+                    self.backend.empty_cache()
+        finally:
             events.mode_switch(self, mode, entering=False)
 
     def _set_module_mode(self, training: bool) -> None:
