@@ -104,7 +104,8 @@ def receive_from_rank0(module: nn.Module, fsdp_version: int, device: torch.devic
 
     FSDP2: ``set_model_state_dict(broadcast_from_rank0=True)`` broadcasts one tensor at a time and keeps this
     rank's slice. FSDP1: each unit is gathered in turn, rank 0 fills it from ``full_state`` and broadcasts it,
-    and every rank writes its shard back. Buffers (non-persistent ones such as rotary tables are in no state dict) are broadcast last.
+    and every rank writes its shard back. Buffers (non-persistent ones such as rotary tables are in no state
+    dict) are broadcast last.
     """
     if fsdp_version == 2:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict

@@ -63,7 +63,8 @@ def _prompt():
     import torch
 
     g = torch.Generator().manual_seed(7)
-    return {"input_ids": torch.randint(1, 90, (2, 5), generator=g), "attention_mask": torch.ones(2, 5, dtype=torch.long)}
+    return {"input_ids": torch.randint(1, 90, (2, 5), generator=g),
+            "attention_mask": torch.ones(2, 5, dtype=torch.long)}
 
 
 def _generate_counts(engine, max_new_tokens):

@@ -40,7 +40,8 @@ def measure(rank, model_dir, on_rank0, version):
         loss2 = engine.forward_backward_batch([ids], lambda m, x: m(input_ids=x, labels=x).loss)["loss"]
     from engine.offload import local
     shard = sum(local(p).numel() * 4 for p in engine.module.parameters())
-    return {"shard_mib": shard / 2**20, "before_mib": before / 2**20, "peak_mib": peak / 2**20, "growth_mib": (peak - before) / 2**20,
+    return {"shard_mib": shard / 2**20, "before_mib": before / 2**20, "peak_mib": peak / 2**20,
+            "growth_mib": (peak - before) / 2**20,
             "losses": [loss, loss2]}
 
 
