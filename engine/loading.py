@@ -53,10 +53,10 @@ def build(model: ModelSource, rank: int, world_size: int, on_rank0: bool) -> tup
         with torch.device("meta"):
             built = _checked(model())
     except Exception as error:  # noqa: BLE001 - e.g. from_pretrained refuses a meta context: build it for real
-        warnings.warn(f"the model factory cannot run on the meta device ({type(error).__name__}: "
-                      f"{(str(error).splitlines() or [''])[0]}); building it in full on this rank, which costs the host "
-                      "memory rank-0 loading would save: pass the model directory instead of a factory that "
-                      "loads it", stacklevel=3)
+        first_line = (str(error).splitlines() or [""])[0]
+        warnings.warn(f"the model factory cannot run on the meta device ({type(error).__name__}: {first_line}); "
+                      "building it in full on this rank, which costs the host memory rank-0 loading would save: "
+                      "pass the model directory instead of a factory that loads it", stacklevel=3)
         built = _checked(model())
     return built, True
 
