@@ -1,4 +1,4 @@
-"""The policy's tokenizer and model factory: the built-in character model, or a local Hugging Face directory."""
+"""The policy's tokenizer and model source: the built-in character model's factory, or a local HF directory."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def check_model_dir(path: str) -> list[str]:
 
 
 def build_model(model_config):
-    """(tokenizer, model factory) for ``ModelConfig``."""
+    """(tokenizer, model source) for ``ModelConfig``: a factory, or the directory the engine loads on rank 0."""
     if model_config.path == BUILTIN_MODEL:
         from .tasks import EchoTask
         from .tokenizer import build_char_tokenizer
@@ -64,4 +64,5 @@ def build_model(model_config):
     tokenizer = AutoTokenizer.from_pretrained(model_config.path, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, lambda: AutoModelForCausalLM.from_pretrained(model_config.path, dtype=torch.float32)
+    # The directory itself, not a factory: the engine then reads it on rank 0 only (engine/loading.py).
+    return tokenizer, model_config.path

@@ -172,6 +172,8 @@ class GRPOTrainer:
                     # Each call measures its own peak (the engine resets it): keep the largest, do not average.
                     peak_gib = max(peak_gib, metrics.pop("peak_memory_gib"))
                     metrics["grad_norm"] = self.actor.optimizer_step()
+                    # The step's own peak (onload, forward/backward and the optimizer step) covers the whole update.
+                    peak_gib = max(peak_gib, self.actor.last_step_metrics.get("peak_memory_gib", 0.0))
                     metrics["lr"] = self.actor.last_step_metrics["lr"]
                     metrics["skipped_updates"] = float(self.actor.last_step_metrics["skipped"])
                     for key, value in metrics.items():
