@@ -45,7 +45,7 @@ def _raising_micro_batch(rank, fsdp_version):
     # micro-batches: every unit must be resharded then, not only the root.
     cases = [(False, "after_forward"), (False, "mid_forward"), (True, "mid_forward")]
     for keep_unsharded, where in (cases if fsdp_version == 2 else cases[:1]):
-        engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version,
+        engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version, grad_sync="deferred",
                                                      keep_params_unsharded=keep_unsharded))
         poisoned = make_micro_batches(seed=99, count=4)
         poisoned[2] = dict(poisoned[2], poison=where)
