@@ -63,6 +63,8 @@ class RunConfig:
     output_dir: str = "runs"
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     progress: bool = True
+    resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
+    save_on_interrupt: bool = False  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
 
 
 @dataclasses.dataclass
