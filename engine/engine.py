@@ -200,6 +200,8 @@ class FSDPEngine:
                 for key, value in extra.items():
                     value = torch.as_tensor(value, dtype=torch.float32, device=metrics_device)
                     _accumulate(totals, key, value * weight)
+            with phase("metric reduction"):  # keys agreed first: a metric on one rank only cannot mix or hang
+                reduced = sum_over_ranks(totals, metrics_device)
         except BaseException:
             if not forward_only:  # partial gradients of a failed mini-batch are useless: start clean
                 try:
@@ -209,8 +211,6 @@ class FSDPEngine:
                     warnings.warn(f"could not reset the engine after a failed micro-batch: {cleanup_error!r}",
                                   stacklevel=2)
             raise
-        with phase("metric reduction"):  # keys agreed first: a metric on one rank only cannot mix or hang
-            reduced = sum_over_ranks(totals, metrics_device)
         total_weight = reduced.pop("weight")
         if total_weight <= 0:
             raise ValueError(f"the weights of this mini-batch sum to {total_weight} over all ranks: every "
