@@ -95,9 +95,17 @@ def stop_requested() -> int:
 def run(fn: Callable[..., Any], nproc: int, *args: Any, env: dict[str, str] | None = None,
         grace_s: float = DEFAULT_GRACE_S) -> Any:
     """Run ``fn(*args)`` on ``nproc`` local workers (or in-process under torchrun); return rank 0's result."""
-    if under_launcher():
+    if under_launcher():  # torchrun watches the workers; a stop by signal still ends as Interrupted
         install_stop_handlers()
-        return fn(*args)
+        try:
+            result = fn(*args)
+        except KeyboardInterrupt:
+            if not stop_requested():
+                raise
+            raise Interrupted(stop_requested()) from None
+        if stop_requested():
+            raise Interrupted(stop_requested())
+        return result
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     with tempfile.TemporaryDirectory(prefix="accel-launch-") as report_dir:
@@ -230,14 +238,15 @@ def _describe(exit_codes: dict[int, int], report_dir: Path) -> tuple[str, dict[i
         record = json.loads(path.read_text())
         records[record["rank"]] = record
     killed = sorted(rank for rank, code in exit_codes.items() if code < 0 and rank not in records)
-    lines = [f"rank {rank} was killed by {signal.Signals(-exit_codes[rank]).name} (out of memory, or killed "
+    lines = [f"rank {rank} failed: killed by {signal.Signals(-exit_codes[rank]).name} (out of memory, or killed "
              "from outside)" for rank in killed]
     for record in sorted(records.values(), key=lambda r: r["time"]):
         where = f" in phase {record['phase']}" if record["phase"] else ""
         lines.append(f"rank {record['rank']} failed{where}: {record['error']}")
     for rank, code in sorted(exit_codes.items()):
         if rank not in records and rank not in killed:
-            lines.append(f"rank {rank} exited with status {code}")
+            lines.append(f"rank {rank} failed: exited with status {code} without a Python exception (a hard exit "
+                         "or a crash in native code: see its output above)")
     if len(lines) > 1:
         lines[1:] = ["then " + line for line in lines[1:]]
     tracebacks = {rank: record["traceback"] for rank, record in records.items()}

@@ -297,14 +297,20 @@ def test_latest_complete_considers_only_complete_step_directories(tmp_path):
     assert step_of(latest_complete(tmp_path)) == 5
 
 
-def _uneven_parity(rank, fsdp_version):
+def _uneven_parity(rank):
     """Gradients match a single process for FSDP1/FSDP2 with padded shards; an offload round trip changes nothing."""
-    from engine import EngineConfig, FSDPEngine
-    from engine_checks import CopyingCPUBackend, assert_bitwise_equal, assert_grads_close, full_grads, local_state
-    from tiny import make_micro_batches, reference_grads, token_loss
+    from tiny import make_micro_batches, reference_grads
 
     per_rank = [make_micro_batches(seed=30 + r, count=3) for r in range(2)]
     reference = reference_grads(per_rank, model=uneven_qwen2())
+    return {version: _uneven_versus_reference(rank, version, per_rank, reference) for version in (1, 2)}
+
+
+def _uneven_versus_reference(rank, fsdp_version, per_rank, reference):
+    from engine import EngineConfig, FSDPEngine
+    from engine_checks import CopyingCPUBackend, assert_bitwise_equal, assert_grads_close, full_grads, local_state
+    from tiny import token_loss
+
     states = []
     for offload in (False, True):
         config = EngineConfig(fsdp_version=fsdp_version, lr=1e-2, param_offload=offload, optimizer_offload=offload)
@@ -324,9 +330,9 @@ def _uneven_parity(rank, fsdp_version):
     return worst
 
 
-@pytest.mark.parametrize("fsdp_version", [1, 2])
-def test_uneven_shards_match_a_single_process_and_survive_offload(fsdp_version):
-    run_ranks(_uneven_parity, fsdp_version)
+def test_uneven_shards_match_a_single_process_and_survive_offload():
+    for worst in run_ranks(_uneven_parity):
+        print("uneven shards, largest gradient difference to one process:", worst)
 
 
 # Elastic resume: a checkpoint written by N ranks with one FSDP version loads into M ranks with the other. The global

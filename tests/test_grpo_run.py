@@ -65,7 +65,7 @@ def test_engine_variants_run(tmp_path, variant):
 
 
 @pytest.mark.parametrize("reward, expected", [
-    ("explode_on_rank1", "rank 1 failed: RuntimeError: reward service unreachable"),
+    ("explode_on_rank1", "rank 1 failed in phase reward: RuntimeError: reward service unreachable"),
     ("die_on_rank1", "rank 1 failed"),
 ])
 def test_a_failing_worker_stops_the_job(tmp_path, reward, expected):

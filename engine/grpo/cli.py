@@ -138,10 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"--- rank {rank} ---\n{trace.rstrip()}", file=sys.stderr)
         print(f"accel-grpo: error: {exc}\n{_resume_hint(run_dir)}", file=sys.stderr)
         return 1
-    except (Interrupted, KeyboardInterrupt) as exc:  # KeyboardInterrupt: under torchrun, no launcher of ours
-        code = exc.exit_code if isinstance(exc, Interrupted) else 130
-        print(f"accel-grpo: {exc or 'interrupted'}; {_resume_hint(run_dir)}", file=sys.stderr)
-        return code
+    except Interrupted as exc:
+        print(f"accel-grpo: {exc}; {_resume_hint(run_dir)}", file=sys.stderr)
+        return exc.exit_code
     elapsed = time.perf_counter() - started
     if not is_rank0:
         return 0

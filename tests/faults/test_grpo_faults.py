@@ -73,7 +73,7 @@ def test_ctrl_c_saves_the_step_and_a_rank_killed_while_saving_resumes_like_an_un
     code, output = finish(start(tmp_path, "kill-save:1:2", "run.name=b"))
     no_orphans.stop("rank 1 SIGKILL during a checkpoint save")
     assert code == 1, output
-    assert "rank 1 was killed by SIGKILL" in output, output
+    assert "rank 1 failed: killed by SIGKILL" in output, output
     assert "--resume run.name=b" in output, output
     assert latest_complete(checkpoints_b).name == "step_000001"
     assert not (checkpoints_b / "step_000002").exists()
