@@ -242,7 +242,10 @@ def _describe(exit_codes: dict[int, int], report_dir: Path) -> tuple[str, dict[i
              "from outside)" for rank in killed]
     for record in sorted(records.values(), key=lambda r: r["time"]):
         where = f" in phase {record['phase']}" if record["phase"] else ""
-        lines.append(f"rank {record['rank']} failed{where}: {record['error']}")
+        error = record["error"]
+        if lines and len(error) > 160:  # what follows the first failure is mostly its echo (connection reset ...)
+            error = error[:160] + " ..."
+        lines.append(f"rank {record['rank']} failed{where}: {error}")
     for rank, code in sorted(exit_codes.items()):
         if rank not in records and rank not in killed:
             lines.append(f"rank {rank} failed: exited with status {code} without a Python exception (a hard exit "

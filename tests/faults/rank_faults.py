@@ -55,3 +55,18 @@ def train_with_fault(fault: str, dist_timeout_s: float) -> str:
             engine.forward_backward_batch(make_micro_batches(seed=10 * rank + step, count=2), token_loss)
             engine.optimizer_step()
     return "finished"
+
+
+def wait_forever(marker_dir: str) -> None:
+    """Report this worker's pid, then wait (for the test that kills the launcher itself)."""
+    with open(os.path.join(marker_dir, f"rank{os.environ['RANK']}.pid"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(600)
+
+
+if __name__ == "__main__":  # a launcher for the test to kill: python rank_faults.py MARKER_DIR
+    import sys
+
+    from engine.launch import run
+
+    run(wait_forever, 2, sys.argv[1])

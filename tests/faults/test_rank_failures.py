@@ -26,3 +26,32 @@ def test_one_failing_rank_ends_the_job(fault, no_orphans):
     print(message)
     for part in CASES[fault]:
         assert part.lower() in message.lower(), message
+
+
+def test_workers_do_not_outlive_a_killed_launcher(tmp_path, no_orphans):
+    """SIGKILL gives the launcher no chance to clean up: the workers notice and exit by themselves."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psutil
+
+    here = Path(__file__).resolve().parent
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])])}
+    launcher = subprocess.Popen([sys.executable, str(here / "rank_faults.py"), str(tmp_path)], env=env)
+    deadline = time.monotonic() + 120
+    while len(list(tmp_path.glob("rank*.pid"))) < 2:
+        assert launcher.poll() is None and time.monotonic() < deadline, "the workers never started"
+        time.sleep(0.1)
+    workers = [psutil.Process(int(p.read_text())) for p in tmp_path.glob("rank*.pid")]
+    no_orphans.start()
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait()
+    gone, alive = psutil.wait_procs(workers, timeout=30)
+    no_orphans.stop("launcher SIGKILLed: workers exit by themselves")
+    for process in alive:
+        process.kill()
+    assert not alive, "workers outlived their launcher"
