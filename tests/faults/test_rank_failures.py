@@ -16,7 +16,7 @@ CASES = {  # fault -> what the message must say
 
 @pytest.mark.parametrize("fault", list(CASES))
 def test_one_failing_rank_ends_the_job(fault, no_orphans):
-    from rank_faults import train_with_fault
+    from faults.rank_faults import train_with_fault
 
     no_orphans.start()
     with pytest.raises(WorkerFailed) as failed:
