@@ -19,6 +19,7 @@ from .memory import MemoryStats
 from .registry import (
     BackendInfo,
     PluginLoadWarning,
+    add_hookspecs,
     get_backend,
     hook,
     list_backends,
@@ -39,6 +40,7 @@ __all__ = [
     "DistributedSetupError",
     "MemoryStats",
     "PluginLoadWarning",
+    "add_hookspecs",
     "get_backend",
     "hook",
     "hookimpl",

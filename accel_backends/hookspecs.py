@@ -1,10 +1,12 @@
-"""The hooks a plugin can implement.
+"""The hook a device plugin implements.
 
 A plugin is any module or object holding functions marked with ``@accel_backends.hookimpl``. Built-in backends
 are plugins too: they use the same ``register_backends`` hook as a third-party distribution.
 
-Only ``register_backends`` is needed to add a device. The ``on_*`` hooks are events for observers (profilers,
-loggers, tests): the engine calls them, their return values are ignored, and they must be cheap.
+This module specifies only what the device layer needs. Layers above add their own hook specifications to the
+same plugin manager with ``accel_backends.add_hookspecs(module)``: the engine's observer events
+(``on_mode_switch``, ``on_transfer``, ``on_optimizer_step``) live in ``engine/hookspecs.py``, so this package
+knows nothing of engines.
 """
 
 import pluggy
@@ -22,21 +24,3 @@ def register_backends(register):
     ``register(backend, replace=True)`` replaces a built-in backend of the same name; without ``replace`` a name
     clash is an error. Constructing a backend must be cheap and must not import vendor packages.
     """
-
-
-@hookspec
-def on_mode_switch(engine, mode, entering):
-    """The engine enters (``entering=True``) or leaves a mode context; ``mode`` is ``"train"`` or ``"eval"``."""
-
-
-@hookspec
-def on_transfer(engine, what, destination, num_bytes):
-    """The engine moved ``what`` (``"params"``, ``"grads"`` or ``"optimizer"``) to ``destination``.
-
-    ``destination`` is ``"device"`` or ``"cpu"``; ``num_bytes`` is the size that crossed between host and device.
-    """
-
-
-@hookspec
-def on_optimizer_step(engine, step, metrics):
-    """An optimizer step finished (or was skipped); ``metrics`` holds grad norm, learning rate, skipped flag."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.metadata
+import inspect
 import os
 import threading
 import warnings
@@ -72,6 +73,8 @@ class Registry:
     def __init__(self, autoload: bool | None = None) -> None:
         self.plugin_manager = pluggy.PluginManager(hookspecs.PROJECT_NAME)
         self.plugin_manager.add_hookspecs(hookspecs)
+        self._spec_modules: list = []
+        self._add_new_hookspecs()
         self.failures: list[PluginFailure] = []
         self._labels: dict[str, str] = {}  # plugin name -> who provided it, for messages
         self._records: dict[str, BackendRecord] | None = None
@@ -85,6 +88,7 @@ class Registry:
 
     def register_plugin(self, plugin, name: str | None = None, label: str | None = None) -> str:
         """Register a plugin object or module at run time (tests, observers); returns its plugin name."""
+        self._add_new_hookspecs()  # an entry point's import may just have added some (engine/hookspecs.py)
         registered = self.plugin_manager.register(plugin, name=name)
         try:
             self.plugin_manager.check_pending()  # a misspelled hook name is an error, not a silent no-op
@@ -93,11 +97,40 @@ class Registry:
             raise
         self._labels[registered] = label or registered
         self._records = None
+        _plugins_changed()
         return registered
 
     def unregister_plugin(self, plugin) -> None:
         self.plugin_manager.unregister(plugin)
         self._records = None
+        _plugins_changed()
+
+    def _add_new_hookspecs(self) -> None:
+        for module in list(_extra_hookspecs):
+            if module not in self._spec_modules:
+                self._drop_plugins_that_do_not_fit(module)
+                self.plugin_manager.add_hookspecs(module)
+                self._spec_modules.append(module)
+
+    def _drop_plugins_that_do_not_fit(self, module) -> None:
+        """Unregister (with a warning) plugins whose optional hooks take arguments ``module``'s specs do not pass.
+
+        Without this, pluggy would raise inside ``add_hookspecs``: one bad observer would make ``import engine``
+        fail in every job.
+        """
+        for name in dir(module):
+            caller = getattr(self.plugin_manager.hook, name, None)
+            if caller is None or self.plugin_manager.parse_hookspec_opts(module, name) is None:
+                continue
+            passed = set(inspect.signature(getattr(module, name)).parameters)
+            for impl in caller.get_hookimpls():
+                unknown = sorted(set(impl.argnames) - passed)
+                if unknown:
+                    self.plugin_manager.unregister(name=impl.plugin_name)
+                    label = self._labels.get(impl.plugin_name, impl.plugin_name)
+                    self._record_failure(impl.plugin_name, label, TypeError(
+                        f"its hook {name}() asks for {', '.join(unknown)}, which the hook does not pass "
+                        f"(it passes {', '.join(sorted(passed))})"))
 
     def _load_entry_points(self) -> None:
         seen = set()
@@ -245,6 +278,38 @@ def _add_record(records: dict[str, BackendRecord], backend, label: str, replace:
 
 _lock = threading.Lock()
 _registry: Registry | None = None
+_extra_hookspecs: list = []  # hook-spec modules of the layers above (the engine's events), in order added
+_plugins_version = 0  # changes whenever the set of plugins (or hook specs) may have changed
+
+
+def _plugins_changed() -> None:
+    global _plugins_version
+    _plugins_version += 1
+
+
+def plugins_version() -> int:
+    """A number that changes whenever plugins are added or removed or the registry is reset.
+
+    Callers that cache per-hook lookups (``engine/events.py`` caches whether anybody listens) compare it to
+    know when to look again.
+    """
+    return _plugins_version
+
+
+def add_hookspecs(module) -> None:
+    """Add a module of ``@accel_backends.hookspec`` functions to the plugin manager, now and after every reset.
+
+    This is how the layers above specify their own hooks without this package knowing them: ``engine`` adds
+    its observer events when it is imported. Plugins implementing those hooks must import that module first
+    (or the registry refuses them as implementing an unknown hook). Adding the same module twice is a no-op.
+    """
+    if module in _extra_hookspecs:
+        return
+    _extra_hookspecs.append(module)
+    current = _registry  # read without the lock: this runs while an entry point is imported under it
+    if current is not None:
+        current._add_new_hookspecs()
+    _plugins_changed()
 
 
 def registry() -> Registry:
@@ -261,6 +326,7 @@ def reset_registry() -> None:
     global _registry
     with _lock:
         _registry = None
+        _plugins_changed()
 
 
 def get_backend(name: str | None = None) -> DeviceBackend:
@@ -289,5 +355,5 @@ def unregister_plugin(plugin) -> None:
 
 
 def hook():
-    """The hook relay the engine calls events on: ``hook().on_transfer(engine=..., ...)``."""
+    """The plugin manager's hook relay (``hook().register_backends``, and the hooks other layers added)."""
     return registry().plugin_manager.hook

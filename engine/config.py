@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-GRAD_SYNC_MODES = ("deferred", "every_micro_batch")
+GRAD_SYNC_MODES = ("auto", "deferred", "every_micro_batch")
+OPTIMIZER_ONLOAD_MODES = ("mode", "step")
+GENERATE_GATHER_MODES = ("once", "per_layer")
 MIXED_PRECISION_MODES = ("auto", "fp32", "bf16", "fp16")
 LR_SCHEDULES = ("constant", "linear", "cosine")
 
@@ -16,8 +18,16 @@ class EngineConfig:
     fsdp_version: 1 (``FullyShardedDataParallel``) or 2 (``fully_shard``).
     param_offload / optimizer_offload: keep parameters / optimizer state in host memory outside ``train_mode``
         and ``eval_mode``; they are moved to the device on entry and back on exit.
-    grad_sync: ``"deferred"`` reduces gradients once per mini-batch (on the last micro-batch);
-        ``"every_micro_batch"`` reduces after each one (less memory for FSDP1, more communication).
+    optimizer_onload: with ``optimizer_offload``, when optimizer state comes to the device: ``"mode"`` for the
+        whole ``train_mode``, ``"step"`` only inside ``optimizer_step()`` (less device memory in forward/backward).
+    grad_sync: ``"deferred"`` reduces gradients once per mini-batch (on the last micro-batch; each rank holds
+        unsharded gradients until then); ``"every_micro_batch"`` reduces after each one (less memory, more
+        communication); ``"auto"`` picks deferred when those unsharded gradients fit the device's free memory.
+    grad_sync_margin: the fraction of free device memory ``"auto"`` keeps in reserve (activations, allocator
+        fragmentation) when deciding whether deferred sync fits.
+    generate_gather: ``"once"`` gathers every sharded unit once per ``generate()`` call (one unsharded copy of the
+        model during generation); ``"per_layer"`` gathers each layer for every new token (less memory, far more
+        all-gathers).
     keep_params_unsharded: FSDP2 only. Keep parameters gathered between the micro-batches of one mini-batch:
         fewer all-gathers, the memory of one unsharded copy of the model.
     mixed_precision: ``"auto"`` computes in the backend's preferred dtype (bf16 on accelerators, fp32 on the CPU);
@@ -28,13 +38,18 @@ class EngineConfig:
         ``total_steps`` and end at ``lr * min_lr_ratio``.
     max_grad_norm: clip the global gradient norm to this (``None``: measure, do not clip).
     wrap_class_names: decoder-layer classes to shard as units; ``None`` reads the model's ``_no_split_modules``.
+    load_on_rank0: for a model given as a path or a factory, only rank 0 builds the weights; the other ranks
+        build on the meta device and receive their shards from rank 0 (host memory: a shard, not the model).
     frozen: forward only (a reference model): no optimizer, no gradients; ``param_offload`` still applies.
     """
 
     fsdp_version: int = 2
     param_offload: bool = False
     optimizer_offload: bool = False
-    grad_sync: str = "deferred"
+    optimizer_onload: str = "mode"
+    grad_sync: str = "auto"
+    grad_sync_margin: float = 0.2
+    generate_gather: str = "once"
     keep_params_unsharded: bool = False
     mixed_precision: str = "auto"
     gradient_checkpointing: bool = False
@@ -55,6 +70,7 @@ class EngineConfig:
     wrap_class_names: tuple[str, ...] | None = None
     dist_timeout_s: float = 1800.0
     frozen: bool = False
+    load_on_rank0: bool = True
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -66,10 +82,19 @@ class EngineConfig:
             yield f"fsdp_version must be 1 or 2, got {self.fsdp_version!r}"
         if self.grad_sync not in GRAD_SYNC_MODES:
             yield f"grad_sync must be one of {', '.join(GRAD_SYNC_MODES)}, got {self.grad_sync!r}"
+        if not 0.0 <= self.grad_sync_margin < 1.0:
+            yield f"grad_sync_margin is a fraction of free device memory in [0, 1), got {self.grad_sync_margin!r}"
+        if self.optimizer_onload not in OPTIMIZER_ONLOAD_MODES:
+            yield (f"optimizer_onload must be one of {', '.join(OPTIMIZER_ONLOAD_MODES)}, "
+                   f"got {self.optimizer_onload!r}")
+        if self.generate_gather not in GENERATE_GATHER_MODES:
+            yield (f"generate_gather must be one of {', '.join(GENERATE_GATHER_MODES)}, "
+                   f"got {self.generate_gather!r}")
         if self.keep_params_unsharded and self.fsdp_version != 2:
             yield "keep_params_unsharded is an FSDP2 option: set fsdp_version=2 or turn it off"
         if self.keep_params_unsharded and self.grad_sync != "deferred":
-            yield "keep_params_unsharded needs grad_sync='deferred' (it keeps parameters between micro-batches)"
+            yield ("keep_params_unsharded needs grad_sync='deferred' set explicitly (it keeps parameters between "
+                   f"micro-batches), got grad_sync={self.grad_sync!r}")
         if self.mixed_precision not in MIXED_PRECISION_MODES:
             yield f"mixed_precision must be one of {', '.join(MIXED_PRECISION_MODES)}, got {self.mixed_precision!r}"
         if self.lr_schedule not in LR_SCHEDULES:

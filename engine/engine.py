@@ -3,9 +3,11 @@
 The engine knows FSDP, models and optimizers; everything about the device comes from the backend it is given
 (``accel_backends.get_backend()`` by default), so both fixes below apply the same way on every device:
 
-* offload-aware fast path: with nothing offloaded, entering ``train_mode``/``eval_mode`` moves nothing and calls
-  neither ``gc.collect()`` nor ``empty_cache()``;
-* deferred gradient sync: gradients are reduced once per mini-batch, on its last micro-batch (``grad_sync.py``).
+* offload-aware fast path: with nothing offloaded and the module already in the wanted mode, entering and leaving
+  ``train_mode``/``eval_mode`` moves nothing, calls neither ``gc.collect()`` nor ``empty_cache()`` and walks no
+  submodule, whatever the depth of the model;
+* deferred gradient sync: gradients are reduced once per mini-batch, on its last micro-batch (``grad_sync.py``),
+  when the unsharded gradients this needs fit the device (``sync_plan.py``).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import contextlib
 import dataclasses
 import difflib
 import math
+import os
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -25,7 +28,7 @@ import torch.nn as nn
 
 import accel_backends
 
-from . import checkpoint, events, offload
+from . import checkpoint, events, loading, offload, sync_plan
 from .config import EngineConfig
 from .grad_sync import discard_partial_backward, micro_batch_context
 from .models import prepare_model
@@ -33,7 +36,7 @@ from .offload import DEVICE, HOST
 from .optim import build_optimizer, build_scheduler, clip_gradients
 from .phase import labelled, phase
 from .reduce import sum_over_ranks
-from .sharding import generation_context, shard_model, unwrap
+from .sharding import compute_dtype, generation_context, shard_model, unwrap
 
 StepFn = Callable[[nn.Module, Any], Any]
 
@@ -41,11 +44,10 @@ StepFn = Callable[[nn.Module, Any], Any]
 class FSDPEngine:
     """One sharded model with its optimizer and schedule, on one backend. See ``docs/engine.md``."""
 
-    def __init__(self, model: nn.Module | Callable[[], nn.Module], config: EngineConfig | None = None,
-                 backend: accel_backends.DeviceBackend | None = None) -> None:
+    def __init__(self, model: nn.Module | Callable[[], nn.Module] | str | os.PathLike,
+                 config: EngineConfig | None = None, backend: accel_backends.DeviceBackend | None = None) -> None:
         config = _as_config(config)
-        if not isinstance(model, nn.Module) and not callable(model):
-            raise TypeError(f"model must be an nn.Module or a zero-argument factory, got {type(model).__name__}")
+        loading.check_source(model)
         self.config = config
         self.backend = backend or accel_backends.get_backend()
         self.backend.require_available()
@@ -53,14 +55,26 @@ class FSDPEngine:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
         self.backend.manual_seed(self.config.seed)
 
-        built = model if isinstance(model, nn.Module) else model()
-        if not isinstance(built, nn.Module):
-            raise TypeError(f"the model factory returned {type(built).__name__}, not an nn.Module")
+        # A path or a factory is built for real on rank 0 only; the other ranks build it on the meta device.
+        built, from_rank0 = loading.build(model, self.rank, self.world_size, self.config.load_on_rank0)
         self.model_config = getattr(built, "config", None)
         prepared = prepare_model(built, self.config)
         if self.config.frozen:
             prepared.requires_grad_(False)  # before sharding, so FSDP knows no gradients are wanted
-        self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size)
+        trainable = sync_plan.trainable_numel(prepared)
+        full_state = expected = None
+        if from_rank0 and self.rank == 0:
+            full_state = prepared.state_dict()  # references, not copies: rank 0 already holds them
+            expected = loading.fingerprint(prepared.named_parameters())
+        self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size,
+                                                          from_rank0=from_rank0)
+        if from_rank0:
+            loading.receive_from_rank0(self.module, self.config.fsdp_version, self.backend.device(), full_state)
+            del full_state
+            loading.check_received(self.module, self.config.fsdp_version, expected, self.backend.metrics_device())
+        self.loaded_on_rank0 = from_rank0
+        self.grad_sync_plan = self._plan_grad_sync(trainable)
+        self.grad_sync_mode = self.grad_sync_plan.mode
         if self.config.frozen:
             self.optimizer, self.scheduler = None, None
         else:
@@ -72,10 +86,26 @@ class FSDPEngine:
         self.last_step_metrics: dict[str, Any] = {}  # of the last optimizer_step
         self._residency = {"params": DEVICE, "optimizer": DEVICE}
         self._grads_pending = False
+        self._mode_stack: list[bool] = []  # the open train_mode (True) / eval_mode (False) contexts
+        self._module_training: bool | None = None  # the mode the engine last set on every submodule
+        self._update_peak_open = False  # the peak-memory figure already covers this update's onload
         if self.config.param_offload:
             self.to(HOST, model=True, optimizer=False)
         if self.config.optimizer_offload:
             self.to(HOST, model=False, optimizer=True)
+
+    def _plan_grad_sync(self, trainable_numel: int) -> sync_plan.GradSyncPlan:
+        """Decide deferred or per-micro-batch gradient sync from this rank's memory (see ``sync_plan.py``)."""
+        config = self.config
+        needed = sync_plan.deferred_extra_bytes(trainable_numel, config.fsdp_version,
+                                                compute_dtype(config, self.backend), self.world_size)
+        optimizer_on_device_in_backward = not (config.optimizer_offload and config.optimizer_onload == "step")
+        reserved = (sync_plan.optimizer_state_bytes(trainable_numel, self.world_size)
+                    if optimizer_on_device_in_backward and not config.frozen else 0)
+        decision = sync_plan.plan(config.grad_sync, needed_bytes=needed, reserved_bytes=reserved,
+                                  free_bytes=self.backend.memory_stats().free, margin=config.grad_sync_margin)
+        sync_plan.log_plan(decision, self.rank)
+        return decision
 
     # -- residency ----------------------------------------------------------------------------------------------
 
@@ -105,21 +135,33 @@ class FSDPEngine:
             if grad_bytes and not grad:
                 raise ValueError("gradients exist and must move with their parameters: pass grad=True, or call "
                                  "optimizer_step() first")
-            offload.move_model(self.module, version, self.backend, device)
+            seconds = self._timed_move(offload.move_model, self.module, version, self.backend, device)
             self._residency["params"] = device
-            events.transfer(self, "params", device, param_bytes)
-            if grad_bytes:
-                events.transfer(self, "grads", device, grad_bytes)
+            events.transfer(self, "params", device, param_bytes, seconds=seconds)
+            if grad_bytes:  # they travelled with the parameters, in the same measured time
+                events.transfer(self, "grads", device, grad_bytes, seconds=seconds)
         if optimizer and self.optimizer is not None and self._residency["optimizer"] != device:
             num_bytes = offload.optimizer_bytes(self.optimizer)
-            offload.move_optimizer(self.optimizer, self.backend, device)
+            seconds = self._timed_move(offload.move_optimizer, self.optimizer, self.backend, device)
             self._residency["optimizer"] = device
-            events.transfer(self, "optimizer", device, num_bytes)
+            events.transfer(self, "optimizer", device, num_bytes, seconds=seconds)
+
+    def _timed_move(self, move: Callable[..., None], *args: Any) -> float:
+        """Run one move (its copies are non-blocking where the backend pins host memory), then synchronise once."""
+        start = time.perf_counter()
+        move(*args)
+        self.backend.synchronize()  # the one wait per move: copies queued above have landed after it
+        return time.perf_counter() - start
 
     @contextlib.contextmanager
     def train_mode(self, disable_auto_offload: bool = False):
-        """Train with everything on the device; what is offloaded comes in on entry and goes back on exit."""
-        with self._mode("train", disable_auto_offload, wanted=("params", "optimizer")):
+        """Train with everything on the device; what is offloaded comes in on entry and goes back on exit.
+
+        With ``optimizer_onload="step"`` offloaded optimizer state stays in host memory here and comes to the
+        device only inside ``optimizer_step()``.
+        """
+        wanted = ("params",) if self.config.optimizer_onload == "step" else ("params", "optimizer")
+        with self._mode("train", disable_auto_offload, wanted=wanted):
             yield self
 
     @contextlib.contextmanager
@@ -131,24 +173,55 @@ class FSDPEngine:
     @contextlib.contextmanager
     def _mode(self, mode: str, disable_auto_offload: bool, wanted: tuple[str, ...]):
         events.mode_switch(self, mode, entering=True)
-        onload = []
-        if not disable_auto_offload:
-            offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
-            onload = [p for p in wanted if offloaded[p] and self._residency[p] == HOST]
-        # The fast path: with nothing offloaded ``onload`` is empty and no move, gc or cache call happens.
-        if onload:
-            self.to(DEVICE, model="params" in onload, optimizer="optimizer" in onload)
-        was_training = self.module.training
-        self.module.train(mode == "train")
-        try:
-            yield
-        finally:
-            self.module.train(was_training)
+        try:  # observers get an exit event for every enter event, also when the onload or offload raises
+            onload = []
+            if not disable_auto_offload:
+                offloaded = {"params": self.config.param_offload, "optimizer": self.config.optimizer_offload}
+                onload = [p for p in wanted if offloaded[p] and self._residency[p] == HOST]
+            # The fast path: with nothing offloaded ``onload`` is empty and no move, gc or cache call happens.
             if onload:
-                self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
-                # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
-                self.backend.empty_cache()
+                if mode == "train" and not self._grads_pending:
+                    self._start_update_peak()  # the update's peak includes bringing its parts in
+                self.to(DEVICE, model="params" in onload, optimizer="optimizer" in onload)
+            training = mode == "train"
+            self._mode_stack.append(training)
+            self._set_module_mode(training)
+            try:
+                yield
+            finally:
+                self._mode_stack.pop()
+                if self._mode_stack:  # back to the enclosing context's mode (a no-op when it is the same)
+                    self._set_module_mode(self._mode_stack[-1])
+                if onload:
+                    self.to(HOST, model="params" in onload, optimizer="optimizer" in onload)
+                    # Moved tensors are freed by reference counting; no gc.collect() is needed (docs/engine.md).
+                    self.backend.empty_cache()
+        finally:
             events.mode_switch(self, mode, entering=False)
+
+    def _set_module_mode(self, training: bool) -> None:
+        """Put every submodule in train or eval mode, walking them only when something may differ.
+
+        The engine remembers the mode it last set on all submodules; the root's own flag reveals a
+        ``module.train()``/``eval()`` made behind the engine's back (those recurse from the root), so the common
+        case (already in the wanted mode) costs two attribute reads, whatever the depth of the model.
+        """
+        if self._module_training is training and self.module.training is training:
+            return
+        self.module.train(training)
+        self._module_training = training
+
+    def _start_update_peak(self) -> None:
+        """Restart the backend's peak-memory figure for the update that begins now (onload included).
+
+        An update runs from here (or from its ``forward_backward_batch``) to the end of its ``optimizer_step``,
+        which reports the peak of all of it.
+        """
+        self.backend.reset_peak_memory_stats()
+        self._update_peak_open = True
+
+    def _peak_gib(self) -> float:
+        return (self.backend.memory_stats().peak_allocated or 0) / 2**30
 
     def _require_on_device(self, what: str, parts: Sequence[str]) -> None:
         away = [p for p in parts if self._residency[p] != DEVICE]
@@ -176,11 +249,13 @@ class FSDPEngine:
             raise RuntimeError("gradients of an earlier forward_backward_batch are still pending: call "
                                "optimizer_step() before the next mini-batch")
         start = time.perf_counter()
-        self.backend.reset_peak_memory_stats()
+        if not self._update_peak_open:  # else an update is under way: its figure began at train_mode entry
+            self.backend.reset_peak_memory_stats()
+            self._update_peak_open = not forward_only
         metrics_device = self.backend.metrics_device()
         totals: dict[str, torch.Tensor] = {}
         count = len(micro_batches)
-        deferred = self.config.grad_sync == "deferred"
+        deferred = self.grad_sync_mode == "deferred"
         if not forward_only:
             self._grads_pending = True
         try:
@@ -218,9 +293,8 @@ class FSDPEngine:
         if not forward_only:
             self._scale_gradients(self.world_size / total_weight)
         metrics = {key: value / total_weight for key, value in reduced.items()}
-        peak = self.backend.memory_stats().peak_allocated
         metrics.update(weight=total_weight, micro_batches=float(count), time_s=time.perf_counter() - start,
-                       peak_memory_gib=(peak or 0) / 2**30)
+                       peak_memory_gib=self._peak_gib())
         self.last_metrics = metrics
         return metrics
 
@@ -237,31 +311,54 @@ class FSDPEngine:
         """Clip, step and zero the gradients; return the global gradient norm.
 
         A non-finite norm skips the step (weights, optimizer state and schedule untouched), zeroes the gradients
-        and is reported as ``skipped`` in ``last_step_metrics`` and to ``on_optimizer_step`` observers.
+        and is reported as ``skipped`` in ``last_step_metrics`` and to ``on_optimizer_step`` observers. With
+        ``optimizer_onload="step"`` offloaded optimizer state comes to the device here, and leaves again after.
+        ``last_step_metrics["peak_memory_gib"]`` is the peak of the whole update: onload at ``train_mode`` entry,
+        forward/backward and this step.
         """
         if self.optimizer is None:
             raise RuntimeError("this engine is frozen (a reference model) and has no optimizer")
-        self._require_on_device("optimizer_step", ["params", "optimizer"])
+        onload = self._optimizer_onload_for_step()
+        self._require_on_device("optimizer_step", ["params"] if onload else ["params", "optimizer"])
         lr = self.scheduler.get_last_lr()[0]
-        norm = float(clip_gradients(self.module, self.config.fsdp_version, self.config.max_grad_norm))
-        skipped = not math.isfinite(norm)
-        if skipped:
-            self.skipped_steps += 1
-        else:
-            self.optimizer.step()
-            self.scheduler.step()
-        self.zero_grad()
+        if onload:
+            self.to(DEVICE, model=False, optimizer=True)
+        try:
+            norm = float(clip_gradients(self.module, self.config.fsdp_version, self.config.max_grad_norm))
+            skipped = not math.isfinite(norm)
+            if skipped:
+                self.skipped_steps += 1
+            else:
+                self.optimizer.step()
+                self.scheduler.step()
+            self.zero_grad()
+        finally:
+            if onload:
+                self.to(HOST, model=False, optimizer=True)
+                self.backend.empty_cache()
         self.global_step += 1
-        self.last_step_metrics = {"step": self.global_step, "grad_norm": norm, "lr": lr, "skipped": skipped}
+        self.last_step_metrics = {"step": self.global_step, "grad_norm": norm, "lr": lr, "skipped": skipped,
+                                  "peak_memory_gib": self._peak_gib()}
+        self._update_peak_open = False
         events.optimizer_step(self, self.global_step, self.last_step_metrics)
         return norm
+
+    def _optimizer_onload_for_step(self) -> bool:
+        """Whether this step brings offloaded optimizer state in (``optimizer_onload="step"``) and out again."""
+        return (self.config.optimizer_offload and self.config.optimizer_onload == "step"
+                and self._residency["optimizer"] == HOST)
 
     # -- generation ---------------------------------------------------------------------------------------------
 
     def generate(self, **kwargs: Any) -> torch.Tensor:
-        """Hugging Face ``generate`` on the sharded model (FSDP1 or FSDP2), without gradients."""
+        """Hugging Face ``generate`` on the sharded model (FSDP1 or FSDP2), without gradients.
+
+        Each sharded unit is gathered once per call and resharded at the end (``generate_gather="once"``), or
+        for every new token (``"per_layer"``, less memory).
+        """
         self._require_on_device("generate", ["params"])
-        with torch.no_grad(), generation_context(self.module, self.config.fsdp_version):
+        gather = self.config.generate_gather
+        with torch.no_grad(), generation_context(self.module, self.config.fsdp_version, gather):
             return unwrap(self.module, self.config.fsdp_version).generate(**kwargs)
 
     def zero_grad(self) -> None:

@@ -1,7 +1,9 @@
 """Where parameters, gradients and optimizer state live, and the moves between host and device.
 
 Every move goes through the backend (``to_host`` pins host memory where the device supports it) and is reported
-with its byte count. A part that is already where it is asked to go is not touched.
+with its byte count and time. Where the backend pins host memory the copies are queued non-blocking, so they
+overlap each other and the host-side bookkeeping; the caller synchronises once per move (``FSDPEngine.to``).
+A part that is already where it is asked to go is not touched.
 """
 
 from __future__ import annotations
@@ -25,7 +27,11 @@ def _nbytes(tensor: torch.Tensor) -> int:
 
 
 def _mover(backend, destination: str):
-    move = backend.to_device if destination == DEVICE else backend.to_host
+    copy = backend.to_device if destination == DEVICE else backend.to_host
+    non_blocking = bool(backend.supports_pinned_memory)  # pinned host memory makes copies asynchronous
+
+    def move(tensor: torch.Tensor) -> torch.Tensor:
+        return copy(tensor, non_blocking=non_blocking)
 
     def apply(tensor: torch.Tensor) -> torch.Tensor:
         if isinstance(tensor, DTensor):

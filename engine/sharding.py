@@ -53,14 +53,23 @@ def check_same_weights(model: nn.Module, backend) -> None:
                          "random weights inside the model factory (the engine seeds every rank alike first)")
 
 
-def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int) -> tuple[nn.Module, int]:
-    """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root)."""
-    check_same_weights(model, backend)
+def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int,
+                from_rank0: bool = False) -> tuple[nn.Module, int]:
+    """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root).
+
+    ``from_rank0``: the weights will be sent by rank 0 after sharding (``loading.py``); ranks other than 0 hold
+    a meta-device model whose shards are allocated here, uninitialised.
+    """
+    if not from_rank0:
+        check_same_weights(model, backend)
     classes = layer_classes(model, config.wrap_class_names)
     dtype = compute_dtype(config, backend)
     if config.fsdp_version == 2:
-        return _shard_fsdp2(model, classes, dtype, backend, world_size)
-    return _shard_fsdp1(model, classes, dtype, backend)
+        wrapped, units = _shard_fsdp2(model, classes, dtype, backend, world_size)
+        if from_rank0 and any(p.is_meta for p in wrapped.parameters()):
+            wrapped.to_empty(device=backend.device())  # this rank's shards only; FSDP2 keeps tied weights tied
+        return wrapped, units
+    return _shard_fsdp1(model, classes, dtype, backend, from_rank0)
 
 
 def _shard_fsdp2(model, classes, dtype, backend, world_size):
@@ -73,21 +82,29 @@ def _shard_fsdp2(model, classes, dtype, backend, world_size):
     units = 0
     for module in model.modules():
         if type(module) in classes:
-            fully_shard(module, **kwargs)
+            fully_shard(module, reshard_after_forward=True, **kwargs)
             units += 1
-    fully_shard(model, **kwargs)
+    # Explicit (torch's default for a root): the root's parameters stay gathered from forward into backward.
+    # ``generation_context`` restores exactly these values after a gather-once ``generate``.
+    fully_shard(model, reshard_after_forward=False, **kwargs)
     return model, units + 1
 
 
-def _shard_fsdp1(model, classes, dtype, backend):
+def _shard_fsdp1(model, classes, dtype, backend, from_rank0=False):
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     mixed = None
     if dtype != torch.float32:
         mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
+    materialize = None
+    if from_rank0 and any(p.is_meta for p in model.parameters()):
+        from .loading import fsdp1_materializer
+
+        materialize = fsdp1_materializer(backend.device())
     wrapped = FullyShardedDataParallel(
         model,
+        param_init_fn=materialize,
         auto_wrap_policy=ModuleWrapPolicy(classes) if classes else None,
         sharding_strategy=ShardingStrategy.FULL_SHARD,
         mixed_precision=mixed,
@@ -103,27 +120,69 @@ def unwrap(module: nn.Module, fsdp_version: int) -> nn.Module:
     return module.module if fsdp_version == 1 else module
 
 
-def generation_context(module: nn.Module, fsdp_version: int):
-    """What HF ``generate`` needs around it: the root unit's own parameters gathered.
+def generation_context(module: nn.Module, fsdp_version: int, gather: str = "once"):
+    """What HF ``generate`` needs around it: parameters gathered, each sharded unit once per call by default.
 
-    ``generate`` may call a forward below the sharded root (PEFT's ``generate`` calls the base model's), which
-    skips the root's gather; the root's own parameters (embeddings, final norm, head) are therefore gathered for
-    the duration. The decoder layers still gather themselves as they run.
+    ``gather="once"`` gathers every unit before generating and keeps it gathered for every new token, then
+    reshards once at the end: one all-gather per unit per call instead of one per unit per token, for the memory
+    of one unsharded copy of the model. ``gather="per_layer"`` gathers only the root's own parameters for the call
+    (``generate`` may start a forward below the sharded root, as PEFT's does, which would skip the root's gather)
+    and lets each decoder layer gather itself for every forward.
     """
     if fsdp_version == 2:
-        return _fsdp2_root_unsharded(module)
-    from torch.distributed.fsdp import FullyShardedDataParallel
+        return _fsdp2_gathered(module, everything=gather == "once")
+    return _fsdp1_gathered(module, everything=gather == "once")
 
-    return FullyShardedDataParallel.summon_full_params(module, recurse=False, writeback=False)
+
+def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for m in module.modules() if isinstance(m, FSDPModule)]
 
 
 @contextlib.contextmanager
-def _fsdp2_root_unsharded(module: nn.Module):
+def _fsdp2_gathered(module: nn.Module, everything: bool):
     # FSDP2 initialises lazily on the root's first forward; a forward that starts below the root would make a
     # layer claim to be the root. Initialise from the root first (idempotent).
     module._get_fsdp_state()._lazy_init()
-    module.unshard()
+    units = _fsdp2_units(module) if everything else [module]
+    if everything:
+        module.set_reshard_after_forward(False, recurse=True)  # layers keep their gathered parameters
     try:
+        for unit in units:
+            unit.unshard()
         yield
     finally:
-        module.reshard()
+        for unit in units:
+            unit.reshard()
+        if everything:  # back to how shard_model built it: layers reshard after forward, the root does not
+            module.set_reshard_after_forward(True, recurse=True)
+            module.set_reshard_after_forward(False, recurse=False)
+
+
+@contextlib.contextmanager
+def _fsdp1_gathered(module: nn.Module, everything: bool):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    # The root unit's own parameters, for the call (its forward may be skipped, see above).
+    with FullyShardedDataParallel.summon_full_params(module, recurse=False, writeback=False):
+        if not everything:
+            yield
+            return
+        # FSDP1 frees a unit's gathered parameters after its forward unless the unit's strategy keeps them
+        # (SHARD_GRAD_OP); a unit already gathered is not gathered again. Keep them for the call, then reshard.
+        handles = [m._handle for m in FullyShardedDataParallel.fsdp_modules(module)
+                   if m is not module and m._handle is not None]
+        saved = [h._sharding_strategy for h in handles]
+        for handle in handles:
+            if handle._sharding_strategy == HandleShardingStrategy.FULL_SHARD:
+                handle._sharding_strategy = HandleShardingStrategy.SHARD_GRAD_OP
+        try:
+            yield
+        finally:
+            for handle, strategy in zip(handles, saved):
+                handle._sharding_strategy = strategy
+                if handle.uses_sharded_strategy and not handle.needs_unshard():  # still gathered: free it
+                    handle.reshard(True)
+                    handle.post_reshard()

@@ -30,6 +30,43 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+BROKEN_PLUGIN_PYPROJECT = """
+[build-system]
+requires = ["setuptools>=64"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "accel-broken-backend"
+version = "9.9"
+
+[project.entry-points.accel_backends]
+broken = "accel_broken_backend"
+"""
+
+INSTALLED_PLUGINS = ("accel-example-backend", "accel-backend-xpu", "accel-trace")
+
+
+@pytest.fixture(scope="session")
+def plugin_site(tmp_path_factory):
+    """A folder where pip installed the plugins under plugins/ and one that raises on import (put it on PYTHONPATH).
+
+    One pip call per session: building and installing costs seconds, and every plugin test shares the folder.
+    """
+    broken = tmp_path_factory.mktemp("broken-src")
+    (broken / "pyproject.toml").write_text(BROKEN_PLUGIN_PYPROJECT)
+    (broken / "accel_broken_backend.py").write_text(
+        'raise ImportError("libvendor.so: cannot open shared object file")\n'
+    )
+    target = tmp_path_factory.mktemp("site")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
+         "--disable-pip-version-check", "--target", str(target),
+         *(str(REPO / "plugins" / name) for name in INSTALLED_PLUGINS), str(broken)],
+        check=True, capture_output=True, text=True, timeout=300,
+    )
+    return str(target)
+
+
 def run_python(code_or_args, env=None, timeout=180, check=False):
     """Run a fresh interpreter (so entry points and environment variables are read anew)."""
     env = dict(env or {})

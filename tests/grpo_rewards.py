@@ -17,3 +17,27 @@ def die_on_rank1(prompt, response, answer):
 
 def not_a_number(prompt, response, answer):
     return float("nan")
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """verl style: 1.0 for the right final number; a dict with a score, as verl's reward managers accept."""
+    from engine.grpo.tasks import final_number
+
+    assert data_source == "openai/gsm8k" and isinstance(extra_info, dict), (data_source, extra_info)
+    return {"score": 1.0 if final_number(solution_str) == final_number(ground_truth) else 0.0}
+
+
+def length_penalty(prompts, completions, **columns):
+    """TRL style: batched; completions are chat messages when the prompts are."""
+    assert "reward_model" in columns and len(columns["reward_model"]) == len(prompts)
+    texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+    return [-len(text) / 100.0 for text in texts]
+
+
+def short_reply(prompt, response, answer):
+    """Simple style: rewards short responses, so that a tiny random model has something to learn."""
+    return 1.0 if len(response) <= 8 else 0.0
+
+
+def wrong_signature(text):
+    return 0.0

@@ -19,7 +19,11 @@ class FactorySpy:
     "options, message",
     [
         ({"fsdp_version": 3}, "fsdp_version must be 1 or 2, got 3"),
-        ({"grad_sync": "sometimes"}, "grad_sync must be one of deferred, every_micro_batch, got 'sometimes'"),
+        ({"grad_sync": "sometimes"}, "grad_sync must be one of auto, deferred, every_micro_batch, got 'sometimes'"),
+        ({"grad_sync_margin": 1.5}, r"grad_sync_margin is a fraction of free device memory in \[0, 1\)"),
+        ({"optimizer_onload": "always"}, "optimizer_onload must be one of mode, step"),
+        ({"generate_gather": "never"}, "generate_gather must be one of once, per_layer"),
+        ({"keep_params_unsharded": True}, "keep_params_unsharded needs grad_sync='deferred' set explicitly"),
         ({"fsdp_version": 1, "keep_params_unsharded": True}, "keep_params_unsharded is an FSDP2 option"),
         ({"mixed_precision": "fp8"}, "mixed_precision must be one of"),
         ({"lr_schedule": "cosine"}, "set total_steps"),
@@ -42,8 +46,10 @@ def test_unknown_option_is_named():
 
 
 def test_model_that_is_not_a_module_is_refused():
-    with pytest.raises(TypeError, match="nn.Module or a zero-argument factory"):
+    with pytest.raises(ValueError, match="'Qwen/Qwen2-0.5B' is not a local Hugging Face model directory"):
         FSDPEngine("Qwen/Qwen2-0.5B", EngineConfig())
+    with pytest.raises(TypeError, match="nn.Module, a zero-argument factory or a local Hugging Face model dir"):
+        FSDPEngine(42, EngineConfig())
     assert not dist.is_initialized()
 
 

@@ -6,7 +6,9 @@ import pytest
 
 from engine.grpo.cli import main
 from engine.grpo.config import build_config, check
-from engine.grpo.tasks import EchoTask, echo_reward, final_number, gsm8k_reward, load_jsonl, load_reward_fn
+from engine.grpo.data import read_rows
+from engine.grpo.rewards import import_function
+from engine.grpo.tasks import EchoTask, echo_reward, final_number, gsm8k_reward
 
 
 def run_cli(capsys, *args):
@@ -42,10 +44,10 @@ def test_malformed_row_names_file_and_line(capsys, tmp_path):
     data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"})
                     + "\n")
     code, err = run_cli(capsys, "--nproc", "1", "data.task=gsm8k", f"data.path={data}")
-    assert code == 2 and f"{data}:2: missing or empty field(s) answer" in err
+    assert code == 2 and f"{data}:2: missing or empty answer in column 'answer'" in err
     data.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
-        load_jsonl(str(data), ("question", "answer"))
+        read_rows(str(data))
 
 
 def test_reward_that_cannot_be_imported(capsys):
@@ -54,7 +56,7 @@ def test_reward_that_cannot_be_imported(capsys):
     code, err = run_cli(capsys, "data.reward=engine.grpo.tasks:no_such_fn")
     assert code == 2 and "has no function 'no_such_fn'" in err
     with pytest.raises(ValueError, match="must look like 'package.module:function'"):
-        load_reward_fn("just_a_name")
+        import_function("just_a_name")
 
 
 @pytest.mark.parametrize("overrides, message", [

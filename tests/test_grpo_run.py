@@ -65,7 +65,8 @@ def test_engine_variants_run(tmp_path, variant):
 
 
 @pytest.mark.parametrize("reward, expected", [
-    ("explode_on_rank1", "rank 1 failed in phase reward: RuntimeError: reward service unreachable"),
+    ("explode_on_rank1", "rank 1 failed in phase reward: RuntimeError: reward function explode_on_rank1 raised "
+                         "RuntimeError: reward service unreachable (prompt '"),
     ("die_on_rank1", "rank 1 failed"),
 ])
 def test_a_failing_worker_stops_the_job(tmp_path, reward, expected):
@@ -104,3 +105,43 @@ def test_the_cpu_demo_learns(tmp_path):
     print(f"cpu-demo reward: first 10 steps {first:.3f}, last 10 steps {last:.3f}")
     assert len(rewards) == 200 and last >= 2 * first and last >= 0.6
     assert "reward mean over the first 10 steps" in result.stdout
+
+
+def test_real_model_path_end_to_end(tmp_path):
+    """The fixture Qwen2.5-like model, verl parquet files, a verl-style reward, validation, both loggers, resume."""
+    from grpo_data import QUESTIONS, fixture_model, verl_rows, write_parquet
+
+    model = fixture_model(tmp_path / "tiny-qwen")
+    train = write_parquet(tmp_path / "train.parquet", verl_rows(QUESTIONS[:8]))
+    val = write_parquet(tmp_path / "test.parquet", verl_rows(QUESTIONS[8:], split="test"))
+    args = [f"model.path={model}", f"data.path={train}", f"data.val_path={val}",
+            # A verl-style reward, plus a TRL-style one with a weight (the sum is the reward).
+            "data.reward=[grpo_rewards:compute_score,grpo_rewards:length_penalty]", "data.reward_weights=[1,0.5]",
+            # Sampled validation: the fixture's most likely token is an EOS, so greedy responses are empty.
+            "rollout.val_n=2", "rollout.val_temperature=1.0", "run.val_every=2", "run.loggers=[jsonl,tensorboard]",
+            "rollout.max_new_tokens=12", "engine.lr=1e-4", "run.save_every=1", "run.name=real"]
+    first = grpo(tmp_path, "train.steps=2", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = grpo(tmp_path, "train.steps=3", "--resume", *args)
+    assert second.returncode == 0, second.stderr[-3000:]
+    rows = metrics(tmp_path, "real")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [("val/accuracy" in r) for r in rows] == [False, True, True]  # every 2 steps and at the end
+    # Random responses earn no accuracy and a length penalty: the validation responses were really scored.
+    assert all(r["val/accuracy"] == 0.0 and -0.5 < r["val/reward_mean"] < 0.0 for r in rows[1:]), rows
+    for row in rows:
+        assert 0 < row["response_length"] <= row["response_length_max"] <= 12
+        assert 0.0 <= row["response_clip_frac"] < 1.0 and row["entropy"] > 0.0
+    samples = [json.loads(line) for line in (tmp_path / "real" / "samples.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in samples] == [1, 2, 3]
+    for sample in samples:
+        assert sample["prompt"].startswith("<|im_start|>system\n") and "<|im_start|>user\nTom has" in sample["prompt"]
+        assert sample["prompt"].endswith("<|im_start|>assistant\n") and "<|im_end|>" not in sample["response"]
+        assert sample["response_tokens"] < 12 or not sample["ended_by_eos"]
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "real" / "tensorboard"))
+    events.Reload()
+    assert {"reward_mean", "entropy", "val/accuracy", "response_clip_frac"} <= set(events.Tags()["scalars"])
+    assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]
+    print(f"fixture run: {[{k: round(r[k], 4) for k in ('reward_mean', 'entropy', 'response_length')} for r in rows]}")

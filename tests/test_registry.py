@@ -174,34 +174,6 @@ def test_plugin_whose_hook_raises_is_skipped_with_a_warning():
     assert reg.select("cpu").name == "cpu"
 
 
-def test_event_hooks_reach_observers():
-    seen = []
-
-    class Observer:
-        @hookimpl
-        def on_transfer(self, engine, what, destination, num_bytes):
-            seen.append(("transfer", what, destination, num_bytes))
-
-        @hookimpl
-        def on_mode_switch(self, engine, mode, entering):
-            seen.append(("mode", mode, entering))
-
-        @hookimpl
-        def on_optimizer_step(self, engine, step, metrics):
-            seen.append(("step", step, metrics["grad_norm"]))
-
-    observer = Observer()
-    accel_backends.register_plugin(observer)
-    try:
-        hook = accel_backends.hook()
-        hook.on_transfer(engine=None, what="params", destination="cpu", num_bytes=1024)
-        hook.on_mode_switch(engine=None, mode="train", entering=True)
-        hook.on_optimizer_step(engine=None, step=3, metrics={"grad_norm": 0.5})
-    finally:
-        accel_backends.unregister_plugin(observer)
-    assert seen == [("transfer", "params", "cpu", 1024), ("mode", "train", True), ("step", 3, 0.5)]
-
-
 def test_misspelled_hook_is_refused_at_registration():
     class Typo:
         @hookimpl

@@ -1,46 +1,19 @@
 """A real third-party plugin: built and pip-installed into a temporary folder, found through its entry point."""
 
 import json
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from conftest import REPO, run_python
+from conftest import run_python
 
 pytestmark = pytest.mark.slow
 
-BROKEN_PYPROJECT = """
-[build-system]
-requires = ["setuptools>=64"]
-build-backend = "setuptools.build_meta"
 
-[project]
-name = "accel-broken-backend"
-version = "9.9"
-
-[project.entry-points.accel_backends]
-broken = "accel_broken_backend"
-"""
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    """A folder holding the example plugin and a plugin that raises on import, both installed by pip."""
-    broken = tmp_path_factory.mktemp("broken-src")
-    (broken / "pyproject.toml").write_text(BROKEN_PYPROJECT)
-    (broken / "accel_broken_backend.py").write_text(
-        'raise ImportError("libvendor.so: cannot open shared object file")\n'
-    )
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target),
-         str(REPO / "plugins" / "accel-example-backend"), str(broken)],
-        check=True, capture_output=True, text=True, timeout=300,
-    )
-    return str(target)
+@pytest.fixture
+def site(plugin_site):
+    """The example plugin and a plugin that raises on import, pip-installed (with the others) once per session."""
+    return plugin_site
 
 
 def test_list_shows_the_plugin_and_the_broken_one(site):

@@ -91,6 +91,24 @@ def aggregate_loss(values: Tensor, mask: Tensor, mode: str) -> Tensor:
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATION_MODES}")
 
 
+def micro_batch_scale(mask: Tensor, mode: str, micro_batches: int) -> tuple[float, Tensor | float]:
+    """``(scale, weight)`` for one micro-batch's aggregated loss, for ``FSDPEngine.forward_backward_batch``.
+
+    The engine averages micro-batch losses weighted by ``weight`` over all ``micro_batches`` of a global batch
+    (every micro-batch of the mini-batch on every rank). For the means that weight is the micro-batch's number of
+    tokens (``token-mean``) or sequences (``seq-mean-*``), which gives the mean over the global batch. For
+    ``token-sum`` every micro-batch weighs the same and the loss is multiplied by their number, so the result is
+    the plain sum over all tokens of the global batch, as the mode says.
+    """
+    if mode == "token-mean":
+        return 1.0, mask.sum()
+    if mode == "token-sum":
+        return float(micro_batches), 1.0
+    if mode in ("seq-mean-token-sum", "seq-mean-token-mean"):
+        return 1.0, float(mask.size(0))
+    raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATION_MODES}")
+
+
 def policy_loss(
     log_prob: Tensor,
     old_log_prob: Tensor,

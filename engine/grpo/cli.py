@@ -4,6 +4,7 @@
     accel-grpo --preset h100 model.path=/models/Qwen2.5-0.5B-Instruct data.path=/data/gsm8k/train.jsonl
     accel-grpo --config my.yaml train.steps=100 rollout.n=16
     accel-grpo --resume run.name=cpu-demo-20261129-101500
+    accel-grpo make-tiny-model /tmp/tiny-qwen       # a tiny random Qwen2.5-Instruct-like model directory
 
 The backend comes from ACCEL_BACKEND or auto-detection. With --nproc N (default: the preset's) it starts N
 workers and watches them (engine.launch); under torchrun it joins that job instead (multi-node: torchrun).
@@ -80,7 +81,42 @@ def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
     return trainer.train()
 
 
+def check_inputs(config) -> None:
+    """Load what the workers will load (rewards, tokenizer, every data row) so that bad input fails here."""
+    from .loggers import require_tensorboard
+    from .model import build_model
+    from .rewards import load_rewards
+    from .tasks import build_tasks, reward_specs
+
+    load_rewards(reward_specs(config.data), config.data.reward_style)
+    if "tensorboard" in config.run.loggers:
+        require_tensorboard()
+    if config.data.path:
+        tokenizer, _ = build_model(config.model)
+        build_tasks(config.data, tokenizer, config.train.seed, verbose=os.environ.get("RANK", "0") == "0")
+
+
+def make_tiny_model_main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="accel-grpo make-tiny-model",
+                                     description="Write a tiny random Qwen2.5-Instruct-like model directory (BPE "
+                                                 "tokenizer, chat template, generation config): the real-model path "
+                                                 "without a download.")
+    parser.add_argument("directory")
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    args = parser.parse_args(argv)
+    from .fixture import make_tiny_model
+
+    path = make_tiny_model(args.directory, hidden_size=args.hidden_size, layers=args.layers)
+    print(f"accel-grpo: wrote {path}; try: accel-grpo model.path={path} data.path=train.parquet "
+          "data.reward=my_rewards:compute_score")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["make-tiny-model"]:
+        return make_tiny_model_main(argv[1:])
     parser = argparse.ArgumentParser(prog="accel-grpo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
@@ -104,14 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         problems = check(config, world_size)
         if problems:
             raise ValueError("invalid configuration:\n  - " + "\n  - ".join(problems))
-        if config.data.reward:
-            from .tasks import load_reward_fn
-
-            load_reward_fn(config.data.reward)  # fail here, not in every worker
-        if config.data.path:
-            from .tasks import load_jsonl
-
-            load_jsonl(config.data.path, ("question", "answer"))  # a bad row is named before any worker starts
+        check_inputs(config)
         backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
         run_dir = _run_dir(config, args.resume)
         if args.resume:

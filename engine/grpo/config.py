@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +23,18 @@ class ModelConfig:
 
 @dataclasses.dataclass
 class DataConfig:
-    task: str = "echo"  # echo (synthetic, built in) or gsm8k (JSONL with question/answer)
-    path: str | None = None
-    reward: str | None = None  # module:function; default: the task's own reward
+    task: str = "echo"  # echo (synthetic, built in) or gsm8k (the GSM8K answer check as the default reward)
+    path: str | None = None  # JSONL, JSON, Parquet file or a datasets save_to_disk directory
+    val_path: str | None = None  # held-out prompts for validation
+    val_fraction: float = 0.0  # or hold out this share of data.path
+    prompt_key: str | None = None  # default: prompt, question or problem (the first present)
+    answer_key: str | None = None  # default: reward_model.ground_truth, answer, solution or ground_truth
+    reward: str | list | None = None  # module:function (or a list); default: the task's own reward
+    reward_weights: list | None = None  # one per reward function; default 1.0 each
+    reward_style: str = "auto"  # auto (from the signature), simple, verl or trl
+    chat_template: str = "auto"  # auto: apply the tokenizer's chat template when it has one; none
+    system_prompt: str | None = None
+    max_prompt_tokens: int | None = None  # longer prompts are dropped before training
 
 
 @dataclasses.dataclass
@@ -32,7 +42,10 @@ class RolloutConfig:
     n: int = 8  # samples per prompt (the group size)
     temperature: float = 1.0
     top_p: float = 1.0
+    top_k: int = 0  # 0: off
     max_new_tokens: int = 4
+    val_n: int = 1  # samples per validation prompt
+    val_temperature: float = 0.0  # 0: greedy
 
 
 @dataclasses.dataclass
@@ -62,6 +75,8 @@ class RunConfig:
     name: str | None = None  # default: <preset>-<date>-<time>
     output_dir: str = "runs"
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
+    loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard
     progress: bool = True
     resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
     save_on_interrupt: bool = False  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
@@ -124,8 +139,9 @@ def apply(config: Any, data: dict, prefix: str = "") -> None:
     """Set fields from a nested mapping; an unknown key is named with the closest valid one."""
     for key, value in data.items():
         name = f"{prefix}{key}"
-        if isinstance(config, dict):  # the free-form engine section, checked against EngineConfig later
-            config[key] = value
+        if isinstance(config, dict):  # the engine section: EngineConfig's fields (unknown ones are named later)
+            engine_fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+            config[key] = coerce(name, value, engine_fields[key].type) if key in engine_fields else value
             continue
         fields = {f.name: f for f in dataclasses.fields(config)}
         if key not in fields:
@@ -135,15 +151,46 @@ def apply(config: Any, data: dict, prefix: str = "") -> None:
         if key == "preset" and not prefix:
             raise ValueError("choose the preset with --preset NAME (setting it here would not load its values)")
         current = getattr(config, key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and fields[key].type in (
-                "str | None", "str"):
-            value = str(value)  # run.name=2024 is a name, not a number
         if dataclasses.is_dataclass(current) or isinstance(current, dict):
             if not isinstance(value, dict):
                 raise ValueError(f"option {name!r} is a section: set its fields, e.g. {name}.<field>=...")
             apply(current, value, prefix=f"{name}.")
         else:
-            setattr(config, key, value)
+            setattr(config, key, coerce(name, value, fields[key].type))
+
+
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
+_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text", "None": "null"}
+
+
+def coerce(name: str, value: Any, annotation: str) -> Any:
+    """``value`` as the type ``annotation`` names, or a ValueError naming the key and the type expected.
+
+    YAML 1.1 reads ``1e-4`` as text: a numeric field takes any number written in scientific notation.
+    """
+    kinds = [kind.strip() for kind in str(annotation).split("|")]
+    if isinstance(value, str) and {"int", "float"} & set(kinds) and _NUMBER.fullmatch(value.strip()):
+        number = float(value)
+        value = int(number) if "float" not in kinds and number.is_integer() else number
+    for kind in kinds:
+        if kind == "None" and value is None:
+            return None
+        if kind == "bool" and isinstance(value, bool):
+            return value
+        if isinstance(value, bool):
+            continue
+        if kind == "int" and isinstance(value, int):
+            return value
+        if kind == "float" and isinstance(value, (int, float)):
+            return float(value)
+        if kind == "str" and isinstance(value, str):
+            return value
+        if kind.startswith(("tuple", "list")) and isinstance(value, (list, tuple)):
+            return tuple(value) if kind.startswith("tuple") else list(value)
+    if "str" in kinds and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)  # run.name=2024 is a name, not a number
+    expected = " or ".join(_TYPE_NAMES.get(k, "a list" if k.startswith(("tuple", "list")) else k) for k in kinds)
+    raise ValueError(f"{name} must be {expected}, got {value!r}")
 
 
 def parse_override(text: str) -> dict:
@@ -153,7 +200,10 @@ def parse_override(text: str) -> dict:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ValueError(f"override {text!r} must look like section.key=value")
-    value = yaml.safe_load(raw) if raw.strip() else None
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw  # e.g. a value with a colon: kept as text, checked against the option's type
     nested: dict = {}
     cursor = nested
     parts = key.strip().split(".")
@@ -176,7 +226,12 @@ def build_config(preset: str | None, config_file: str | None, overrides: list[st
         path = Path(config_file)
         if not path.is_file():
             raise FileNotFoundError(f"config file {path} does not exist")
-        loaded = yaml.safe_load(path.read_text()) or {}
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except yaml.YAMLError as exc:
+            where = getattr(exc, "problem_mark", None)
+            line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+            raise ValueError(f"config file {path} is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
         if not isinstance(loaded, dict):
             raise ValueError(f"config file {path} must hold a mapping of sections")
         apply(config, loaded)
@@ -201,12 +256,19 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
                 "lora_alpha", "lora_target_modules"}
         options = {k: v for k, v in options.items() if k in keep}
         options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
-    fields = {f.name for f in dataclasses.fields(EngineConfig)}
-    unknown = sorted(set(options) - fields)
+    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
+    unknown = sorted(set(options) - set(fields))
     if unknown:
         raise ValueError(f"unknown engine option(s) {', '.join('engine.' + u for u in unknown)}; valid: "
                          f"{', '.join(sorted(fields))}")
+    options = {key: coerce(f"engine.{key}", value, fields[key].type) for key, value in options.items()}
     return EngineConfig(**options)
+
+
+def dist_timeout_s(config: GRPOConfig) -> float:
+    """The process-group timeout the engine would use (the trainer creates the group before the engines)."""
+    value = config.engine.get("dist_timeout_s", EngineConfig.dist_timeout_s)
+    return coerce("engine.dist_timeout_s", value, "float")
 
 
 def check(config: GRPOConfig, world_size: int) -> list[str]:
@@ -215,12 +277,41 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     t, r, a = config.train, config.rollout, config.algorithm
     if config.model.path is None:
         problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
-    elif config.model.path != BUILTIN_MODEL and not (Path(config.model.path) / "config.json").is_file():
-        problems.append(f"model.path {config.model.path} is not a Hugging Face model directory (no config.json)")
-    if config.data.task == "gsm8k" and not config.data.path:
-        problems.append("task gsm8k needs data.path=/path/to/train.jsonl (rows with question and answer)")
-    elif config.data.task == "gsm8k" and not Path(config.data.path).is_file():
-        problems.append(f"data.path {config.data.path} does not exist")
+    elif config.model.path != BUILTIN_MODEL:
+        from .model import check_model_dir
+
+        problems += check_model_dir(config.model.path)
+    d = config.data
+    if d.task == "gsm8k" and not d.path:
+        problems.append("task gsm8k needs data.path=/path/to/train.jsonl (a JSONL, JSON or Parquet file or a "
+                        "datasets directory)")
+    for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
+        if path and not Path(path).exists():
+            problems.append(f"{key} {path} does not exist")
+    if d.path and d.task == "echo" and not d.reward:
+        problems.append("data.path needs a reward: data.reward=module:function, or data.task=gsm8k for the GSM8K "
+                        "answer check")
+    if (d.val_path or d.val_fraction) and not d.path:
+        problems.append("data.val_path / data.val_fraction need data.path (the echo task has no held-out set)")
+    if config.run.val_every and not (d.val_path or d.val_fraction):
+        problems.append("run.val_every needs a validation set: data.val_path=... or data.val_fraction=...")
+    if not 0 <= d.val_fraction < 1:
+        problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    if d.chat_template not in ("auto", "none"):
+        problems.append(f"data.chat_template must be auto or none, got {d.chat_template!r}")
+    if d.reward_style not in ("auto", "simple", "verl", "trl"):
+        problems.append(f"data.reward_style must be auto, simple, verl or trl, got {d.reward_style!r}")
+    if d.max_prompt_tokens is not None and d.max_prompt_tokens < 1:
+        problems.append(f"data.max_prompt_tokens must be a positive integer or null, got {d.max_prompt_tokens}")
+    unknown_loggers = [name for name in config.run.loggers if name not in ("jsonl", "tensorboard")]
+    if unknown_loggers or "jsonl" not in config.run.loggers:
+        problems.append(f"run.loggers must list jsonl and optionally tensorboard, got {config.run.loggers}")
+    if r.top_k < 0 or r.val_n < 1 or r.val_temperature < 0 or config.run.val_every < 0:
+        problems.append("rollout.top_k and run.val_every must be >= 0, rollout.val_n >= 1, "
+                        "rollout.val_temperature >= 0")
+    if str(config.engine.get("mixed_precision", "")) == "fp16":
+        problems.append("engine.mixed_precision=fp16 is not supported by accel-grpo (no loss scaling: token-weighted "
+                        "losses overflow in fp16); use engine.mixed_precision=bf16 (or auto)")
     for name, value in (("train.steps", t.steps), ("train.prompts_per_step", t.prompts_per_step),
                         ("train.ppo_epochs", t.ppo_epochs), ("train.mini_batch_size", t.mini_batch_size),
                         ("train.micro_batch_size", t.micro_batch_size), ("rollout.n", r.n),

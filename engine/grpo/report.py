@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-CURVES = (("reward_mean", "reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),
-          ("grad_norm", "grad norm"), ("response_length", "response length"), ("step_time_s", "step time (s)"))
+CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accuracy"),
+          ("val/reward_mean", "validation reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),
+          ("entropy", "token entropy"), ("grad_norm", "grad norm"), ("response_length", "response length"),
+          ("step_time_s", "step time (s)"))
 
 
 class MetricsLog:
@@ -38,10 +40,11 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     rows = read_metrics(metrics_path)
     if not rows:
         return
-    figure, axes = plt.subplots(2, 3, figsize=(12, 6.5))
-    steps = [row["step"] for row in rows]
+    figure, axes = plt.subplots(3, 3, figsize=(12, 9.5))
     for axis, (key, title) in zip(axes.flat, CURVES):
-        axis.plot(steps, [row.get(key, float("nan")) for row in rows], lw=1.5)
+        points = [(row["step"], row[key]) for row in rows if key in row]  # validation rows are sparse
+        if points:
+            axis.plot(*zip(*points), lw=1.5, marker="o" if len(points) < 20 else None)
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)

@@ -1,8 +1,10 @@
-"""The GRPO loop, run by every rank: rollout -> rewards -> advantages -> old/ref log-probs -> PPO updates.
+"""The GRPO loop, run by every rank: rollout -> old/ref log-probs -> rewards -> advantages -> PPO updates ->
+validation -> metrics.
 
 Each rank samples its own prompts and all ``n`` responses of each, so whole groups stay on one rank and group
 advantages need no communication. Updates go through ``FSDPEngine.forward_backward_batch`` (deferred gradient
-sync) and ``optimizer_step``; metrics are averaged over ranks through the backend.
+sync) and ``optimizer_step``; metrics are averaged over ranks through the backend. Data files, reward styles,
+sampling, log-probs, validation and loggers live in their own modules (see ``docs/grpo.md``).
 """
 
 from __future__ import annotations
@@ -21,39 +23,16 @@ import accel_backends
 from .. import FSDPEngine, checkpoint, launch
 from ..phase import phase
 from ..reduce import sum_over_ranks
-from . import report
-from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, policy_loss
-from .config import BUILTIN_MODEL, GRPOConfig, engine_config
-from .rollout import RolloutBatch, batched_log_probs, response_log_probs, rollout
-from .tasks import BUILTIN_REWARDS, build_task, load_reward_fn, score
-
-
-def build_model(config: GRPOConfig):
-    """(tokenizer, model factory): the built-in tiny char model, or a local Hugging Face directory."""
-    if config.model.path == BUILTIN_MODEL:
-        from .tasks import EchoTask
-        from .tokenizer import build_char_tokenizer
-
-        tokenizer = build_char_tokenizer(EchoTask.alphabet)
-
-        def factory():
-            from transformers import Qwen2Config, Qwen2ForCausalLM
-
-            hidden = config.model.hidden_size
-            return Qwen2ForCausalLM(Qwen2Config(
-                vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-                num_hidden_layers=config.model.layers, num_attention_heads=4, num_key_value_heads=2,
-                max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
-
-        return tokenizer, factory
-
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(config.model.path, padding_side="left")
-    if tokenizer.pad_token_id is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer, lambda: AutoModelForCausalLM.from_pretrained(config.model.path, torch_dtype=torch.float32)
+from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
+from .config import GRPOConfig, dist_timeout_s, engine_config
+from .loggers import Loggers
+from .logprobs import response_log_probs
+from .model import build_model
+from .report import plot_curves
+from .rewards import load_rewards, score_all
+from .rollout import RolloutBatch, batched_log_probs, rollout
+from .tasks import build_tasks, reward_specs
+from .validation import validate
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
@@ -67,14 +46,16 @@ class StepData:
 
     batch: RolloutBatch
     advantages: torch.Tensor
-    old_log_probs: torch.Tensor
+    old_log_probs: torch.Tensor | None  # None: one update per step, the policy's own log-probs are the old ones
     ref_log_probs: torch.Tensor | None
 
     def micro_batch(self, rows: slice) -> dict:
+        def part(tensor):
+            return None if tensor is None else tensor[rows]
+
         return {"input_ids": self.batch.input_ids[rows], "attention_mask": self.batch.attention_mask[rows],
                 "response_mask": self.batch.response_mask[rows], "advantages": self.advantages[rows],
-                "old_log_probs": self.old_log_probs[rows],
-                "ref_log_probs": None if self.ref_log_probs is None else self.ref_log_probs[rows]}
+                "old_log_probs": part(self.old_log_probs), "ref_log_probs": part(self.ref_log_probs)}
 
 
 class GRPOTrainer:
@@ -82,16 +63,24 @@ class GRPOTrainer:
         self.config = config
         self.run_dir = run_dir
         self.backend = accel_backends.get_backend()
-        self.tokenizer, factory = build_model(config)
-        self.task = build_task(config.data.task, config.data.path)
-        self.reward_fn = load_reward_fn(config.data.reward or BUILTIN_REWARDS[config.data.task])
-        world_size = self.backend.init_distributed(timeout=engine_config(config, 1).dist_timeout_s).world_size
+        world_size = self.backend.init_distributed(timeout=dist_timeout_s(config)).world_size
         launch.stop_at_safe_point(config.run.save_on_interrupt)
-        self.actor = FSDPEngine(factory, engine_config(config, world_size), self.backend)
+        self.tokenizer, factory = build_model(config.model)
+        self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
+        self.rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
+        actor_config = engine_config(config, world_size)
+        self.actor = FSDPEngine(factory, actor_config, self.backend)
+        # With LoRA the reference is the actor's own base model, adapters disabled: no second copy of the weights.
         self.reference = None
-        if config.algorithm.kl_coef > 0:
+        if config.algorithm.kl_coef > 0 and actor_config.lora_rank == 0:
             self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
+        train = config.train
+        per_rank = train.prompts_per_step // world_size * config.rollout.n
+        # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
+        # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
+        self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
+        self.micro_batches_per_update = train.mini_batch_size // train.micro_batch_size
         self.start_step = self._resume() if resume else 0
 
     # -- checkpoints --------------------------------------------------------------------------------------------
@@ -116,40 +105,59 @@ class GRPOTrainer:
         cfg, roll = self.config, self.config.rollout
         prompts_per_rank = cfg.train.prompts_per_step // self.world_size
         samples = self.task.sample(prompts_per_rank, self._seed(step))
+        old = None
         with self.actor.eval_mode(), phase("rollout"):
             batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
-                            roll.temperature, roll.top_p)
-            old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
+                            roll.temperature, roll.top_p, roll.top_k)
+            if not self.reuse_policy_log_probs:
+                old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
+        ref = self.reference_log_probs(batch) if cfg.algorithm.kl_coef > 0 else None
         with phase("reward"):
-            scores = torch.tensor([score(self.reward_fn, samples[i // roll.n], text)
-                                   for i, text in enumerate(batch.responses)])
+            scores = torch.tensor(score_all(self.rewards, [samples[i // roll.n] for i in range(len(batch))],
+                                            batch.responses))
         groups = torch.arange(len(batch)) // roll.n
         advantages = grpo_advantages(scores, groups, norm_by_std=cfg.algorithm.norm_by_std)
-        ref = None
+        lengths = batch.response_mask.sum(dim=1)
+        stats = {"reward_sum": scores.sum().item(), "reward_sq_sum": (scores ** 2).sum().item(),
+                 "sequences": float(len(batch)), "response_tokens": lengths.sum().item(),
+                 "clipped": batch.clipped.sum().item()}
+        self._longest_response = float(lengths.max().item())
+        self.sample_record = {"step": step + 1, "prompt": samples[0].prompt, "response": batch.responses[0],
+                              "reward": scores[0].item(), "response_tokens": int(lengths[0]),
+                              "ended_by_eos": not bool(batch.clipped[0]) and int(lengths[0]) > 0}
+        return StepData(batch, advantages, old, ref), stats
+
+    def reference_log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+        """Log-probs under the frozen reference: its own engine, or (LoRA) the actor with adapters disabled."""
+        cfg = self.config
         if self.reference is not None:
             with self.reference.eval_mode():
-                ref = batched_log_probs(self.reference, batch, cfg.train.micro_batch_size, roll.temperature)
-        stats = {"reward_sum": scores.sum().item(), "reward_sq_sum": (scores ** 2).sum().item(),
-                 "sequences": float(len(batch)), "response_tokens": batch.response_mask.sum().item()}
-        return StepData(batch, advantages, old, ref), stats
+                return batched_log_probs(self.reference, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
+        from peft import PeftModel
+
+        peft_model = next(m for m in self.actor.module.modules() if isinstance(m, PeftModel))
+        with self.actor.eval_mode(), peft_model.disable_adapter():
+            return batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
 
     def _step_fn(self, module, micro: dict):
         algo, device = self.config.algorithm, self.backend.device()
         mask = micro["response_mask"].to(device)
         prompt_length = micro["input_ids"].size(1) - micro["response_mask"].size(1)
-        log_probs = response_log_probs(module, micro["input_ids"].to(device), micro["attention_mask"].to(device),
-                                       prompt_length, self.config.rollout.temperature)
-        loss, metrics = policy_loss(log_probs, micro["old_log_probs"].to(device), micro["advantages"].to(device),
-                                    mask, clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c,
-                                    agg=algo.loss_agg)
-        metrics = {"pg_loss": loss.item(), "clip_frac": metrics["clip_frac"], "approx_kl": metrics["approx_kl"]}
+        log_probs, entropy = response_log_probs(module, micro["input_ids"].to(device),
+                                                micro["attention_mask"].to(device), prompt_length,
+                                                self.config.rollout.temperature, with_entropy=True)
+        old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
+        loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask, clip_low=algo.clip_low,
+                                    clip_high=algo.clip_high, clip_c=algo.clip_c, agg=algo.loss_agg)
+        scale, weight = micro_batch_scale(mask, algo.loss_agg, self.micro_batches_per_update * self.world_size)
+        metrics = {"pg_loss": loss.item() * scale, "clip_frac": metrics["clip_frac"],
+                   "approx_kl": metrics["approx_kl"], "entropy": aggregate_loss(entropy, mask, "token-mean").item()}
         if micro["ref_log_probs"] is not None:
             kl = aggregate_loss(kl_penalty(log_probs, micro["ref_log_probs"].to(device), algo.kl_kind), mask,
                                 algo.loss_agg)
             loss = loss + algo.kl_coef * kl
-            metrics["kl"] = kl.item()
-        weight = mask.sum() if algo.loss_agg.startswith("token") else mask.size(0)
-        return loss, weight, metrics
+            metrics["kl"] = kl.item() * scale
+        return loss * scale, weight, metrics
 
     def update(self, data: StepData) -> dict:
         train = self.config.train
@@ -164,6 +172,8 @@ class GRPOTrainer:
                     # Each call measures its own peak (the engine resets it): keep the largest, do not average.
                     peak_gib = max(peak_gib, metrics.pop("peak_memory_gib"))
                     metrics["grad_norm"] = self.actor.optimizer_step()
+                    # The step's own peak (onload, forward/backward and the optimizer step) covers the whole update.
+                    peak_gib = max(peak_gib, self.actor.last_step_metrics.get("peak_memory_gib", 0.0))
                     metrics["lr"] = self.actor.last_step_metrics["lr"]
                     metrics["skipped_updates"] = float(self.actor.last_step_metrics["skipped"])
                     for key, value in metrics.items():
@@ -183,9 +193,17 @@ class GRPOTrainer:
         dist.all_reduce(packed, op=dist.ReduceOp.MAX)
         return packed.item()
 
+    def _validate(self, step: int) -> dict:
+        cfg = self.config
+        every, last_step = cfg.run.val_every, step + 1 == cfg.train.steps
+        if not self.val_samples or not (last_step or (every and (step + 1) % every == 0)):
+            return {}
+        return validate(self.actor, self.tokenizer, self.val_samples, self.rewards, cfg.rollout,
+                        batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
+
     def train(self) -> dict:
         cfg = self.config
-        log = report.MetricsLog(self.run_dir / "metrics.jsonl", self.start_step) if self.rank == 0 else None
+        loggers = Loggers(cfg.run.loggers, self.run_dir, self.start_step) if self.rank == 0 else None
         progress = None
         if self.rank == 0 and cfg.run.progress:
             from tqdm import tqdm
@@ -213,21 +231,29 @@ class GRPOTrainer:
                 "kl": update.get("kl", 0.0),
                 "clip_frac": update["clip_frac"],
                 "approx_kl": update["approx_kl"],
+                "entropy": update["entropy"],
                 "grad_norm": update["grad_norm"],
                 "lr": update["lr"],
                 "updates": update["updates"],
                 "skipped_updates": update["skipped_updates"],
                 "response_length": totals["response_tokens"] / count,
+                "response_length_max": self._largest_over_ranks(self._longest_response),
+                "response_clip_frac": totals["clipped"] / count,
                 "tokens_per_s": totals["response_tokens"] / (finished - started),
                 "rollout_time_s": rollout_done - started,
                 "update_time_s": finished - rollout_done,
                 "step_time_s": finished - started,
                 "peak_memory_gib": self._largest_over_ranks(max(rollout_peak_gib, update["peak_memory_gib"])),
             }
-            if log is not None:
-                log.write(last)
+            last.update(self._validate(step))
+            if loggers is not None:
+                loggers.write(last)
+                loggers.write_sample(self.sample_record)
             if progress is not None:
-                progress.set_postfix(reward=f"{mean:.3f}", step_s=f"{last['step_time_s']:.2f}")
+                shown = {"reward": f"{mean:.3f}", "step_s": f"{last['step_time_s']:.2f}"}
+                if "val/accuracy" in last:
+                    shown["val_acc"] = f"{last['val/accuracy']:.3f}"
+                progress.set_postfix(shown)
                 progress.update(1)
             save_every = cfg.run.save_every
             stopping = totals["stop_requested"] > 0  # summed over ranks: every rank stops at this same step
@@ -237,6 +263,7 @@ class GRPOTrainer:
                 break
         if progress is not None:
             progress.close()
-        if self.rank == 0:
-            report.plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
+        if loggers is not None:
+            loggers.close()
+            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
         return last

@@ -2,7 +2,7 @@
 
 The real CLI and launcher run unchanged; only the worker is wrapped so that rank RANK, at GRPO step STEP (1-based):
 
-* ``reward``: its reward function raises;
+* ``reward``: its reward scoring raises;
 * ``kill-save``: it SIGKILLs itself while writing its part of that step's checkpoint;
 * ``pause-rollout`` / ``pause-update``: it writes ``$FAULT_MARK`` and sleeps 3 s inside the rollout / the first
   micro-batch of the update, so that a test can send a signal that lands there.
@@ -57,15 +57,15 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
     trainer.collect = counting_collect
     if kind == "reward":
-        reward_fn = trainer.reward_fn
+        score_all = trainer_module.score_all
 
-        def raising_reward(*args):
+        def raising_rewards(*args, **kwargs):
             if now():
                 _mark("FAULT_STAMP")
                 raise InjectedFault("reward function failed on purpose")
-            return reward_fn(*args)
+            return score_all(*args, **kwargs)
 
-        trainer.reward_fn = raising_reward
+        trainer_module.score_all = raising_rewards
     elif kind == "kill-save":
         write_extra_state = engine.checkpoint.write_extra_state
 

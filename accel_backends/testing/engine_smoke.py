@@ -1,0 +1,126 @@
+"""The engine smoke test of the conformance kit: one small training step of the real engine on the backend.
+
+This is the only part of ``accel_backends`` that imports ``engine`` (lazily, inside a rank of the kit's job): the
+kit checks that a backend carries the engine, so it needs one. It records the engine's observer events with a
+plugin to check that every mode enter event is followed by its exit event and that the moves are reported.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..base import DeviceBackend
+from ..hookspecs import hookimpl
+from ..registry import register_plugin, unregister_plugin
+from .rules import RuleSkipped, raw_bytes, require
+
+VOCAB = 64
+
+
+def tiny_causal_lm():
+    """A randomly initialised two-layer Qwen2 built from a config (nothing downloaded), same on every rank."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
+                         tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config)
+
+
+def token_loss(module, batch):
+    """Mean next-token cross-entropy; weight = number of target tokens."""
+    device = next(module.parameters()).device
+    ids = batch.to(device)
+    logits = module(input_ids=ids).logits[:, :-1].float()
+    loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+    return loss, ids[:, 1:].numel()
+
+
+class EventRecorder:
+    """Observer plugin: the engine's events in the order they fired."""
+
+    def __init__(self):
+        self.events: list[tuple] = []
+
+    @hookimpl
+    def on_mode_switch(self, engine, mode, entering):
+        self.events.append(("mode", mode, entering))
+
+    @hookimpl
+    def on_transfer(self, engine, what, destination, num_bytes, seconds):
+        self.events.append(("transfer", what, destination, num_bytes))
+
+
+def _local_state(engine) -> dict[str, torch.Tensor]:
+    from engine.offload import local
+
+    state = {f"param:{n}": raw_bytes(local(p)) for n, p in engine.module.named_parameters()}
+    for i, param_state in enumerate(engine.optimizer.state.values()):
+        for key, value in param_state.items():
+            if torch.is_tensor(value):
+                state[f"optimizer:{i}:{key}"] = raw_bytes(local(value))
+    return state
+
+
+def check_mode_events(events: list[tuple]) -> None:
+    """Every enter event is followed by the exit event of the same mode, innermost first."""
+    open_modes = []
+    for event in events:
+        if event[0] != "mode":
+            continue
+        _, mode, entering = event
+        if entering:
+            open_modes.append(mode)
+        else:
+            require(open_modes and open_modes[-1] == mode, f"on_mode_switch: exit of {mode!r} without its enter event")
+            open_modes.pop()
+    require(not open_modes, f"on_mode_switch: enter of {open_modes} never followed by an exit event")
+
+
+def run_engine_smoke(backend: DeviceBackend, fsdp_version: int) -> str:
+    try:
+        import transformers  # noqa: F401
+        from engine import EngineConfig, FSDPEngine
+    except ImportError as exc:
+        raise RuleSkipped(f"the engine smoke test needs the engine and transformers: {exc}") from None
+    config = EngineConfig(fsdp_version=fsdp_version, grad_sync="deferred", lr=1e-2, max_grad_norm=1.0)
+    engine = FSDPEngine(tiny_causal_lm, config, backend=backend)
+    rank = engine.rank
+    generator = torch.Generator().manual_seed(100 + rank)
+    micro_batches = [torch.randint(0, VOCAB, (2, 9), generator=generator),
+                     torch.randint(0, VOCAB, (1, 12), generator=generator)]
+    recorder = EventRecorder()
+    register_plugin(recorder)
+    try:
+        before = _local_state(engine)
+        with engine.train_mode():
+            metrics = engine.forward_backward_batch(micro_batches, token_loss)
+            grad_norm = engine.optimizer_step()
+        mode_in_use = getattr(engine, "grad_sync_mode", "deferred")  # engines before "auto" had no such attribute
+        require(mode_in_use == "deferred", f"the engine synced with {mode_in_use!r}, not deferred")
+        require(torch.isfinite(torch.tensor(metrics["loss"])) and metrics["micro_batches"] == 2,
+                f"forward_backward_batch gave {metrics}")
+        require(grad_norm > 0 and torch.isfinite(torch.tensor(grad_norm)), f"gradient norm {grad_norm}")
+        stepped = _local_state(engine)
+        changed = [k for k in before if k.startswith("param:") and not torch.equal(before[k], stepped[k])]
+        require(changed, "one optimizer step changed no parameter on this rank")
+
+        engine.to("cpu")
+        require(engine.residency() == {"params": "cpu", "optimizer": "cpu"}, f"residency {engine.residency()}")
+        engine.to("device")
+        after = _local_state(engine)
+        lost = [k for k in stepped if not torch.equal(stepped[k], after[k])]
+        require(not lost, f"the offload round trip changed {len(lost)} tensors, e.g. {lost[:3]}")
+        with engine.eval_mode():
+            engine.forward_backward_batch(micro_batches, token_loss, forward_only=True)
+    finally:
+        unregister_plugin(recorder)
+    check_mode_events(recorder.events)
+    moves = [(what, where) for kind, what, where, *_ in recorder.events if kind == "transfer"]
+    for what in ("params", "optimizer"):
+        require(moves.count((what, "cpu")) == 1 and moves.count((what, "device")) == 1,
+                f"on_transfer: expected one move of {what} each way for the offload round trip, saw {moves}")
+    require(all(e[3] > 0 for e in recorder.events if e[0] == "transfer"), "on_transfer reported a move of 0 bytes")
+    return (f"loss {metrics['loss']:.3f}, grad norm {grad_norm:.3f}, {len(changed)} parameter shards stepped, "
+            f"offload round trip bitwise")

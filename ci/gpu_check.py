@@ -1,0 +1,148 @@
+"""One check of a machine with an NVIDIA GPU, run from a checkout with its preinstalled python3 (nothing installed).
+
+Steps, each under its own time limit so the whole stays within 8 minutes: the environment, the backend
+listing, the tests marked ``cuda``, the conformance kit for ``cuda``, ``ci/bench.sh`` on one process with a model
+of about 0.5B parameters built from a config in bf16, and a short GRPO run on such a model with the built-in
+character tokenizer. Every figure goes into one JSON file (``--json``, default runs/gpu-check.json).
+
+``--cpu`` runs the same steps on the CPU backend with a tiny model (checks the script itself on any machine);
+``--dry-run`` prints the commands without running them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+# About 0.5B parameters (Qwen2.5-0.5B's shape: 24 layers, hidden 896, vocab 151936), built from a config.
+BENCH_MODEL = ["--hidden", "896", "--intermediate", "4864", "--layers", "24", "--heads", "14", "--kv-heads", "2",
+               "--vocab", "151936", "--mixed-precision", "bf16", "--seq", "512", "--batch", "4"]
+# The GRPO model uses the character tokenizer (built in code), so its size comes from width and depth alone:
+# 24 layers of hidden 1536 are about 0.5B parameters.
+GRPO_MODEL = ["model.hidden_size=1536", "model.layers=24", "engine.mixed_precision=bf16"]
+TINY_BENCH_MODEL = ["--hidden", "32", "--layers", "2", "--seq", "16", "--switch-layers", "2,4"]
+TINY_GRPO_MODEL = ["model.hidden_size=32", "model.layers=2"]
+
+
+def steps(cpu: bool, out_dir: Path) -> list[dict]:
+    backend = "cpu" if cpu else "cuda"
+    bench_model = TINY_BENCH_MODEL if cpu else BENCH_MODEL
+    grpo_model = TINY_GRPO_MODEL if cpu else GRPO_MODEL
+    bench_json = out_dir / "bench.json"
+    return [
+        {"name": "backends", "limit_s": 20, "cmd": [PY, "-m", "accel_backends", "list", "--json"]},
+        {"name": "pytest_cuda", "limit_s": 70,
+         "cmd": [PY, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", "tests"]},
+        {"name": "conformance_kit", "limit_s": 40, "cmd": [PY, "-m", "accel_backends.testing", backend]},
+        {"name": "bench", "limit_s": 230, "json": bench_json,
+         "cmd": ["bash", str(ROOT / "ci/bench.sh"), "--nproc", "1", *bench_model, "--steps", "3", "--switches", "3",
+                 "--grpo-steps", "2", *[a for o in grpo_model for a in ("--grpo-override", o)]],
+         "env": {"BENCH_PYTHON": PY, "BENCH_OUT": str(out_dir)}},
+        {"name": "grpo", "limit_s": 90, "metrics": out_dir / "grpo" / "gpu-check" / "metrics.jsonl",
+         "cmd": [PY, "-m", "engine.grpo.cli", "--nproc", "1", *grpo_model, "train.steps=6", "run.progress=false",
+                 f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check"]},
+    ]
+
+
+def environment() -> dict:
+    info = {"python": platform.python_version(), "platform": platform.platform()}
+    for name in ("torch", "transformers", "peft", "pluggy", "pytest"):
+        try:
+            info[name] = __import__(name).__version__
+        except Exception as exc:  # noqa: BLE001 - report what is missing, keep checking
+            info[name] = f"missing ({exc.__class__.__name__})"
+    try:
+        import accel_backends
+
+        backend = accel_backends.get_backend()
+        info["selected_backend"] = backend.name
+        info["device_count"] = backend.device_count()
+        info["device"] = str(backend.device())
+        stats = backend.memory_stats()
+        info["device_memory_total_gib"] = None if stats.total is None else stats.total / 2**30
+    except Exception as exc:  # noqa: BLE001
+        info["selected_backend"] = f"error: {exc}"
+    try:
+        smi = subprocess.run(["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        info["gpus"] = smi.stdout.strip().splitlines()
+    except (OSError, subprocess.SubprocessError) as exc:
+        info["gpus"] = f"nvidia-smi unavailable ({exc.__class__.__name__})"
+    return info
+
+
+def run_step(step: dict, env: dict) -> dict:
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(step["cmd"], cwd=ROOT, env={**env, **step.get("env", {})}, capture_output=True,
+                              text=True, timeout=step["limit_s"])
+        rc, out, err = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as exc:
+        rc, out, err = "timeout", _text(exc.stdout), _text(exc.stderr) + f"\nstopped after {step['limit_s']} s"
+    record = {"cmd": " ".join(map(str, step["cmd"])), "rc": rc, "ok": rc == 0,
+              "seconds": round(time.perf_counter() - started, 1), "stdout_tail": out[-4000:],
+              "stderr_tail": err[-3000:]}
+    if step.get("json") and Path(step["json"]).is_file():
+        record["result"] = json.loads(Path(step["json"]).read_text())
+    if step.get("metrics") and Path(step["metrics"]).is_file():
+        record["metrics"] = [json.loads(line) for line in Path(step["metrics"]).read_text().splitlines()]
+    return record
+
+
+def _text(value) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu", action="store_true", help="the CPU backend and a tiny model (checks the script)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--json", type=Path, default=ROOT / "runs/gpu-check.json")
+    parser.add_argument("--only", default=None, help="comma-separated step names to run (default: all)")
+    args = parser.parse_args()
+    out_dir = args.json.parent / (args.json.stem + "-files")
+    plan = steps(args.cpu, out_dir)
+    if args.only:
+        wanted = set(args.only.split(","))
+        unknown = wanted - {s["name"] for s in plan}
+        if unknown:
+            parser.error(f"unknown step(s) {', '.join(sorted(unknown))}: choose from "
+                         f"{', '.join(s['name'] for s in plan)}")
+        plan = [s for s in plan if s["name"] in wanted]
+    if args.dry_run:
+        for step in plan:
+            print(f"[{step['name']}, {step['limit_s']} s] {' '.join(map(str, step['cmd']))}")
+        return 0
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    if args.cpu:
+        env.update(ACCEL_BACKEND="cpu", OMP_NUM_THREADS=env.get("OMP_NUM_THREADS", "1"))
+    report = {"started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "mode": "cpu" if args.cpu else "gpu",
+              "environment": environment(), "steps": {}}
+    started = time.perf_counter()
+    for step in plan:
+        print(f"gpu-check: {step['name']} (limit {step['limit_s']} s) ...", flush=True)
+        record = report["steps"][step["name"]] = run_step(step, env)
+        print(f"gpu-check: {step['name']}: {'ok' if record['ok'] else 'FAILED rc=' + str(record['rc'])} in "
+              f"{record['seconds']} s", flush=True)
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2))  # after every step: a later timeout keeps the rest
+    report["total_seconds"] = round(time.perf_counter() - started, 1)
+    report["all_ok"] = all(r["ok"] for r in report["steps"].values())
+    args.json.write_text(json.dumps(report, indent=2))
+    print(f"gpu-check: {'all steps passed' if report['all_ok'] else 'some steps FAILED'} in "
+          f"{report['total_seconds']} s; figures in {args.json}")
+    return 0 if report["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""Peak host memory (RSS) of each rank while FSDPEngine is built from a saved ~100M-parameter model, 2 ranks.
+
+Usage: python ci/measure/loading_rss.py MODEL_DIR {rank0|every} [fsdp_version]
+(MODEL_DIR without a config.json is filled first with a random Qwen2 of 100.1M parameters.)
+"""
+import sys, threading, time
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+from distributed import run_ranks
+
+
+def measure(rank, model_dir, on_rank0, version):
+    import torch
+    from accel_backends.memory import PeakRSSTracker, process_rss
+    from engine import EngineConfig, FSDPEngine
+    # Imported before the baseline, as any trainer has: the model code itself is not what is measured.
+    from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
+    from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
+
+    tracker = PeakRSSTracker()
+    sampled = [process_rss()]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            sampled.append(process_rss())
+            time.sleep(0.002)
+
+    before = process_rss()
+    tracker.reset()
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=version, load_on_rank0=on_rank0, lr=1e-4))
+    stop.set(); thread.join()
+    peak = max(tracker.observe(), max(sampled))
+    ids = torch.randint(0, 16000, (2, 32), generator=torch.Generator().manual_seed(rank))
+    with engine.train_mode():
+        loss = engine.forward_backward_batch([ids], lambda m, x: m(input_ids=x, labels=x).loss)["loss"]
+        engine.optimizer_step()
+        loss2 = engine.forward_backward_batch([ids], lambda m, x: m(input_ids=x, labels=x).loss)["loss"]
+    from engine.offload import local
+    shard = sum(local(p).numel() * 4 for p in engine.module.parameters())
+    return {"shard_mib": shard / 2**20, "before_mib": before / 2**20, "peak_mib": peak / 2**20,
+            "growth_mib": (peak - before) / 2**20,
+            "losses": [loss, loss2]}
+
+
+def save_model(model_dir):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=16000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=256,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+
+
+if __name__ == "__main__":
+    import loading_rss
+    from pathlib import Path
+
+    model_dir, mode = sys.argv[1], sys.argv[2]
+    if not Path(model_dir, "config.json").exists():
+        save_model(model_dir)
+    version = int(sys.argv[3]) if len(sys.argv) > 3 else 2
+    results = run_ranks(loading_rss.measure, model_dir, mode == "rank0", version, timeout=900)
+    for rank, r in enumerate(results):
+        print(f"{mode} fsdp{version} rank {rank}: before {r['before_mib']:.0f} MiB, peak {r['peak_mib']:.0f} MiB, "
+              f"growth {r['growth_mib']:.0f} MiB (own shard {r['shard_mib']:.0f} MiB), losses {r['losses']}")

@@ -1,0 +1,156 @@
+"""``accel-bench``: every engine option and the GRPO step, measured side by side in one run.
+
+Scenarios (``--scenarios``, default all):
+  mode_switch  train_mode entry: fast path vs the pre-fix behaviour at 2 and 28 layers; parameter/optimizer
+               offload round trips (time, bytes, moves, bandwidth); optimizer onload "step" vs "mode"
+  grad_accum   1/2/4/8 micro-batches x FSDP1/FSDP2 x every / deferred / deferred+unsharded: step time,
+               all-gathers, reduce-scatters and bytes per step (counted), peak memory; what grad_sync="auto" chose
+  overhead     the engine's step against a minimal hand-written FSDP2 loop with the same optimisations
+  rollout      FSDPEngine.generate: tokens per second and all-gathers per call, for two lengths
+  grpo         one GRPO step of a preset (cpu-demo): rollout, old/ref log-probs, update, tokens per second
+
+Variants run interleaved (A, B, A, B...) and are reported as medians and min-max; ratios are the median over
+rounds of each round's ratio. On a shared machine only ratios measured in one run mean anything.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from . import grad_accum, grpo_step, mode_switch, overhead, rollout
+from .common import release
+from .report import print_result
+
+SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
+             "rollout": rollout.run, "grpo": grpo_step.run}
+
+
+def worker(options: dict) -> dict:
+    import accel_backends
+    import torch.distributed as dist
+
+    backend = accel_backends.get_backend()
+    backend.init_distributed()
+    rank = dist.get_rank()
+    result = {"backend": backend.name, "world_size": dist.get_world_size(), "options": options, "scenarios": {}}
+    for name in options["scenarios"]:
+        result["scenarios"][name] = SCENARIOS[name](options, backend, rank)
+        release(backend)
+    return result
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _positive_list(text: str) -> list[int]:
+    values = [_positive(part) for part in text.split(",") if part.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError("expected a comma-separated list of positive numbers, e.g. 1,2,4,8")
+    return values
+
+
+def _scenarios(text: str) -> list[str]:
+    if text == "all":
+        return list(SCENARIOS)
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in SCENARIOS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown scenario(s) {', '.join(unknown) or '(none)'}: choose from "
+                                         f"{', '.join(SCENARIOS)} or all")
+    return names
+
+
+def _fsdp_versions(text: str) -> list[int]:
+    values = _positive_list(text)
+    if any(v not in (1, 2) for v in values):
+        raise argparse.ArgumentTypeError(f"FSDP versions are 1 and 2, got {text!r}")
+    return values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="accel-bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = parser.add_argument
+    add("--nproc", type=_positive, default=2, help="worker processes (ignored under torchrun)")
+    add("--scenarios", type=_scenarios, default=list(SCENARIOS), help="comma-separated, or all (default)")
+    add("--json", type=Path, help="also write every figure to this file")
+    add("--plot", type=Path, help="PNG of step time and collectives against micro-batches (needs grad_accum)")
+    model = parser.add_argument_group("model (a randomly initialised Qwen2 built from a config)")
+    model.add_argument("--hidden", type=_positive, default=64)
+    model.add_argument("--intermediate", type=_positive, default=None, help="default: 2 x hidden")
+    model.add_argument("--layers", type=_positive, default=2)
+    model.add_argument("--heads", type=_positive, default=4)
+    model.add_argument("--kv-heads", type=_positive, default=2)
+    model.add_argument("--vocab", type=_positive, default=256)
+    model.add_argument("--mixed-precision", choices=("auto", "fp32", "bf16", "fp16"), default="auto")
+    work = parser.add_argument_group("work")
+    work.add_argument("--batch", type=_positive, default=2, help="sequences per micro-batch")
+    work.add_argument("--seq", type=_positive, default=32, help="tokens per sequence")
+    work.add_argument("--steps", type=_positive, default=10, help="timed samples per variant")
+    work.add_argument("--switches", type=_positive, default=10, help="timed mode-switch samples per variant")
+    work.add_argument("--fsdp-version", type=int, choices=(1, 2), default=2,
+                      help="for mode_switch and rollout")
+    work.add_argument("--switch-layers", type=_positive_list, default=[2, 28], help="mode_switch model depths")
+    work.add_argument("--fsdp-versions", type=_fsdp_versions, default=[1, 2], help="for grad_accum")
+    work.add_argument("--micro-batch-counts", type=_positive_list, default=[1, 2, 4, 8], help="for grad_accum")
+    work.add_argument("--micro-batches", type=_positive, default=4, help="for overhead")
+    work.add_argument("--rollout-tokens", type=_positive_list, default=[8, 32], help="new tokens per generate")
+    work.add_argument("--rollout-batch", type=_positive, default=8, help="sequences per generate")
+    grpo = parser.add_argument_group("grpo")
+    grpo.add_argument("--grpo-preset", default="cpu-demo")
+    grpo.add_argument("--grpo-steps", type=_positive, default=5, help="timed GRPO steps (after one warm-up)")
+    grpo.add_argument("--grpo-override", dest="grpo_overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="an accel-grpo override, e.g. train.prompts_per_step=8 (repeatable)")
+    grpo.add_argument("--profile", action="store_true", help="add a torch.profiler table of one GRPO step")
+    return parser
+
+
+def main(argv=None) -> int:
+    from ..launch import WorkerFailed, run
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.plot and "grad_accum" not in args.scenarios:
+        parser.error("--plot draws the grad_accum scenario: add it to --scenarios")
+    if "grpo" in args.scenarios:
+        _check_grpo_settings(parser, args)
+    options = {k: v for k, v in vars(args).items() if k not in ("nproc", "json", "plot")}
+    try:
+        result = run(worker, args.nproc, options)
+    except WorkerFailed as exc:
+        print(f"accel-bench: {exc}", file=sys.stderr)
+        return 1
+    print_result(result)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=2))
+        print(f"results written to {args.json}")
+    if args.plot:
+        from .plot import plot_grad_accum
+
+        plot_grad_accum(result, args.plot)
+        print(f"plot written to {args.plot}")
+    return 0
+
+
+def _check_grpo_settings(parser, args) -> None:
+    """Preset and overrides are checked here, before any worker starts."""
+    from ..grpo.config import build_config, check
+
+    try:
+        config = build_config(args.grpo_preset, None, args.grpo_overrides)
+    except (ValueError, FileNotFoundError) as exc:
+        parser.error(f"grpo: {exc}")
+    problems = check(config, args.nproc)
+    if problems:
+        parser.error("grpo: " + "; ".join(problems))

@@ -1,0 +1,93 @@
+"""The tables ``accel-bench`` prints: one per scenario, medians with their range, ratios and counts."""
+
+from __future__ import annotations
+
+
+def _ms(row: dict) -> str:
+    return f"{row['median_ms']:.4g} ms [{row['min_ms']:.3g}-{row['max_ms']:.3g}]"
+
+
+def _mib(num_bytes) -> str:
+    return "n/a" if num_bytes is None else f"{num_bytes / 2**20:.1f}"
+
+
+def print_mode_switch(s: dict) -> None:
+    print("\n== mode switch (train_mode enter+exit) ==")
+    for key in (k for k in s if k.startswith("layers_")):
+        row = s[key]
+        calls = row["fast_path_calls"]
+        print(f"{row['layers']:3d} layers: fast path {_ms(row['fast_path'])}, pre-fix {_ms(row['legacy'])}: "
+              f"{row['legacy_over_fast']:,.0f}x cheaper; gc.collect {calls['gc_collect']}, "
+              f"empty_cache {calls['empty_cache']} calls in {calls['switches']} fast switches")
+    print(f"{'offload':18} {'round trip':>30} {'moves/enter':>12} {'MiB/round trip':>15} {'GB/s':>7}")
+    for name, row in s["offload"].items():
+        print(f"{name:18} {_ms(row):>30} {row['moves_per_enter']:12d} {_mib(row['bytes_per_round_trip']):>15} "
+              f"{row['bandwidth_gb_s']:7.2f}")
+    onload = s["optimizer_onload"]
+    if not onload["available"]:
+        print(f"optimizer onload step vs mode: {onload['reason']}")
+        return
+    print(f"{'optimizer onload':18} {'train step':>30} {'moves/step':>11} {'peak MiB':>9}  residency in fwd/bwd")
+    for name in ("mode", "step"):
+        row = onload[name]
+        print(f"{name:18} {_ms(row):>30} {row['moves_per_step']:11d} {_mib(row['peak_memory_bytes']):>9}  "
+              f"{row['residency_during_forward_backward']}")
+    print(f"step / mode step time: {onload['step_over_mode_time']:.2f}")
+
+
+def print_grad_accum(s: dict) -> None:
+    print("\n== gradient accumulation (one optimizer step; collectives counted over the whole step) ==")
+    for version in (k for k in s if k.startswith("fsdp")):
+        print(f"{version.upper()}, {s[version]['sharded_units']} sharded units")
+        print(f"  {'mb':>3} {'grad sync':20} {'step':>30} {'vs every':>9} {'all-gather':>11} {'red-scatter':>12}"
+              f" {'MiB comm':>9} {'peak MiB':>9}")
+        for count, rows in s[version]["micro_batches"].items():
+            for mode, row in rows.items():
+                c = row["collectives"]
+                print(f"  {count:>3} {mode:20} {_ms(row):>30} {row['time_vs_every_micro_batch']:9.2f} "
+                      f"{c['all_gather']:11d} {c['reduce_scatter']:12d} {_mib(c['bytes']):>9} "
+                      f"{_mib(row['peak_memory_bytes']):>9}")
+    decision = s["decision"]
+    if decision["available"]:
+        print(f"grad_sync='auto' chose {decision['grad_sync_mode']!r}; plan: {decision['grad_sync_plan']}")
+    else:
+        print(f"grad_sync='auto': {decision['reason']}")
+
+
+def print_overhead(s: dict) -> None:
+    print(f"\n== engine overhead ({s['micro_batches']} micro-batches, FSDP2, deferred sync) ==")
+    print(f"engine {_ms(s['engine'])}, hand-written FSDP2 loop {_ms(s['hand_written'])}: "
+          f"engine / hand-written = {s['engine_over_hand_written']:.3f}")
+
+
+def print_rollout(s: dict) -> None:
+    print(f"\n== rollout (generate, {s['batch']} sequences per rank, {s['sharded_units']} sharded units) ==")
+    for key in (k for k in s if k.startswith("new_tokens_")):
+        row = s[key]
+        print(f"{row['new_tokens']:4d} new tokens: {_ms(row)}, {row['tokens_per_s_per_rank']:.0f} tokens/s per rank,"
+              f" {row['all_gathers_per_call']} all-gathers per call ({row['all_gathers_per_new_token']:.2f} per token)")
+
+
+def print_grpo(s: dict) -> None:
+    print(f"\n== GRPO step ({s['preset']}, {s['world_size']} rank(s), {s['sequences_per_rank']} sequences per rank) ==")
+    print(f"step {_ms(s['step'])}, {s['response_tokens_per_s_per_rank']:.0f} response tokens/s per rank")
+    for name, row in s["parts"].items():
+        calls = s["calls_per_step"].get(name, "")
+        print(f"  {name:15} {_ms(row):>30} {s['share_of_step'][name]:6.1%}  calls {calls}")
+    profile = s.get("profile")
+    if profile:
+        print(f"  torch.profiler, one step: {profile['self_cpu_ms']:.0f} ms CPU time, of which inside FSDP's hooks "
+              f"{profile['fsdp_hooks_cpu_ms']:.0f} ms ({profile['fsdp_share']:.0%}); top ops by self time:")
+        for row in profile["top_ops"][:10]:
+            print(f"    {row['name'][:56]:56} {row['self_cpu_ms']:9.1f} ms, {row['calls']} calls")
+
+
+PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
+            "rollout": print_rollout, "grpo": print_grpo}
+
+
+def print_result(result: dict) -> None:
+    print(f"accel-bench: backend {result['backend']}, {result['world_size']} rank(s); medians [min-max] of "
+          f"interleaved samples, ratios per round (median); compare ratios, not absolute times, on a shared machine")
+    for name, scenario in result["scenarios"].items():
+        PRINTERS[name](scenario)

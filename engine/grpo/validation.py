@@ -1,0 +1,45 @@
+"""Held-out validation: ``rollout.val_n`` samples per prompt (greedy by default), scored by the rewards.
+
+Every rank takes every ``world_size``-th prompt; ranks make the same number of ``generate`` calls (sharded
+forwards are collectives), so a rank with fewer prompts repeats its last one and does not count it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .rewards import score_all
+from .rollout import rollout
+
+CORRECT = 1.0  # a response counts as correct when its reward is at least this
+
+
+def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts: int) -> dict:
+    """``val/reward_mean`` and ``val/accuracy`` over all held-out prompts of all ranks."""
+    rank, world = engine.rank, engine.world_size
+    mine = samples[rank::world]
+    calls = math.ceil(math.ceil(len(samples) / world) / batch_prompts)
+    greedy = rollout_config.val_temperature == 0
+    n = rollout_config.val_n
+    total = correct = count = 0.0
+    with engine.eval_mode():
+        for call in range(calls):
+            chunk = mine[call * batch_prompts:(call + 1) * batch_prompts]
+            real = len(chunk)
+            chunk = chunk + [(mine or samples)[-1]] * (batch_prompts - real)  # same shape on every rank
+            batch = rollout(engine, tokenizer, [s.prompt for s in chunk], n, rollout_config.max_new_tokens,
+                            rollout_config.val_temperature or 1.0, rollout_config.top_p, rollout_config.top_k,
+                            greedy=greedy)
+            if not real:
+                continue  # this rank only kept the others company in generate
+            scores = score_all(rewards, [s for s in chunk[:real] for _ in range(n)], batch.responses[:real * n])
+            total += sum(scores)
+            correct += sum(1.0 for value in scores if value >= CORRECT)
+            count += len(scores)
+    packed = torch.tensor([total, correct, count], dtype=torch.float64, device=engine.backend.metrics_device())
+    dist.all_reduce(packed)
+    total, correct, count = packed.tolist()
+    return {"val/reward_mean": total / max(count, 1.0), "val/accuracy": correct / max(count, 1.0)}

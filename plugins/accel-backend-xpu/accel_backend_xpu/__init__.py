@@ -1,0 +1,1 @@
+"""Intel GPU (XPU) backend for accel-backends (see plugin.py)."""

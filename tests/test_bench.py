@@ -1,0 +1,93 @@
+"""accel-bench: one tiny run of every scenario (2 CPU processes) checked by what it counts, and bad input."""
+
+import json
+
+import pytest
+
+from conftest import run_python
+from engine.bench.cli import main
+
+TINY = ["--steps", "1", "--switches", "1", "--switch-layers", "2,3", "--micro-batch-counts", "1,4",
+        "--rollout-tokens", "2,4", "--rollout-batch", "2", "--grpo-steps", "1",
+        "--grpo-override", "train.prompts_per_step=4", "--grpo-override", "rollout.n=4",
+        "--grpo-override", "train.mini_batch_size=8", "--grpo-override", "train.micro_batch_size=4"]
+
+
+@pytest.mark.slow
+def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
+    out, png = tmp_path / "bench.json", tmp_path / "bench.png"
+    result = run_python(["-m", "engine.bench", *TINY, "--json", str(out), "--plot", str(png)],
+                        env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "== GRPO step" in result.stdout and "engine / hand-written" in result.stdout
+    data = json.loads(out.read_text())
+    scenarios = data["scenarios"]
+    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo"}
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+    switch = scenarios["mode_switch"]
+    for layers in (2, 3):
+        calls = switch[f"layers_{layers}"]["fast_path_calls"]
+        assert calls["gc_collect"] == 0 and calls["empty_cache"] == 0 and calls["switches"] > 0
+    offload = switch["offload"]
+    assert [offload[k]["moves_per_enter"] for k in ("param_offload", "optimizer_offload", "both")] == [1, 1, 2]
+    assert offload["both"]["bytes_per_round_trip"] == (offload["param_offload"]["bytes_per_round_trip"]
+                                                       + offload["optimizer_offload"]["bytes_per_round_trip"]) > 0
+    assert "available" in switch["optimizer_onload"]
+
+    accum = scenarios["grad_accum"]
+    for version, modes in (("fsdp1", {"every_micro_batch", "deferred"}),
+                           ("fsdp2", {"every_micro_batch", "deferred", "deferred_unsharded"})):
+        units = accum[version]["sharded_units"]
+        rows = accum[version]["micro_batches"]["4"]
+        assert set(rows) == modes
+        assert rows["every_micro_batch"]["collectives"]["reduce_scatter"] == 4 * units
+        assert rows["deferred"]["collectives"]["reduce_scatter"] == units
+        assert all(row["collectives"]["bytes"] > 0 and row["median_ms"] > 0 for row in rows.values())
+        single = accum[version]["micro_batches"]["1"]
+        assert {row["collectives"]["reduce_scatter"] for row in single.values()} == {units}
+    fsdp2 = accum["fsdp2"]["micro_batches"]["4"]
+    assert fsdp2["deferred_unsharded"]["collectives"]["reduce_scatter"] == accum["fsdp2"]["sharded_units"]
+    assert fsdp2["deferred_unsharded"]["collectives"]["all_gather"] < fsdp2["deferred"]["collectives"]["all_gather"]
+    assert fsdp2["deferred"]["collectives"]["bytes"] < fsdp2["every_micro_batch"]["collectives"]["bytes"]
+    assert "available" in accum["decision"]
+
+    assert scenarios["overhead"]["engine_over_hand_written"] > 0
+    rollout = scenarios["rollout"]
+    for tokens in (2, 4):
+        row = rollout[f"new_tokens_{tokens}"]
+        assert row["all_gathers_per_call"] >= rollout["sharded_units"] and row["tokens_per_s_per_rank"] > 0
+    grpo = scenarios["grpo"]
+    assert grpo["calls_per_step"]["rollout"] == 1 and grpo["calls_per_step"]["update"] == 1
+    assert grpo["calls_per_step"]["ref_log_probs"] == 1  # cpu-demo has a KL reference model
+    assert set(grpo["parts"]) == {"rollout", "old_log_probs", "ref_log_probs", "update", "other"}
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "argument --steps: must be at least 1, got 0"),
+    (["--micro-batch-counts", "1,x"], "expected a positive whole number, got 'x'"),
+    (["--scenarios", "warp"], "unknown scenario(s) warp"),
+    (["--scenarios", "overhead", "--plot", "x.png"], "--plot draws the grad_accum scenario"),
+    (["--grpo-override", "train.stepz=3"], "did you mean train.steps?"),
+    (["--grpo-override", "train.mini_batch_size=7"], "train.mini_batch_size=7 does not divide"),
+])
+def test_bad_input_is_refused_before_any_worker_starts(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_gpu_check_plans_every_step_within_its_time_budget():
+    """ci/gpu-check.sh's driver: every step named, limits inside the 8-minute budget, bad step names refused."""
+    result = run_python(["ci/gpu_check.py", "--dry-run"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    names = [line.split(",")[0].lstrip("[") for line in lines]
+    assert names == ["backends", "pytest_cuda", "conformance_kit", "bench", "grpo"]
+    assert sum(int(line.split(", ")[1].split(" s]")[0]) for line in lines) < 480
+    assert "accel_backends.testing cuda" in result.stdout and "--mixed-precision bf16" in result.stdout
+    assert "--nproc 1" in result.stdout
+    refused = run_python(["ci/gpu_check.py", "--only", "warp"], timeout=60)
+    assert refused.returncode == 2 and "unknown step(s) warp" in refused.stderr

@@ -1,0 +1,103 @@
+"""Rank-0 loading on 2 real ranks: rank 1 builds on the meta device, receives rank 0's weights, trains the same."""
+
+import pytest
+
+from distributed import run_ranks
+
+pytestmark = pytest.mark.slow
+
+
+def _tied_qwen2():
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from tiny import qwen2_config
+
+    config = qwen2_config()
+    config.tie_word_embeddings = True
+    torch.manual_seed(4321)
+    return Qwen2ForCausalLM(config)
+
+
+class RecordingFactory:
+    """A model factory that records the device ``torch.empty`` lands on when it runs (meta or real)."""
+
+    def __init__(self, build):
+        self.build, self.devices = build, []
+
+    def __call__(self):
+        import torch
+
+        self.devices.append(torch.empty(1).device.type)
+        return self.build()
+
+
+def _train(engine, rank):
+    from engine_checks import full_params
+    from tiny import make_micro_batches, token_loss
+
+    losses = []
+    for step in range(2):
+        with engine.train_mode():
+            losses.append(engine.forward_backward_batch(make_micro_batches(rank * 10 + step, 2), token_loss)["loss"])
+            engine.optimizer_step()
+    return losses, full_params(engine)
+
+
+def _loading(rank, model_dir):
+    import torch
+
+    from engine import EngineConfig, FSDPEngine
+    from engine_checks import assert_bitwise_equal
+    from tiny import tiny_qwen2
+
+    report = {}
+    cases = {"fsdp2_path": (2, 0), "fsdp2_lora_factory": (2, 4), "fsdp1_tied_factory": (1, 0)}
+    for name, (version, lora) in cases.items():
+        build = _tied_qwen2 if "tied" in name else tiny_qwen2
+        factory = RecordingFactory(build)
+        config = dict(fsdp_version=version, lora_rank=lora, lr=1e-3)
+        source = model_dir if "path" in name else factory
+        engine = FSDPEngine(source, EngineConfig(**config))
+        # Today's way: every rank builds the model in full (same source, same seeds).
+        reference = FSDPEngine(model_dir if "path" in name else build, EngineConfig(**config, load_on_rank0=False))
+        if "tied" in name:
+            inner = engine.module.module
+            report[name + ":tied"] = inner.lm_head.weight is inner.model.embed_tokens.weight
+        got, want = _train(engine, rank), _train(reference, rank)
+        assert got[0] == want[0], (name, got[0], want[0])
+        assert set(got[1]) == set(want[1])
+        assert_bitwise_equal(got[1], want[1])
+        rotary = [b for n, b in engine.module.named_buffers() if n.endswith("inv_freq")]
+        assert rotary and all(torch.isfinite(b).all() for b in rotary)
+        report[name] = {"loaded_on_rank0": engine.loaded_on_rank0, "factory_devices": factory.devices}
+    # A factory that refuses the meta device (from_pretrained does) is built in full, with a warning saying so.
+    import warnings
+
+    from transformers import AutoModelForCausalLM
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        engine = FSDPEngine(lambda: AutoModelForCausalLM.from_pretrained(model_dir), EngineConfig(lr=1e-3))
+    report["pretrained_factory_warned"] = any("cannot run on the meta device" in str(w.message) for w in caught)
+    losses, _ = _train(engine, rank)
+    report["pretrained_factory_losses"] = losses
+    report["path_losses"] = _train(FSDPEngine(model_dir, EngineConfig(lr=1e-3)), rank)[0]
+    return report
+
+
+def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
+    from tiny import tiny_qwen2
+
+    tiny_qwen2().save_pretrained(tmp_path / "model")
+    reports = run_ranks(_loading, str(tmp_path / "model"))
+    for rank, report in enumerate(reports):
+        for name in ("fsdp2_path", "fsdp2_lora_factory", "fsdp1_tied_factory"):
+            assert report[name]["loaded_on_rank0"] is True
+        assert report["fsdp1_tied_factory:tied"] is True
+        # The factory ran once per rank: for real on rank 0, on the meta device elsewhere.
+        want = ["cpu"] if rank == 0 else ["meta"]
+        assert report["fsdp2_lora_factory"]["factory_devices"] == want
+        assert report["fsdp1_tied_factory"]["factory_devices"] == want
+        assert report["pretrained_factory_warned"] is (rank == 1)
+        assert report["pretrained_factory_losses"] == report["path_losses"]

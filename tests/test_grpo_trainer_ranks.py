@@ -1,0 +1,216 @@
+"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling, EOS masking, the loss modes'
+gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA reference and the
+process-group timeout. One spawn runs all the checks (a spawn costs seconds of imports)."""
+
+import shutil
+
+import pytest
+import torch
+
+from distributed import run_ranks
+from grpo_data import fixture_model, set_generation_config, verl_rows, write_parquet
+
+pytestmark = pytest.mark.slow
+
+BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.mini_batch_size=4", "train.micro_batch_size=2",
+        "rollout.max_new_tokens=10", "rollout.temperature=0.9", "algorithm.kl_coef=0", "run.progress=false",
+        "data.reward=grpo_rewards:compute_score"]
+
+
+def _trainer(tmp, model_dir, data_path, *overrides):
+    from pathlib import Path
+
+    from engine.grpo.config import build_config
+    from engine.grpo.trainer import GRPOTrainer
+
+    config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
+    return GRPOTrainer(config, Path(tmp), resume=False)
+
+
+def _full_grads(module):
+    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for p in module.parameters() if p.grad is not None]
+
+
+def _forward_widths(trainer):
+    """The sequence width of every forward of the actor (generate's are the prompt's, then 1)."""
+    widths = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        if ids is not None:
+            widths.append(ids.size(1))
+
+    return widths, trainer.actor.module.register_forward_pre_hook(hook, with_kwargs=True)
+
+
+def _hand_reference_grads(trainer, rank_data, mode):
+    """The loss of the whole global batch (both ranks' sequences) on an unsharded copy, aggregated by hand."""
+    from engine.grpo.logprobs import position_ids
+    from engine.grpo.model import build_model
+
+    model = build_model(trainer.config.model)[1]()
+    per_token, masks = [], []
+    for data in rank_data:
+        batch = data["batch"]
+        # The plain formula: full logits, full log-softmax (independent of engine.grpo.logprobs' slicing).
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       position_ids=position_ids(batch["attention_mask"])).logits
+        logits = logits[:, batch["prompt_length"] - 1:-1] / trainer.config.rollout.temperature
+        targets = batch["input_ids"][:, batch["prompt_length"]:]
+        log_probs = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        ratio = torch.exp(log_probs - log_probs.detach())
+        per_token.append(-data["advantages"].unsqueeze(-1) * ratio)
+        masks.append(batch["response_mask"].float())
+    sums = [(values * mask).sum(dim=1) for values, mask in zip(per_token, masks)]
+    lengths = [mask.sum(dim=1) for mask in masks]
+    if mode == "token-sum":
+        loss = sum(s.sum() for s in sums)
+    elif mode == "token-mean":
+        loss = sum(s.sum() for s in sums) / sum(n.sum() for n in lengths)
+    elif mode == "seq-mean-token-sum":
+        loss = torch.cat(sums).mean()
+    else:
+        loss = torch.cat([s / n.clamp(min=1) for s, n in zip(sums, lengths)]).mean()
+    loss.backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def _checks(rank, tmp, model_dir, greedy_dir, data_path):
+    import torch.distributed as dist
+
+    from engine.grpo.model import build_model
+
+    out = {}
+    # -- the process-group timeout comes from engine.dist_timeout_s (the trainer creates the group) ---------------
+    trainer = _trainer(tmp, greedy_dir, data_path, "engine.dist_timeout_s=77")
+    group = dist.distributed_c10d._get_default_group()
+    out["timeout_s"] = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
+
+    # -- on-policy: the model's greedy + repetition_penalty=2.0 + min_p config is not inherited -------------------
+    samples = trainer.task.sample(2, torch.Generator().manual_seed(rank))
+    from engine.grpo.rollout import batched_log_probs, rollout
+
+    with trainer.actor.eval_mode():
+        batch = rollout(trainer.actor, trainer.tokenizer, [s.prompt for s in samples], 4, 10, 0.9, 1.0,
+                        output_scores=True, return_dict_in_generate=True)
+        old = batched_log_probs(trainer.actor, batch, 2, 0.9)
+    processed = torch.stack(batch.generate_output.scores, dim=1).float()
+    sampled = torch.log_softmax(processed, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
+    mask = batch.response_mask.bool()
+    out["on_policy_max_diff"] = (sampled - old)[mask].abs().max().item()
+    out["distinct_in_group"] = min(len({tuple(r.tolist()) for r in batch.response_ids[g * 4:(g + 1) * 4]})
+                                   for g in range(2))
+    eos_ids = set(trainer.tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
+    ends = []
+    for ids, row_mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist()):
+        first = next((i for i, t in enumerate(ids) if t in eos_ids), None)
+        ends.append((first, sum(row_mask), len(ids)))
+    out["eos_ends"] = ends  # (index of the first EOS of either id, mask length)
+    out["prompt_has_template"] = samples[0].prompt.startswith("<|im_start|>system")
+
+    # -- issue 12: one update per step reuses the policy's own log-probs; the old-log-prob forward is gone -------
+    widths, handle = _forward_widths(trainer)
+    data_by_path = {}
+    for reuse in (False, True):
+        trainer.reuse_policy_log_probs = reuse
+        widths.clear()
+        data, _ = trainer.collect(step=0)
+        data_by_path[reuse] = data
+        out[f"collect_forwards_{reuse}"] = widths.count(data.batch.input_ids.size(1))
+    handle.remove()
+    results = {}
+    data = data_by_path[False]
+    data.advantages = torch.randn(len(data.batch), generator=torch.Generator().manual_seed(7 + rank))
+    micro = [data.micro_batch(slice(s, s + 2)) for s in (0, 2)]
+    with trainer.actor.train_mode():
+        metrics_old = trainer.actor.forward_backward_batch(micro, trainer._step_fn)
+        grads_old = _full_grads(trainer.actor.module)
+        trainer.actor.zero_grad()
+        data.old_log_probs = None
+        micro = [data.micro_batch(slice(s, s + 2)) for s in (0, 2)]
+        metrics_new = trainer.actor.forward_backward_batch(micro, trainer._step_fn)
+        grads_new = _full_grads(trainer.actor.module)
+        trainer.actor.zero_grad()
+    results["grad_max_diff"] = max((a - b).abs().max().item() for a, b in zip(grads_old, grads_new))
+    results["loss_old_new"] = (metrics_old["loss"], metrics_new["loss"])
+    out.update(results)
+
+    # -- every loss_agg mode: gradients over 2 micro-batches x 2 ranks equal a hand-computed global loss ---------
+    shared = {"batch": {"input_ids": data.batch.input_ids, "attention_mask": data.batch.attention_mask,
+                        "response_mask": data.batch.response_mask, "prompt_length": data.batch.prompt_length},
+              "advantages": data.advantages}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, shared)
+    out["agg_max_rel_diff"] = {}
+    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"):
+        trainer.config.algorithm.loss_agg = mode
+        with trainer.actor.train_mode():
+            trainer.actor.forward_backward_batch(micro, trainer._step_fn)
+            got = _full_grads(trainer.actor.module)
+            trainer.actor.zero_grad()
+        want = _hand_reference_grads(trainer, everyone, mode)
+        scale = max(w.abs().max().item() for w in want)
+        out["agg_max_rel_diff"][mode] = max((g - w).abs().max().item() for g, w in zip(got, want)) / scale
+
+    # -- LoRA + KL: the reference is the actor's base with adapters disabled, not a second copy -------------------
+    lora = _trainer(tmp, model_dir, data_path, "engine.lora_rank=4", "algorithm.kl_coef=0.01")
+    out["lora_reference_engine"] = lora.reference is not None
+    engines = [e for e in (lora.actor, lora.reference) if e is not None]
+    base_numel = sum((p.to_local() if hasattr(p, "to_local") else p).numel()
+                     for e in engines for name, p in e.module.named_parameters() if "lora_" not in name)
+    model_numel = sum(p.numel() for p in build_model(lora.config.model)[1]().parameters())
+    out["base_numel_local_vs_full"] = (base_numel, model_numel)
+    for name, param in lora.actor.module.named_parameters():
+        if "lora_B" in name:
+            with torch.no_grad():
+                local = param.to_local() if hasattr(param, "to_local") else param
+                local.normal_(std=0.5, generator=torch.Generator().manual_seed(3))
+    with lora.actor.eval_mode():
+        lora_batch = rollout(lora.actor, lora.tokenizer, [s.prompt for s in samples], 2, 6, 1.0, 1.0)
+        actor_lp = batched_log_probs(lora.actor, lora_batch, 2, 0.9)
+    ref_lp = lora.reference_log_probs(lora_batch)
+    from engine.grpo.logprobs import response_log_probs
+
+    with torch.no_grad():
+        base_lp = response_log_probs(build_model(lora.config.model)[1](), lora_batch.input_ids, lora_batch.attention_mask,
+                                     lora_batch.prompt_length, 0.9)  # rollout.temperature
+    m = lora_batch.response_mask.bool()
+    out["ref_vs_base"] = (ref_lp - base_lp)[m].abs().max().item()
+    out["actor_vs_base"] = (actor_lp - base_lp)[m].abs().max().item()
+    return out
+
+
+@pytest.fixture(scope="module")
+def fixture_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("grpo-ranks")
+    model_dir = fixture_model(root / "model")
+    greedy_dir = root / "greedy"
+    shutil.copytree(model_dir, greedy_dir)
+    set_generation_config(greedy_dir, do_sample=False, repetition_penalty=2.0, min_p=0.5, top_k=1)
+    data_path = write_parquet(root / "train.parquet", verl_rows())
+    return root, model_dir, greedy_dir, data_path
+
+
+def test_trainer_on_two_ranks(fixture_dirs):
+    root, model_dir, greedy_dir, data_path = fixture_dirs
+    for rank, out in enumerate(run_ranks(_checks, str(root / "run"), str(model_dir), str(greedy_dir),
+                                         str(data_path))):
+        assert out["timeout_s"] == 77.0
+        assert out["prompt_has_template"]
+        # The rollout sampled from plain temperature softmax, not the model's greedy / penalised config.
+        assert out["on_policy_max_diff"] < 1e-4, out["on_policy_max_diff"]
+        assert out["distinct_in_group"] >= 2
+        for first_eos, mask_length, width in out["eos_ends"]:
+            assert mask_length == (first_eos + 1 if first_eos is not None else width), out["eos_ends"]
+        assert any(first is not None for first, _, _ in out["eos_ends"]), "the fixture's EOS never came"
+        # Old path: one log-prob forward per micro-batch (4 sequences per rank / 2) in collect; new path: none.
+        assert out["collect_forwards_False"] == 2 and out["collect_forwards_True"] == 0, out
+        assert out["grad_max_diff"] < 1e-5 and out["loss_old_new"][0] == pytest.approx(out["loss_old_new"][1],
+                                                                                        abs=1e-6)
+        for mode, diff in out["agg_max_rel_diff"].items():
+            assert diff < 1e-4, (rank, mode, diff)
+        assert not out["lora_reference_engine"]
+        local, full = out["base_numel_local_vs_full"]
+        assert local <= full / 2 * 1.05, "more than one (sharded) copy of the base weights on a rank"
+        assert out["ref_vs_base"] < 1e-5 and out["actor_vs_base"] > 1e-3, out
