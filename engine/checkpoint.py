@@ -1,9 +1,13 @@
 """Checkpoints with ``torch.distributed.checkpoint`` (sharded, any FSDP version) and Hugging Face export.
 
-A save writes into ``<path>.partial`` and renames it into place only after every rank has finished, so a crash
-part-way never damages the previous checkpoint at ``<path>``. Loading never unpickles arbitrary objects: tensors
-and small values load with ``weights_only=True`` and the checkpoint's metadata with an unpickler that accepts only
-checkpoint-metadata classes.
+A save writes into ``<path>.partial``; every file is flushed to disk (fsync), and only after every rank has
+confirmed its part does rank 0 write the metadata file ``engine_meta.json`` (the mark of a complete checkpoint,
+with the size of every file) and rename the directory into place. A crash at any point leaves the previous
+checkpoint at ``<path>`` intact, and ``latest_complete()`` never picks a ``.partial`` directory. Loading checks
+every file against the recorded sizes first, so a truncated file is named instead of failing deep inside torch.
+
+Loading never unpickles arbitrary objects: tensors and small values load with ``weights_only=True`` and the
+checkpoint's metadata with an unpickler that accepts only checkpoint-metadata classes.
 """
 
 from __future__ import annotations
@@ -11,7 +15,9 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import pickle
+import re
 import shutil
 import warnings
 from pathlib import Path
@@ -29,6 +35,11 @@ from torch.distributed.checkpoint.state_dict import (
 
 FORMAT = "accel-engine-checkpoint/1"
 META_FILE = "engine_meta.json"
+STEP_DIRECTORY = re.compile(r"step_(\d+)(\.old)?")  # a checkpoint of a run; never .partial
+
+
+class CorruptCheckpoint(RuntimeError):
+    """A checkpoint file is missing, truncated or unreadable; the message names it."""
 
 
 # -- safe loading -------------------------------------------------------------------------------------------------
@@ -109,10 +120,43 @@ def _on_device(engine):
         engine.to(before["optimizer"], model=False, optimizer=True)
 
 
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _sync_directory(path: Path) -> None:
+    """Make a rename or a new file in ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def write_extra_state(engine, directory: Path) -> None:
     """Per-rank state DCP does not cover: RNG and the learning-rate schedule (tensors and plain numbers)."""
     extra = {"rng": engine.backend.rng_state(), "scheduler": engine.scheduler.state_dict()}
-    torch.save(extra, directory / f"extra_rank{engine.rank}.pt")
+    buffer = io.BytesIO()
+    torch.save(extra, buffer)
+    _write_synced(directory / f"extra_rank{engine.rank}.pt", buffer.getvalue())
+
+
+def _write_meta(engine, directory: Path) -> None:
+    """The last file of a save, written once every rank confirmed its files: it makes the checkpoint complete."""
+    files = {p.name: p.stat().st_size for p in sorted(directory.iterdir()) if p.is_file()}
+    meta = {"format": FORMAT, "step": engine.global_step, "skipped_steps": engine.skipped_steps,
+            "world_size": engine.world_size, "fsdp_version": engine.config.fsdp_version,
+            "backend": engine.backend.name, "files": files}
+    _write_synced(directory / META_FILE, json.dumps(meta, indent=2).encode())
+    _sync_directory(directory)
 
 
 # -- save / load --------------------------------------------------------------------------------------------------
@@ -134,13 +178,13 @@ def save(engine, path) -> None:
     error = None
     try:
         write_extra_state(engine, partial)
-        if engine.rank == 0:
-            meta = {"format": FORMAT, "step": engine.global_step, "skipped_steps": engine.skipped_steps,
-                    "world_size": engine.world_size, "fsdp_version": engine.config.fsdp_version,
-                    "backend": engine.backend.name}
-            (partial / META_FILE).write_text(json.dumps(meta, indent=2))
     except Exception as exc:  # noqa: BLE001 - every rank must learn about it, or the others wait forever
         error = exc
+    if _all_ranks_ok(engine, error is None) and engine.rank == 0:
+        try:
+            _write_meta(engine, partial)
+        except Exception as exc:  # noqa: BLE001
+            error = exc
     if not _all_ranks_ok(engine, error is None):
         raise RuntimeError(f"saving checkpoint {path} failed; the previous checkpoint there is untouched "
                            f"({error or 'another rank failed'})") from error
@@ -149,6 +193,7 @@ def save(engine, path) -> None:
             shutil.rmtree(previous, ignore_errors=True)
             path.rename(previous)
         partial.rename(path)
+        _sync_directory(path.parent)
         shutil.rmtree(previous, ignore_errors=True)
     dist.barrier()
 
@@ -166,20 +211,95 @@ def resolve(path) -> Path:
     raise FileNotFoundError(f"no checkpoint at {path} (expected {path / META_FILE})")
 
 
+def complete_checkpoints(directory) -> list[Path]:
+    """The complete checkpoints in ``directory``, newest first (``step_<digits>``; ``.partial`` never counts).
+
+    A ``step_N.old`` counts only when ``step_N`` is missing or incomplete: a save died between its two renames.
+    """
+    found: dict[int, Path] = {}
+    for child in Path(directory).glob("step_*"):
+        match = STEP_DIRECTORY.fullmatch(child.name)
+        if match is None or not (child / META_FILE).is_file():
+            continue
+        step = int(match.group(1))
+        if step not in found or not match.group(2):  # step_N wins over step_N.old
+            found[step] = child
+    return [found[step] for step in sorted(found, reverse=True)]
+
+
+def latest_complete(directory) -> Path | None:
+    """The newest complete checkpoint in ``directory`` (e.g. a run's ``checkpoints/``), or None."""
+    found = complete_checkpoints(directory)
+    return found[0] if found else None
+
+
+def step_of(path) -> int:
+    """The step number in a checkpoint directory's name (``step_000040`` or ``step_000040.old``: 40)."""
+    match = STEP_DIRECTORY.fullmatch(Path(path).name)
+    if match is None:
+        raise ValueError(f"{path} is not named step_<digits>")
+    return int(match.group(1))
+
+
+def load_latest(engine, directory, fallback: bool = True) -> Path:
+    """Load the newest complete checkpoint in ``directory``; if it is corrupt and ``fallback``, the one before.
+
+    Returns the directory loaded. Every rank sees the same files, so every rank takes the same decision.
+    """
+    candidates = complete_checkpoints(directory)
+    if not candidates:
+        raise FileNotFoundError(f"no complete checkpoint in {directory} (a complete one is a step_<digits> "
+                                f"directory holding {META_FILE})")
+    for index, candidate in enumerate(candidates):
+        try:
+            engine.load_checkpoint(candidate)
+            return candidate
+        except CorruptCheckpoint as exc:
+            older = candidates[index + 1] if index + 1 < len(candidates) else None
+            if not fallback or older is None:
+                hint = ("; run.resume_fallback=true would load the previous one" if older is not None and not
+                        fallback else "")
+                raise CorruptCheckpoint(f"{exc}{hint}") from exc
+            warnings.warn(f"{exc}; falling back to the previous complete checkpoint {older}", stacklevel=2)
+    raise AssertionError("unreachable")
+
+
+def _verify_files(path: Path, meta: dict) -> None:
+    """Every file the save recorded is there with its size (checkpoints written before sizes were recorded pass)."""
+    for name, size in meta.get("files", {}).items():
+        file = path / name
+        if not file.is_file():
+            raise CorruptCheckpoint(f"checkpoint file {file} is missing")
+        actual = file.stat().st_size
+        if actual != size:
+            raise CorruptCheckpoint(f"checkpoint file {file} is truncated or damaged: {actual} bytes, the save "
+                                    f"wrote {size}")
+
+
 def load(engine, path) -> None:
     path = resolve(path)
-    meta = json.loads((path / META_FILE).read_text())
+    try:
+        meta = json.loads((path / META_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpoint(f"checkpoint file {path / META_FILE} is unreadable: {exc}") from exc
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of this engine (format {meta.get('format')!r})")
+    _verify_files(path, meta)
     with _on_device(engine):
         model_state, optim_state = get_state_dict(engine.module, engine.optimizer)
         state = {"model": model_state, "optimizer": optim_state}
-        dcp.load(state, storage_reader=_SafeReader(path), planner=_SafeLoadPlanner())
+        try:
+            dcp.load(state, storage_reader=_SafeReader(path), planner=_SafeLoadPlanner())
+        except Exception as exc:  # noqa: BLE001 - name the checkpoint; the cause is chained
+            raise CorruptCheckpoint(f"checkpoint {path} could not be read: {str(exc).strip()[-300:]}") from exc
         set_state_dict(engine.module, engine.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
     same_layout = meta["world_size"] == engine.world_size
     extra_file = path / f"extra_rank{engine.rank if same_layout else 0}.pt"
-    extra = torch.load(extra_file, weights_only=True)
+    try:
+        extra = torch.load(extra_file, weights_only=True)
+    except Exception as exc:  # noqa: BLE001
+        raise CorruptCheckpoint(f"checkpoint file {extra_file} could not be read: {exc}") from exc
     engine.scheduler.load_state_dict(extra["scheduler"])
     if same_layout:
         engine.backend.set_rng_state(extra["rng"])

@@ -34,6 +34,8 @@ from .grad_sync import discard_partial_backward, micro_batch_context
 from .models import prepare_model
 from .offload import DEVICE, HOST
 from .optim import build_optimizer, build_scheduler, clip_gradients
+from .phase import labelled, phase
+from .reduce import sum_over_ranks
 from .sharding import compute_dtype, generation_context, shard_model, unwrap
 
 StepFn = Callable[[nn.Module, Any], Any]
@@ -259,18 +261,22 @@ class FSDPEngine:
         try:
             for index, micro_batch in enumerate(micro_batches):
                 if forward_only:
-                    with torch.no_grad():
+                    with torch.no_grad(), phase("forward"):
                         loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
                 else:
                     with micro_batch_context(self.module, self.config.fsdp_version, index, count,
                                              deferred=deferred, keep_unsharded=self.config.keep_params_unsharded):
-                        loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
-                        (loss * weight.to(loss.device, loss.dtype)).backward()
+                        with phase("forward"):
+                            loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
+                        with phase("backward"):
+                            (loss * weight.to(loss.device, loss.dtype)).backward()
                 _accumulate(totals, "loss", loss.detach().float().to(metrics_device) * weight)
                 _accumulate(totals, "weight", weight)
                 for key, value in extra.items():
                     value = torch.as_tensor(value, dtype=torch.float32, device=metrics_device)
                     _accumulate(totals, key, value * weight)
+            with phase("metric reduction"):  # keys agreed first: a metric on one rank only cannot mix or hang
+                reduced = sum_over_ranks(totals, metrics_device)
         except BaseException:
             if not forward_only:  # partial gradients of a failed mini-batch are useless: start clean
                 try:
@@ -280,10 +286,6 @@ class FSDPEngine:
                     warnings.warn(f"could not reset the engine after a failed micro-batch: {cleanup_error!r}",
                                   stacklevel=2)
             raise
-        keys = list(totals)
-        packed = torch.stack([totals[k] for k in keys])
-        dist.all_reduce(packed)  # the one collective for weights and metrics of this mini-batch
-        reduced = dict(zip(keys, packed.tolist()))
         total_weight = reduced.pop("weight")
         if total_weight <= 0:
             raise ValueError(f"the weights of this mini-batch sum to {total_weight} over all ranks: every "
@@ -304,6 +306,7 @@ class FSDPEngine:
 
     # -- optimizer ----------------------------------------------------------------------------------------------
 
+    @labelled("optimizer step")
     def optimizer_step(self) -> float:
         """Clip, step and zero the gradients; return the global gradient norm.
 
@@ -366,10 +369,12 @@ class FSDPEngine:
 
     # -- checkpoints --------------------------------------------------------------------------------------------
 
+    @labelled("checkpoint save")
     def save_checkpoint(self, path) -> None:
         """Save sharded model and optimizer, schedule, step and RNG to ``path`` (a directory), atomically."""
         checkpoint.save(self, path)
 
+    @labelled("checkpoint load")
     def load_checkpoint(self, path) -> None:
         checkpoint.load(self, path)
 

@@ -202,3 +202,228 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path):
     for same, step in run_ranks(_interrupted_save, str(tmp_path)):
         assert same and step == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt"]
+
+
+# -- faults on one rank only, checkpoints that are not complete, uneven shards, elastic resume ---------------------
+
+
+def uneven_qwen2():
+    """Dimensions that do not divide over 2 ranks (vocabulary 97, MLP 75; hidden 48): FSDP pads their shards."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(4321)
+    return Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=75, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+                                        tie_word_embeddings=False))
+
+
+def _with_metric(extra):
+    def step(module, batch):
+        from tiny import token_loss
+
+        loss, count = token_loss(module, batch)
+        return loss, count, {"shared": 1.0, **extra}
+
+    return step
+
+
+def _nan_on_rank1(module, batch):
+    import torch.distributed as dist
+
+    from tiny import token_loss
+
+    loss, count = token_loss(module, batch)
+    return (loss * float("nan") if dist.get_rank() == 1 else loss), count
+
+
+def _one_rank_faults(rank, root):
+    """Metric keys on one rank only, NaN on one rank only, a truncated shard, a failed metadata write."""
+    import math
+    import warnings
+
+    import engine.checkpoint as checkpoint
+    import torch.distributed as dist
+    from engine import EngineConfig, FSDPEngine
+    from engine.reduce import MetricKeysMismatch
+    from engine_checks import assert_bitwise_equal, full_params, local_state
+    from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2, lr=1e-2))
+    batches = make_micro_batches(seed=rank, count=2)
+    with engine.train_mode():
+        # A metric only rank 1 logs: both ranks get the same error naming rank and key, nothing hangs or mixes.
+        with pytest.raises(MetricKeysMismatch, match="rank 0 lacks 'only_on_rank1'"):
+            engine.forward_backward_batch(batches, _with_metric({"only_on_rank1": 2.0} if rank == 1 else {}))
+        assert all(p.grad is None for p in engine.module.parameters()), "the failed mini-batch's gradients go"
+        metrics = engine.forward_backward_batch(batches, _with_metric({}))  # the engine stays usable
+        assert metrics["shared"] == pytest.approx(1.0)
+        engine.optimizer_step()
+        # NaN on rank 1 only: the global norm is NaN on every rank, so every rank skips the same step.
+        before = local_state(engine)
+        metrics = engine.forward_backward_batch(batches, _nan_on_rank1)
+        norm = engine.optimizer_step()
+        assert math.isnan(metrics["loss"]) and not math.isfinite(norm)
+        assert engine.last_step_metrics["skipped"] and engine.skipped_steps == 1
+        assert_bitwise_equal(before, local_state(engine))
+
+    checkpoints = f"{root}/checkpoints"
+    engine.save_checkpoint(f"{checkpoints}/step_000001")
+    step1 = full_params(engine)
+    _train(engine, 1, rank)
+    # Rank 0 cannot write the metadata (disk full) after every rank wrote its shards: no checkpoint, no hang.
+    write_meta = checkpoint._write_meta
+    checkpoint._write_meta = lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    try:
+        with pytest.raises(RuntimeError, match="previous checkpoint there is untouched"):
+            engine.save_checkpoint(f"{checkpoints}/step_000002")
+    finally:
+        checkpoint._write_meta = write_meta
+    assert checkpoint.latest_complete(checkpoints).name == "step_000001", "an unconfirmed .partial never counts"
+    engine.save_checkpoint(f"{checkpoints}/step_000002")
+    dist.barrier()
+    if rank == 0:  # a crash cut rank 1's shard short
+        shard = f"{checkpoints}/step_000002/__1_0.distcp"
+        with open(shard, "r+b") as f:
+            f.truncate(100)
+    dist.barrier()
+    fresh = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2, lr=1e-2))
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=r"__1_0\.distcp is truncated"):
+        fresh.load_checkpoint(f"{checkpoints}/step_000002")
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="resume_fallback=true would load the previous one"):
+        checkpoint.load_latest(fresh, checkpoints, fallback=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = checkpoint.load_latest(fresh, checkpoints, fallback=True)
+    assert loaded.name == "step_000001"
+    assert any("falling back to the previous complete checkpoint" in str(w.message) for w in caught)
+    after = full_params(fresh)
+    return all(bool((after[k] == step1[k]).all()) for k in step1)
+
+
+def test_faults_on_one_rank_and_damaged_checkpoints(tmp_path):
+    assert run_ranks(_one_rank_faults, str(tmp_path)) == [True, True]
+
+
+def test_latest_complete_considers_only_complete_step_directories(tmp_path):
+    from engine.checkpoint import META_FILE, complete_checkpoints, latest_complete, step_of
+
+    def make(name, complete=True):
+        (tmp_path / name).mkdir()
+        if complete:
+            (tmp_path / name / META_FILE).write_text("{}")
+
+    assert latest_complete(tmp_path) is None
+    make("step_000001")
+    make("step_000002")
+    make("step_000003", complete=False)  # crashed before the metadata: incomplete
+    make("step_000004.partial")  # an unconfirmed save (even with metadata, as older versions wrote it)
+    make("step_000002.old")  # step_000002 itself is complete: the .old is a leftover
+    make("step_000005.old")  # a save that died between its two renames: the .old is all there is
+    make("step_abc")
+    assert [p.name for p in complete_checkpoints(tmp_path)] == ["step_000005.old", "step_000002", "step_000001"]
+    assert step_of(latest_complete(tmp_path)) == 5
+
+
+def _uneven_parity(rank):
+    """Gradients match a single process for FSDP1/FSDP2 with padded shards; an offload round trip changes nothing."""
+    from tiny import make_micro_batches, reference_grads
+
+    per_rank = [make_micro_batches(seed=30 + r, count=3) for r in range(2)]
+    reference = reference_grads(per_rank, model=uneven_qwen2())
+    return {version: _uneven_versus_reference(rank, version, per_rank, reference) for version in (1, 2)}
+
+
+def _uneven_versus_reference(rank, fsdp_version, per_rank, reference):
+    from engine import EngineConfig, FSDPEngine
+    from engine_checks import CopyingCPUBackend, assert_bitwise_equal, assert_grads_close, full_grads, local_state
+    from tiny import token_loss
+
+    states = []
+    for offload in (False, True):
+        config = EngineConfig(fsdp_version=fsdp_version, lr=1e-2, param_offload=offload, optimizer_offload=offload)
+        engine = FSDPEngine(uneven_qwen2, config, backend=CopyingCPUBackend() if offload else None)
+        for step in range(2):
+            with engine.train_mode():
+                engine.forward_backward_batch(per_rank[rank], token_loss)
+                if step == 0:
+                    worst = assert_grads_close(full_grads(engine), reference)
+                engine.optimizer_step()
+        if offload:
+            assert engine.residency() == {"params": "cpu", "optimizer": "cpu"}
+            assert engine.backend.moves["to_device"] and engine.backend.moves["to_host"]
+        engine.to("device")
+        states.append(local_state(engine))
+    assert_bitwise_equal(*states)
+    return worst
+
+
+def test_uneven_shards_match_a_single_process_and_survive_offload():
+    for worst in run_ranks(_uneven_parity):
+        print("uneven shards, largest gradient difference to one process:", worst)
+
+
+# Elastic resume: a checkpoint written by N ranks with one FSDP version loads into M ranks with the other. The global
+# batch is the same (the engine weights micro-batches over all ranks), so one more step must give the same weights.
+
+
+def _elastic_step(engine, rank, world_size):
+    from engine_checks import full_params
+    from tiny import make_micro_batches, token_loss
+
+    batches = [make_micro_batches(seed=70 + r, count=1)[0] for r in range(2)]
+    mine = batches if world_size == 1 else [batches[rank]]
+    with engine.train_mode():
+        engine.forward_backward_batch(mine, token_loss)
+        engine.optimizer_step()
+    return full_params(engine)
+
+
+def _elastic(rank, root, save_as, load):
+    """``save_as``: (fsdp_version, name) to train one step, save, step again; ``load``: (fsdp_version, name, saved
+    by how many ranks) to load and take that same second step. Returns the weights after each second step."""
+    import warnings
+
+    import os
+
+    from engine import EngineConfig, FSDPEngine
+    from tiny import make_micro_batches, token_loss
+
+    world_size = int(os.environ["WORLD_SIZE"])
+    out = {}
+    if save_as:
+        version, name = save_as
+        engine = FSDPEngine(uneven_qwen2, EngineConfig(fsdp_version=version, lr=1e-2))
+        batches = [make_micro_batches(seed=60 + r, count=1)[0] for r in range(2)]
+        with engine.train_mode():
+            engine.forward_backward_batch(batches if world_size == 1 else [batches[rank]], token_loss)
+            engine.optimizer_step()
+        engine.save_checkpoint(f"{root}/{name}")
+        out["saved"] = _elastic_step(engine, rank, world_size)
+    if load:
+        version, name, saved_by = load
+        engine = FSDPEngine(uneven_qwen2, EngineConfig(fsdp_version=version, lr=1e-2))
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            engine.load_checkpoint(f"{root}/{name}")
+        assert engine.global_step == 1
+        if saved_by != world_size:
+            assert any("resharded" in str(w.message) for w in caught)
+        out["loaded"] = _elastic_step(engine, rank, world_size)
+    return out
+
+
+def test_elastic_resume_two_ranks_to_one_and_one_to_two_across_fsdp_versions(tmp_path):
+    import torch
+
+    def same(got, want):
+        assert set(got) == set(want)
+        for key in want:
+            assert torch.allclose(got[key], want[key], rtol=1e-5, atol=1e-6), key
+
+    # 1 rank, FSDP1 -> 2 ranks, FSDP2 (which also saves) -> 1 rank, FSDP1.
+    [one] = run_ranks(_elastic, str(tmp_path), (1, "by_one_fsdp1"), None, world_size=1)
+    two = run_ranks(_elastic, str(tmp_path), (2, "by_two_fsdp2"), (2, "by_one_fsdp1", 1))
+    [back] = run_ranks(_elastic, str(tmp_path), None, (1, "by_two_fsdp2", 2), world_size=1)
+    same(two[0]["loaded"], one["saved"])
+    same(back["loaded"], two[0]["saved"])

@@ -65,8 +65,8 @@ def test_engine_variants_run(tmp_path, variant):
 
 
 @pytest.mark.parametrize("reward, expected", [
-    ("explode_on_rank1", "rank 1 failed: RuntimeError: reward function explode_on_rank1 raised RuntimeError: reward "
-                         "service unreachable (prompt '"),
+    ("explode_on_rank1", "rank 1 failed in phase reward: RuntimeError: reward function explode_on_rank1 raised "
+                         "RuntimeError: reward service unreachable (prompt '"),
     ("die_on_rank1", "rank 1 failed"),
 ])
 def test_a_failing_worker_stops_the_job(tmp_path, reward, expected):

@@ -7,7 +7,9 @@
     accel-grpo make-tiny-model /tmp/tiny-qwen       # a tiny random Qwen2.5-Instruct-like model directory
 
 The backend comes from ACCEL_BACKEND or auto-detection. With --nproc N (default: the preset's) it starts N
-workers through torch's elastic launcher; under torchrun it joins that job instead (multi-node: torchrun).
+workers and watches them (engine.launch); under torchrun it joins that job instead (multi-node: torchrun).
+A failing rank ends the job with exit status 1; Ctrl-C / SIGTERM with 130 / 143 (run.save_on_interrupt=true
+checkpoints the current step first). Either way the last lines say how to resume.
 """
 
 from __future__ import annotations
@@ -57,6 +59,17 @@ def _run_dir(config, resume: bool) -> Path:
             raise FileNotFoundError(f"--resume: no earlier {config.preset} run in {root}; name one with run.name=")
         return runs[-1]
     return root / f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _resume_hint(run_dir: Path) -> str:
+    from ..checkpoint import latest_complete
+
+    latest = latest_complete(run_dir / "checkpoints")
+    if latest is None:
+        return "no checkpoint was written yet: start the run again"
+    where = "" if run_dir.parent == Path("runs") else f" run.output_dir={run_dir.parent}"
+    return (f"latest complete checkpoint {latest}; continue with: accel-grpo --resume run.name={run_dir.name}"
+            f"{where} (and the same --preset/--config/overrides)")
 
 
 def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
@@ -116,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import accel_backends
 
-    from ..launch import WorkerFailed, run
+    from ..launch import Interrupted, WorkerFailed, run
 
     try:
         config = build_config(args.preset, args.config, args.overrides)
@@ -149,14 +162,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(worker, world_size, config.to_dict(), str(run_dir), args.resume)
     except WorkerFailed as exc:
-        print(f"accel-grpo: error: {exc}", file=sys.stderr)
         for rank, trace in exc.tracebacks.items():
             if trace:
                 print(f"--- rank {rank} ---\n{trace.rstrip()}", file=sys.stderr)
+        print(f"accel-grpo: error: {exc}\n{_resume_hint(run_dir)}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print("accel-grpo: interrupted; resume with --resume run.name=" + run_dir.name, file=sys.stderr)
-        return 130
+    except Interrupted as exc:
+        print(f"accel-grpo: {exc}; {_resume_hint(run_dir)}", file=sys.stderr)
+        return exc.exit_code
     elapsed = time.perf_counter() - started
     if not is_rank0:
         return 0

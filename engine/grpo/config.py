@@ -78,6 +78,8 @@ class RunConfig:
     val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
     loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard
     progress: bool = True
+    resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
+    save_on_interrupt: bool = False  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
 
 
 @dataclasses.dataclass
@@ -330,6 +332,9 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
                             f"train.micro_batch_size={t.micro_batch_size}")
     if r.n < 2:
         problems.append("rollout.n must be at least 2: GRPO compares samples within a group")
+    for name in ("resume_fallback", "save_on_interrupt"):
+        if not isinstance(getattr(config.run, name), bool):
+            problems.append(f"run.{name} must be true or false, got {getattr(config.run, name)!r}")
     if not 0 < r.top_p <= 1 or r.temperature <= 0:
         problems.append("rollout.top_p must be in (0, 1] and rollout.temperature > 0")
     if a.loss_agg not in AGGREGATION_MODES:

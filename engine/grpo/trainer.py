@@ -20,7 +20,9 @@ import torch.distributed as dist
 
 import accel_backends
 
-from .. import FSDPEngine
+from .. import FSDPEngine, checkpoint, launch
+from ..phase import phase
+from ..reduce import sum_over_ranks
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .config import GRPOConfig, dist_timeout_s, engine_config
 from .loggers import Loggers
@@ -35,8 +37,7 @@ from .validation import validate
 
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run (directories are named step_NNNNNN)."""
-    found = sorted(p for p in (run_dir / "checkpoints").glob("step_*") if (p / "engine_meta.json").exists())
-    return found[-1] if found else None
+    return checkpoint.latest_complete(run_dir / "checkpoints")
 
 
 @dataclasses.dataclass
@@ -63,6 +64,7 @@ class GRPOTrainer:
         self.run_dir = run_dir
         self.backend = accel_backends.get_backend()
         world_size = self.backend.init_distributed(timeout=dist_timeout_s(config)).world_size
+        launch.stop_at_safe_point(config.run.save_on_interrupt)
         self.tokenizer, factory = build_model(config.model)
         self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
         self.rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
@@ -88,11 +90,8 @@ class GRPOTrainer:
 
     def _resume(self) -> int:
         """Load the latest checkpoint; return the GRPO step it was taken after (its directory's number)."""
-        latest = latest_checkpoint(self.run_dir)
-        if latest is None:
-            raise FileNotFoundError(f"--resume: no checkpoint in {self.run_dir / 'checkpoints'}")
-        self.actor.load_checkpoint(latest)
-        return int(latest.name.removeprefix("step_"))
+        loaded = checkpoint.load_latest(self.actor, self.run_dir / "checkpoints", self.config.run.resume_fallback)
+        return checkpoint.step_of(loaded)
 
     # -- one step -----------------------------------------------------------------------------------------------
 
@@ -107,14 +106,15 @@ class GRPOTrainer:
         prompts_per_rank = cfg.train.prompts_per_step // self.world_size
         samples = self.task.sample(prompts_per_rank, self._seed(step))
         old = None
-        with self.actor.eval_mode():
+        with self.actor.eval_mode(), phase("rollout"):
             batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
                             roll.temperature, roll.top_p, roll.top_k)
             if not self.reuse_policy_log_probs:
                 old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
         ref = self.reference_log_probs(batch) if cfg.algorithm.kl_coef > 0 else None
-        scores = torch.tensor(score_all(self.rewards, [samples[i // roll.n] for i in range(len(batch))],
-                                        batch.responses))
+        with phase("reward"):
+            scores = torch.tensor(score_all(self.rewards, [samples[i // roll.n] for i in range(len(batch))],
+                                            batch.responses))
         groups = torch.arange(len(batch)) // roll.n
         advantages = grpo_advantages(scores, groups, norm_by_std=cfg.algorithm.norm_by_std)
         lengths = batch.response_mask.sum(dim=1)
@@ -186,10 +186,7 @@ class GRPOTrainer:
         return averaged
 
     def _global(self, stats: dict) -> dict:
-        keys = sorted(stats)
-        packed = torch.tensor([stats[k] for k in keys], dtype=torch.float64, device=self.backend.metrics_device())
-        dist.all_reduce(packed)
-        return dict(zip(keys, packed.tolist()))
+        return sum_over_ranks(stats, self.backend.metrics_device(), dtype=torch.float64)
 
     def _largest_over_ranks(self, value: float) -> float:
         packed = torch.tensor([value], dtype=torch.float64, device=self.backend.metrics_device())
@@ -222,7 +219,7 @@ class GRPOTrainer:
             rollout_done = time.perf_counter()
             update = self.update(data)
             finished = time.perf_counter()
-            totals = self._global(stats)
+            totals = self._global({**stats, "stop_requested": float(launch.stop_requested() > 0)})
             count = totals["sequences"]
             mean = totals["reward_sum"] / count
             last = {
@@ -259,8 +256,11 @@ class GRPOTrainer:
                 progress.set_postfix(shown)
                 progress.update(1)
             save_every = cfg.run.save_every
-            if (save_every and (step + 1) % save_every == 0) or step + 1 == cfg.train.steps:
+            stopping = totals["stop_requested"] > 0  # summed over ranks: every rank stops at this same step
+            if (save_every and (step + 1) % save_every == 0) or step + 1 == cfg.train.steps or stopping:
                 self.actor.save_checkpoint(self.checkpoint_dir(step + 1))
+            if stopping:
+                break
         if progress is not None:
             progress.close()
         if loggers is not None:

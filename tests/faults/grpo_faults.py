@@ -1,0 +1,105 @@
+"""``accel-grpo`` with one fault injected: ``python tests/faults/grpo_faults.py KIND:RANK:STEP [accel-grpo args]``.
+
+The real CLI and launcher run unchanged; only the worker is wrapped so that rank RANK, at GRPO step STEP (1-based):
+
+* ``reward``: its reward scoring raises;
+* ``kill-save``: it SIGKILLs itself while writing its part of that step's checkpoint;
+* ``pause-rollout`` / ``pause-update``: it writes ``$FAULT_MARK`` and sleeps 3 s inside the rollout / the first
+  micro-batch of the update, so that a test can send a signal that lands there.
+
+``$FAULT_STAMP`` receives the time the fault fired (the tests measure fault -> clean exit).
+"""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+
+class InjectedFault(RuntimeError):
+    pass
+
+
+def _mark(variable):
+    path = os.environ.get(variable)
+    if path:
+        Path(path).write_text(repr(time.time()))
+
+
+def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
+    import engine.checkpoint
+    import engine.grpo.trainer as trainer_module
+    from engine.grpo.config import GRPOConfig
+
+    kind, rank, at = os.environ["GRPO_FAULT"].split(":")
+    trainer = trainer_module.GRPOTrainer(GRPOConfig.from_dict(config_dict), Path(run_dir), resume)
+    armed = trainer.rank == int(rank)
+    state = {"step": 0, "paused": False}
+
+    def now() -> bool:
+        return armed and state["step"] == int(at)
+
+    def pause():
+        if now() and not state["paused"]:
+            state["paused"] = True
+            _mark("FAULT_MARK")
+            _mark("FAULT_STAMP")
+            time.sleep(3)
+
+    collect = trainer.collect
+
+    def counting_collect(step):
+        state["step"] = step + 1
+        return collect(step)
+
+    trainer.collect = counting_collect
+    if kind == "reward":
+        score_all = trainer_module.score_all
+
+        def raising_rewards(*args, **kwargs):
+            if now():
+                _mark("FAULT_STAMP")
+                raise InjectedFault("reward function failed on purpose")
+            return score_all(*args, **kwargs)
+
+        trainer_module.score_all = raising_rewards
+    elif kind == "kill-save":
+        write_extra_state = engine.checkpoint.write_extra_state
+
+        def dying_write(engine_, directory):
+            if now():
+                _mark("FAULT_STAMP")
+                os.kill(os.getpid(), signal.SIGKILL)
+            write_extra_state(engine_, directory)
+
+        engine.checkpoint.write_extra_state = dying_write
+    elif kind == "pause-rollout":
+        rollout = trainer_module.rollout
+
+        def paused_rollout(*args, **kwargs):
+            pause()
+            return rollout(*args, **kwargs)
+
+        trainer_module.rollout = paused_rollout
+    elif kind == "pause-update":
+        step_fn = trainer._step_fn
+
+        def paused_step_fn(module, micro):
+            pause()
+            return step_fn(module, micro)
+
+        trainer._step_fn = paused_step_fn
+    else:
+        raise ValueError(f"unknown fault {kind!r}")
+    return trainer.train()
+
+
+if __name__ == "__main__":
+    import engine.grpo.cli as cli
+
+    os.environ["GRPO_FAULT"] = sys.argv[1]
+    cli.worker = faulty_worker
+    sys.exit(cli.main(sys.argv[2:]))
