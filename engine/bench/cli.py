@@ -116,7 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..launch import WorkerFailed, run
+    from ..launch import Interrupted, WorkerFailed, run
 
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -130,6 +130,9 @@ def main(argv=None) -> int:
     except WorkerFailed as exc:
         print(f"accel-bench: {exc}", file=sys.stderr)
         return 1
+    except Interrupted as exc:
+        print(f"accel-bench: {exc}; no results written", file=sys.stderr)
+        return exc.exit_code
     print_result(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 
+from ..reduce import sum_over_ranks
 from .rewards import score_all
 from .rollout import rollout
 
@@ -39,7 +39,7 @@ def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts:
             total += sum(scores)
             correct += sum(1.0 for value in scores if value >= CORRECT)
             count += len(scores)
-    packed = torch.tensor([total, correct, count], dtype=torch.float64, device=engine.backend.metrics_device())
-    dist.all_reduce(packed)
-    total, correct, count = packed.tolist()
+    summed = sum_over_ranks({"total": total, "correct": correct, "count": count}, engine.backend.metrics_device(),
+                            dtype=torch.float64)
+    total, correct, count = summed["total"], summed["correct"], summed["count"]
     return {"val/reward_mean": total / max(count, 1.0), "val/accuracy": correct / max(count, 1.0)}
