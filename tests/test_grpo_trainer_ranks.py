@@ -44,12 +44,20 @@ def _forward_widths(trainer):
     return widths, trainer.actor.module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
+def _full_model(model_config):
+    """An unsharded copy of the policy: the model source is a factory, or a directory the engine loads itself."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.grpo.model import build_model
+
+    source = build_model(model_config)[1]
+    return source() if callable(source) else AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+
+
 def _hand_reference_grads(trainer, rank_data, mode):
     """The loss of the whole global batch (both ranks' sequences) on an unsharded copy, aggregated by hand."""
     from engine.grpo.logprobs import position_ids
-    from engine.grpo.model import build_model
-
-    model = build_model(trainer.config.model)[1]()
+    model = _full_model(trainer.config.model)
     per_token, masks = [], []
     for data in rank_data:
         batch = data["batch"]
@@ -78,8 +86,6 @@ def _hand_reference_grads(trainer, rank_data, mode):
 
 def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     import torch.distributed as dist
-
-    from engine.grpo.model import build_model
 
     out = {}
     # -- the process-group timeout comes from engine.dist_timeout_s (the trainer creates the group) ---------------
@@ -159,7 +165,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     engines = [e for e in (lora.actor, lora.reference) if e is not None]
     base_numel = sum((p.to_local() if hasattr(p, "to_local") else p).numel()
                      for e in engines for name, p in e.module.named_parameters() if "lora_" not in name)
-    model_numel = sum(p.numel() for p in build_model(lora.config.model)[1]().parameters())
+    model_numel = sum(p.numel() for p in _full_model(lora.config.model).parameters())
     out["base_numel_local_vs_full"] = (base_numel, model_numel)
     for name, param in lora.actor.module.named_parameters():
         if "lora_B" in name:
@@ -173,7 +179,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     from engine.grpo.logprobs import response_log_probs
 
     with torch.no_grad():
-        base_lp = response_log_probs(build_model(lora.config.model)[1](), lora_batch.input_ids, lora_batch.attention_mask,
+        base_lp = response_log_probs(_full_model(lora.config.model), lora_batch.input_ids, lora_batch.attention_mask,
                                      lora_batch.prompt_length, 0.9)  # rollout.temperature
     m = lora_batch.response_mask.bool()
     out["ref_vs_base"] = (ref_lp - base_lp)[m].abs().max().item()
