@@ -41,7 +41,7 @@ def save_demo_model(directory: str, hidden: int, layers: int, seed: int):
 
     config = GRPOConfig()
     config.model.hidden_size, config.model.layers = hidden, layers
-    tokenizer, factory = build_model(config)
+    tokenizer, factory = build_model(config.model)
     torch.manual_seed(seed)
     factory().save_pretrained(directory)
     tokenizer.save_pretrained(directory)
