@@ -23,14 +23,14 @@ UNMATCHED = [
     "rollouts (and reward curves) differ run to run",
     "prompts: accel-grpo draws fresh echo prompts each step from its own seeded generator; TRL reads a dataset "
     "of the same number of prompts drawn once, shuffled by its sampler",
-    "old log-probs: with one update per step TRL skips the no-grad forward for the old policy (they equal the "
-    "current ones); accel-grpo runs it unless its trainer skips it",
+    "old log-probs: with one update per step both skip the no-grad forward for the old policy (they equal the "
+    "current ones)",
     "advantages: TRL divides by (std + 1e-4), accel-grpo by its own epsilon; both per group",
     "KL: both k3 with coefficient 0.001 against a frozen copy of the initial model; accel-grpo keeps that copy "
     "offloaded to host memory between uses (cpu-demo's ref_param_offload), which is free on the CPU",
     "step time: accel-grpo's step_time_s covers rollout, scoring, log-probs and update; TRL's is the time between "
     "two on_step_end callbacks, so it also covers TRL's logging",
-    "start-up: accel-grpo starts one worker through torch's elastic launcher and builds a process group (world "
+    "start-up: accel-grpo starts one worker process through its launcher and builds a process group (world "
     "size 1); TRL runs in the launching process",
 ]
 

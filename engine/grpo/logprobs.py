@@ -17,7 +17,7 @@ import contextlib
 import torch
 from torch.utils.checkpoint import checkpoint
 
-ROWS_PER_SLICE = 256  # response positions per log-softmax slice: 256 x 151,936 x 4 bytes = 156 MB at most
+ROWS_PER_SLICE = 256  # positions (of all rows together) per log-softmax slice: 256 x 151,936 x 4 B = 156 MB
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -44,17 +44,17 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice.
     """
     pieces, entropies = [], []
-    for row in range(logits.size(0)):  # slices are views: no copy of the logits is made
-        for start in range(0, logits.size(1), ROWS_PER_SLICE):
-            chunk, chosen = logits[row, start:start + ROWS_PER_SLICE], targets[row, start:start + ROWS_PER_SLICE]
-            if torch.is_grad_enabled() and chunk.requires_grad:
-                # Keep only the (already existing) logits slice for backward; recompute the softmax there.
-                piece = checkpoint(_chosen_log_probs, chunk, chosen, temperature, use_reentrant=False)
-            else:
-                piece = _chosen_log_probs(chunk, chosen, temperature)
-            pieces.append(piece)
-            if with_entropy:
-                entropies.append(_entropy(chunk.detach(), temperature))
+    flat_logits, flat_targets = logits.flatten(0, 1), targets.reshape(-1)  # slices over all positions, not per row
+    for start in range(0, flat_targets.numel(), ROWS_PER_SLICE):
+        chunk, chosen = flat_logits[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
+        if torch.is_grad_enabled() and chunk.requires_grad:
+            # Keep only the (already existing) logits slice for backward; recompute the softmax there.
+            piece = checkpoint(_chosen_log_probs, chunk, chosen, temperature, use_reentrant=False)
+        else:
+            piece = _chosen_log_probs(chunk, chosen, temperature)
+        pieces.append(piece)
+        if with_entropy:
+            entropies.append(_entropy(chunk.detach(), temperature))
     log_probs = torch.cat(pieces).view(targets.shape)
     entropy = torch.cat(entropies).view(targets.shape) if with_entropy else None
     return log_probs, entropy
@@ -82,26 +82,25 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
     recomputed in the backward pass: only the hidden states, which exist anyway, are kept.
     """
     def forward(hidden):
-        hidden = hidden[:, :-1]  # the last position predicts a token after the response
-        rows, entropies = [], []
-        for row in range(hidden.size(0)):
-            pieces = []
-            for start in range(0, hidden.size(1), ROWS_PER_SLICE):
-                h = hidden[row, start:start + ROWS_PER_SLICE]
-                chosen = targets[row, start:start + ROWS_PER_SLICE]
-                if torch.is_grad_enabled() and (h.requires_grad or head.weight.requires_grad):
-                    pieces.append(checkpoint(_head_log_probs, h, head.weight, head.bias, chosen, temperature,
-                                             use_reentrant=False))
-                else:
-                    pieces.append(_head_log_probs(h, head.weight, head.bias, chosen, temperature))
-                if with_entropy:
-                    with torch.no_grad():
-                        entropies.append(_entropy(torch.nn.functional.linear(h, head.weight, head.bias),
-                                                  temperature))
-            rows.append(torch.cat(pieces))
+        # The last position predicts a token after the response. Slices run over the positions of all rows
+        # together: one slice per ROWS_PER_SLICE positions, not one per sequence (fewer, larger kernels).
+        hidden = hidden[:, :-1].flatten(0, 1)
+        flat_targets = targets.reshape(-1)
+        pieces, entropies = [], []
+        for start in range(0, flat_targets.numel(), ROWS_PER_SLICE):
+            h, chosen = hidden[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
+            if torch.is_grad_enabled() and (h.requires_grad or head.weight.requires_grad):
+                pieces.append(checkpoint(_head_log_probs, h, head.weight, head.bias, chosen, temperature,
+                                         use_reentrant=False))
+            else:
+                pieces.append(_head_log_probs(h, head.weight, head.bias, chosen, temperature))
+            if with_entropy:
+                with torch.no_grad():
+                    entropies.append(_entropy(torch.nn.functional.linear(h, head.weight, head.bias), temperature))
         if with_entropy:
             entropy_out.append(torch.cat(entropies).view(targets.shape))
-        return torch.stack(rows)  # a new tensor, not a view: FSDP hooks the model's outputs for backward
+        # A new tensor, not a view: FSDP hooks the model's outputs for backward.
+        return torch.cat(pieces).view(targets.shape).clone()
 
     head.forward = forward
     try:
