@@ -169,11 +169,11 @@ class GRPOTrainer:
                     micro_batches = [data.micro_batch(slice(s, s + train.micro_batch_size))
                                      for s in range(start, start + train.mini_batch_size, train.micro_batch_size)]
                     metrics = self.actor.forward_backward_batch(micro_batches, self._step_fn)
-                    # Each call measures its own peak (the engine resets it): keep the largest, do not average.
-                    peak_gib = max(peak_gib, metrics.pop("peak_memory_gib"))
+                    metrics.pop("peak_memory_gib")  # covered by the step's figure below
                     metrics["grad_norm"] = self.actor.optimizer_step()
-                    # The step's own peak (onload, forward/backward and the optimizer step) covers the whole update.
-                    peak_gib = max(peak_gib, self.actor.last_step_metrics.get("peak_memory_gib", 0.0))
+                    # The step's peak covers the whole update (onload, forward/backward, the step); each update
+                    # measures its own, so keep the largest, do not average.
+                    peak_gib = max(peak_gib, self.actor.last_step_metrics["peak_memory_gib"])
                     metrics["lr"] = self.actor.last_step_metrics["lr"]
                     metrics["skipped_updates"] = float(self.actor.last_step_metrics["skipped"])
                     for key, value in metrics.items():
