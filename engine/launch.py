@@ -99,15 +99,7 @@ def run(fn: Callable[..., Any], nproc: int, *args: Any, env: dict[str, str] | No
     """Run ``fn(*args)`` on ``nproc`` local workers (or in-process under torchrun); return rank 0's result."""
     if under_launcher():  # torchrun watches the workers; a stop by signal still ends as Interrupted
         install_stop_handlers()
-        try:
-            result = fn(*args)
-        except KeyboardInterrupt:
-            if not stop_requested():
-                raise
-            raise Interrupted(stop_requested()) from None
-        if stop_requested():
-            raise Interrupted(stop_requested())
-        return result
+        return _call_stoppable(fn, args)
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     if nproc == 1 and threading.current_thread() is threading.main_thread():
@@ -149,19 +141,13 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
     os.environ.update(variables)
     install_stop_handlers()
     try:
-        result = fn(*args)
-    except KeyboardInterrupt:
-        if not stop_requested():
-            raise
-        raise Interrupted(stop_requested()) from None
+        return _call_stoppable(fn, args)
     except Exception as exc:  # reported as a spawned worker's failure is: rank, phase, error, traceback
+        if isinstance(exc, Interrupted):
+            raise
         where = f" in phase {phase_of(exc)}" if phase_of(exc) else ""
         raise WorkerFailed(f"rank 0 failed{where}: {type(exc).__name__}: {exc}".strip(),
                            {0: traceback.format_exc()}) from exc
-    else:
-        if stop_requested():  # stopped at a safe point: the work saved so far stands, the job still ends as stopped
-            raise Interrupted(stop_requested())
-        return result
     finally:
         if not group_before and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
@@ -173,6 +159,19 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _call_stoppable(fn: Callable[..., Any], args: tuple) -> Any:
+    """``fn(*args)`` in this process; a stop by SIGINT/SIGTERM (at once, or at a safe point) ends as Interrupted."""
+    try:
+        result = fn(*args)
+    except KeyboardInterrupt:
+        if not stop_requested():
+            raise
+        raise Interrupted(stop_requested()) from None
+    if stop_requested():
+        raise Interrupted(stop_requested())
+    return result
 
 
 def _free_port() -> int:
