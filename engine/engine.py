@@ -28,7 +28,7 @@ import torch.nn as nn
 
 import accel_backends
 
-from . import checkpoint, events, loading, offload, sync_plan
+from . import checkpoint, compat, events, loading, offload, sync_plan
 from .config import EngineConfig
 from .grad_sync import discard_partial_backward, micro_batch_context
 from .models import prepare_model
@@ -70,6 +70,7 @@ class FSDPEngine:
                                                           from_rank0=from_rank0)
         # The wrapper actually used: ``config.fsdp_version``, or 0 for a one-rank model run without FSDP.
         self.fsdp_version = wrapper_version(self.config, self.backend, self.world_size)
+        self._fsdp2_units = compat.fsdp2_units(self.module) if self.fsdp_version == 2 else None  # found once
         if from_rank0:
             loading.receive_from_rank0(self.module, self.fsdp_version, self.backend.device(), full_state)
             del full_state
@@ -266,8 +267,9 @@ class FSDPEngine:
                     with torch.no_grad(), phase("forward"):
                         loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
                 else:
-                    with micro_batch_context(self.module, self.fsdp_version, index, count,
-                                             deferred=deferred, keep_unsharded=self.config.keep_params_unsharded):
+                    with micro_batch_context(self.module, self.fsdp_version, index, count, deferred=deferred,
+                                             keep_unsharded=self.config.keep_params_unsharded,
+                                             units=self._fsdp2_units):
                         with phase("forward"):
                             loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
                         with phase("backward"):

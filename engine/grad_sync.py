@@ -19,14 +19,16 @@ from .sharding import UNWRAPPED
 
 
 @contextlib.contextmanager
-def _fsdp2_settings(module: nn.Module, sync: bool, reshard_after_backward: bool | None, is_last: bool):
-    units = compat.fsdp2_units(module)
+def _fsdp2_settings(module: nn.Module, units: list, sync: bool, reshard_after_backward: bool | None,
+                    is_last: bool):
+    # Unit by unit (``recurse=False``) over the given units: the recursive setters walk every submodule.
     saved = [(unit, compat.requires_gradient_sync(unit), compat.reshard_after_backward(unit)) for unit in units]
     saved_last = compat.is_last_backward(module)
     try:
-        module.set_requires_gradient_sync(sync)  # recurses into every unit
-        if reshard_after_backward is not None:
-            module.set_reshard_after_backward(reshard_after_backward)
+        for unit in units:
+            unit.set_requires_gradient_sync(sync, recurse=False)
+            if reshard_after_backward is not None:
+                unit.set_reshard_after_backward(reshard_after_backward, recurse=False)
         module.set_is_last_backward(is_last)
         yield
     finally:
@@ -37,21 +39,23 @@ def _fsdp2_settings(module: nn.Module, sync: bool, reshard_after_backward: bool 
 
 
 def micro_batch_context(module: nn.Module, fsdp_version: int, index: int, count: int, *, deferred: bool,
-                        keep_unsharded: bool):
-    """The context one micro-batch's forward and backward run in (see the module docstring)."""
-    if fsdp_version == UNWRAPPED:  # one rank (one rank): gradients accumulate in ``param.grad``, nothing to reduce
+                        keep_unsharded: bool, units: list | None = None):
+    """The context one micro-batch's forward and backward run in (see the module docstring).
+
+    ``units``: the FSDP2 units of ``module`` (``compat.fsdp2_units``), when the caller keeps them; else found here.
+    """
+    if fsdp_version == UNWRAPPED:  # one rank: gradients accumulate in ``param.grad``, nothing to reduce
         return contextlib.nullcontext()
     is_last = index == count - 1
-    if not deferred or is_last:
-        if fsdp_version == 2 and keep_unsharded:
-            # The last backward reshards again, so parameters are sharded when the optimizer steps.
-            return _fsdp2_settings(module, sync=True, reshard_after_backward=True, is_last=True)
-        if fsdp_version == 2:
-            return _fsdp2_settings(module, sync=True, reshard_after_backward=None, is_last=is_last or not deferred)
-        return contextlib.nullcontext()
     if fsdp_version == 1:
-        return module.no_sync()  # restores the previous setting itself, also on error
-    return _fsdp2_settings(module, sync=False, reshard_after_backward=False if keep_unsharded else None,
+        return module.no_sync() if deferred and not is_last else contextlib.nullcontext()  # no_sync restores itself
+    units = compat.fsdp2_units(module) if units is None else units
+    if not deferred or is_last:
+        if keep_unsharded:
+            # The last backward reshards again, so parameters are sharded when the optimizer steps.
+            return _fsdp2_settings(module, units, sync=True, reshard_after_backward=True, is_last=True)
+        return _fsdp2_settings(module, units, sync=True, reshard_after_backward=None, is_last=is_last or not deferred)
+    return _fsdp2_settings(module, units, sync=False, reshard_after_backward=False if keep_unsharded else None,
                            is_last=False)
 
 
