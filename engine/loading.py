@@ -12,7 +12,9 @@ compared, ``sharding.check_same_weights``).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -77,6 +79,28 @@ def _from_directory(path: Path, meta: bool) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
+def _glibc_malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+
+
+def return_freed_memory() -> None:
+    """Hand memory freed on the heap back to the system (glibc keeps it mapped, and counts it as RSS, otherwise).
+
+    Loading on a rank that receives frees a unit's temporaries before it allocates the next unit's; without this
+    the pages of every freed temporary stay resident and the rank's peak grows with the number of units.
+    """
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 def fsdp1_materializer(device: torch.device) -> Callable[[nn.Module], None]:
     """FSDP1 ``param_init_fn``: allocate a module's own meta tensors (uninitialised; rank 0 sends the values).
 
@@ -85,6 +109,7 @@ def fsdp1_materializer(device: torch.device) -> Callable[[nn.Module], None]:
     memo: dict[int, nn.Parameter] = {}
 
     def materialize(module: nn.Module) -> None:
+        return_freed_memory()
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
                 if id(param) not in memo:
@@ -113,39 +138,47 @@ def receive_from_rank0(module: nn.Module, fsdp_version: int, device: torch.devic
         options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
         set_model_state_dict(module, full_state if dist.get_rank() == 0 else {}, options=options)
     else:
-        _fsdp1_receive(module, full_state)
+        _fsdp1_receive(module, full_state, device)
     with torch.no_grad():
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
 
 
-def _fsdp1_receive(module: nn.Module, full_state: dict[str, torch.Tensor] | None) -> None:
-    """Per unit: gather it (shards of other ranks are uninitialised), take rank 0's full values, write back."""
+def _fsdp1_receive(module: nn.Module, full_state: dict[str, torch.Tensor] | None, device: torch.device) -> None:
+    """Rank 0 sends every other rank the slices of rank 0's weights that its shard holds, straight into the shard.
+
+    No unit is gathered and nothing is received into a temporary: a receiving rank's memory is its shard alone.
+    Rank 0 learns each rank's slices once (a small object gather), then sends them unit by unit.
+    """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    prefixes = {id(m): name for name, m in module.named_modules()}
-    for unit in FullyShardedDataParallel.fsdp_modules(module):
-        with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=True), torch.no_grad():
-            for name, param in _own_parameters(unit, prefixes[id(unit)]):
-                if full_state is not None:
-                    param.copy_(full_state[_clean(name)])
-                dist.broadcast(param.data, src=0)
+    from . import compat
+
+    units = [(name, unit) for name, unit in module.named_modules() if isinstance(unit, FullyShardedDataParallel)]
+    mine = [compat.fsdp1_local_pieces(unit) for _, unit in units]
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    everyone = [None] * world_size if rank == 0 else None
+    dist.gather_object(mine, everyone, dst=0)
+    with torch.no_grad():
+        for index, (prefix, unit) in enumerate(units):
+            if rank != 0:
+                for name, _, _ in mine[index]:
+                    dist.recv(_shard_of(unit, name), src=0)
+                continue
+            for name, start, end in mine[index]:
+                _shard_of(unit, name).copy_(_full(full_state, prefix, name)[start:end])
+            for other in range(1, world_size):
+                for name, start, end in everyone[other][index]:
+                    dist.send(_full(full_state, prefix, name)[start:end].to(device), dst=other)
 
 
-def _own_parameters(unit: nn.Module, prefix: str):
-    """(full name, parameter) of an FSDP1 unit's parameters that no nested unit owns, each once."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
+def _shard_of(unit: nn.Module, name: str) -> torch.Tensor:
+    """This rank's slice of parameter ``name`` of an FSDP1 unit: a view into the unit's flat shard."""
+    return unit.module.get_parameter(name).data
 
-    seen: set[int] = set()
-    stack = [(prefix, unit)]
-    while stack:
-        path, current = stack.pop()
-        for name, param in current.named_parameters(recurse=False):
-            if id(param) not in seen and param.numel() > 0:
-                seen.add(id(param))
-                yield (f"{path}.{name}" if path else name), param
-        stack.extend((f"{path}.{n}" if path else n, c) for n, c in current.named_children()
-                     if not isinstance(c, FullyShardedDataParallel))
+
+def _full(full_state: dict[str, torch.Tensor], prefix: str, name: str) -> torch.Tensor:
+    return full_state[_clean(f"{prefix}.{name}" if prefix else name)].reshape(-1)
 
 
 def _clean(name: str) -> str:
@@ -161,8 +194,18 @@ def fingerprint(named_tensors, fsdp1_prefixes: bool = False) -> float:
         for name, tensor in named_tensors:
             clean = _clean(name) if fsdp1_prefixes else name
             weight = 1 + sum(clean.encode()) % 7
-            total += weight * local(tensor).double().sum().item()
+            total += weight * sum_float64(local(tensor))
     return total
+
+
+def sum_float64(tensor: torch.Tensor, chunk: int = 1 << 20) -> float:
+    """The sum of ``tensor`` in float64, a chunk at a time: a float64 copy of a whole fp32 tensor is twice its size
+    (``sum(dtype=torch.float64)`` makes that copy too), and would be the peak of loading."""
+    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+    with torch.no_grad():
+        for piece in tensor.reshape(-1).split(chunk):
+            total += piece.double().sum()  # nothing else stays allocated, so each chunk reuses the last one's memory
+    return total.item()
 
 
 def check_received(module: nn.Module, fsdp_version: int, expected: float | None, device: torch.device) -> None:
