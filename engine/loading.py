@@ -127,58 +127,68 @@ def receive_from_rank0(module: nn.Module, fsdp_version: int, device: torch.devic
                        full_state: dict[str, torch.Tensor] | None) -> None:
     """After sharding: every rank's shards take rank 0's values (``full_state``: rank 0's unsharded state dict).
 
-    FSDP2: ``set_model_state_dict(broadcast_from_rank0=True)`` broadcasts one tensor at a time and keeps this
-    rank's slice. FSDP1: each unit is gathered in turn, rank 0 fills it from ``full_state`` and broadcasts it,
-    and every rank writes its shard back. Buffers (non-persistent ones such as rotary tables are in no state
-    dict) are broadcast last.
+    Rank 0 sends each rank exactly the slices of its weights that the rank's shard holds, received straight into
+    the shard: no unit is gathered and nothing is received into a temporary, so a receiving rank needs no memory
+    beyond its shard (a broadcast would put every full tensor on every rank). Rank 0 learns each rank's slices
+    first (one small object gather). Buffers (non-persistent ones such as rotary tables are in no state dict) are
+    broadcast last.
     """
-    if fsdp_version == 2:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(module, full_state if dist.get_rank() == 0 else {}, options=options)
-    else:
-        _fsdp1_receive(module, full_state, device)
+    pieces = _fsdp1_pieces(module) if fsdp_version == 1 else _fsdp2_pieces(module)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    everyone = [None] * world_size if rank == 0 else None
+    dist.gather_object([(key, start, end) for key, _, start, end in pieces], everyone, dst=0)
     with torch.no_grad():
+        if rank != 0:
+            for _, shard, _, _ in pieces:
+                dist.recv(shard, src=0)
+        else:
+            for key, shard, start, end in pieces:
+                shard.copy_(full_state[key].reshape(-1)[start:end])
+            for other in range(1, world_size):
+                for key, start, end in everyone[other]:
+                    dist.send(full_state[key].reshape(-1)[start:end].to(device), dst=other)
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
 
 
-def _fsdp1_receive(module: nn.Module, full_state: dict[str, torch.Tensor] | None, device: torch.device) -> None:
-    """Rank 0 sends every other rank the slices of rank 0's weights that its shard holds, straight into the shard.
+def _fsdp1_pieces(module: nn.Module) -> list[tuple[str, torch.Tensor, int, int]]:
+    """(state-dict key, this rank's shard of it, start, end): the shard is ``full[key].reshape(-1)[start:end]``.
 
-    No unit is gathered and nothing is received into a temporary: a receiving rank's memory is its shard alone.
-    Rank 0 learns each rank's slices once (a small object gather), then sends them unit by unit.
+    With ``use_orig_params`` each parameter's shard is a view into its unit's flat shard.
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
     from . import compat
 
-    units = [(name, unit) for name, unit in module.named_modules() if isinstance(unit, FullyShardedDataParallel)]
-    mine = [compat.fsdp1_local_pieces(unit) for _, unit in units]
+    pieces = []
+    for prefix, unit in module.named_modules():
+        if isinstance(unit, FullyShardedDataParallel):
+            for name, start, end in compat.fsdp1_local_pieces(unit):
+                key = _clean(f"{prefix}.{name}" if prefix else name)
+                pieces.append((key, unit.module.get_parameter(name).data, start, end))
+    return pieces
+
+
+def _fsdp2_pieces(module: nn.Module) -> list[tuple[str, torch.Tensor, int, int]]:
+    """As ``_fsdp1_pieces``. FSDP2 shards each parameter on dim 0 in ``torch.chunk`` pieces: rank r holds rows
+    from r x ceil(rows / world size), a contiguous range of the flattened parameter."""
+    from torch.distributed.tensor import DTensor, Shard
+
     rank, world_size = dist.get_rank(), dist.get_world_size()
-    everyone = [None] * world_size if rank == 0 else None
-    dist.gather_object(mine, everyone, dst=0)
-    with torch.no_grad():
-        for index, (prefix, unit) in enumerate(units):
-            if rank != 0:
-                for name, _, _ in mine[index]:
-                    dist.recv(_shard_of(unit, name), src=0)
-                continue
-            for name, start, end in mine[index]:
-                _shard_of(unit, name).copy_(_full(full_state, prefix, name)[start:end])
-            for other in range(1, world_size):
-                for name, start, end in everyone[other][index]:
-                    dist.send(_full(full_state, prefix, name)[start:end].to(device), dst=other)
-
-
-def _shard_of(unit: nn.Module, name: str) -> torch.Tensor:
-    """This rank's slice of parameter ``name`` of an FSDP1 unit: a view into the unit's flat shard."""
-    return unit.module.get_parameter(name).data
-
-
-def _full(full_state: dict[str, torch.Tensor], prefix: str, name: str) -> torch.Tensor:
-    return full_state[_clean(f"{prefix}.{name}" if prefix else name)].reshape(-1)
+    pieces = []
+    for key, param in module.named_parameters():
+        if not isinstance(param, DTensor) or tuple(param.placements) != (Shard(0),):
+            raise RuntimeError(f"rank-0 loading expected FSDP2 to shard {key} on dim 0, found "
+                               f"{getattr(param, 'placements', 'no DTensor')}; set EngineConfig.load_on_rank0=False")
+        shard, rows = param.to_local(), param.shape[0]
+        chunk = -(-rows // world_size)
+        if shard.shape[0] != max(0, min(chunk, rows - rank * chunk)):
+            raise RuntimeError(f"rank-0 loading expected {key} to be sharded as torch.chunk does, found "
+                               f"{shard.shape[0]} of {rows} rows on rank {rank}; set EngineConfig.load_on_rank0=False")
+        if shard.numel():
+            start = rank * chunk * (param.numel() // rows)
+            pieces.append((key, shard.view(-1), start, start + shard.numel()))
+    return pieces
 
 
 def _clean(name: str) -> str:
@@ -198,7 +208,7 @@ def fingerprint(named_tensors, fsdp1_prefixes: bool = False) -> float:
     return total
 
 
-def sum_float64(tensor: torch.Tensor, chunk: int = 1 << 20) -> float:
+def sum_float64(tensor: torch.Tensor, chunk: int = 1 << 16) -> float:
     """The sum of ``tensor`` in float64, a chunk at a time: a float64 copy of a whole fp32 tensor is twice its size
     (``sum(dtype=torch.float64)`` makes that copy too), and would be the peak of loading."""
     total = torch.zeros((), dtype=torch.float64, device=tensor.device)

@@ -138,3 +138,27 @@ def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
         assert report["pretrained_factory_losses"] == report["path_losses"]
         assert "rank-0 loading failed" in report["missed_element"]
         assert "ranks built different model weights" in report["different_weights"]
+
+
+def _three_ranks(rank, model_dir):
+    from engine import EngineConfig, FSDPEngine
+    from engine_checks import assert_bitwise_equal
+
+    losses = {}
+    for version in (1, 2):
+        engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=version, lr=1e-3))
+        reference = FSDPEngine(model_dir, EngineConfig(fsdp_version=version, lr=1e-3, load_on_rank0=False))
+        got, want = _train(engine, rank), _train(reference, rank)
+        assert got[0] == want[0], (version, got[0], want[0])
+        assert_bitwise_equal(got[1], want[1])
+        losses[version] = (engine.loaded_on_rank0, got[0])
+    return losses
+
+
+def test_rank0_loading_on_three_ranks(tmp_path):
+    """Shards of uneven sizes (64 rows over 3 ranks: 22, 22, 20) and rank 0 sending to two ranks."""
+    from tiny import tiny_qwen2
+
+    tiny_qwen2().save_pretrained(tmp_path / "model")
+    reports = run_ranks(_three_ranks, str(tmp_path / "model"), world_size=3)
+    assert all(report[version][0] is True for report in reports for version in (1, 2))
