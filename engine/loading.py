@@ -3,8 +3,10 @@
 Every rank building the full model before sharding costs world size x the full model in host memory and as many
 reads of the checkpoint. For a model given as a path (a local Hugging Face directory) or a zero-argument factory,
 rank 0 builds it for real and every other rank builds the same structure on the meta device (no storage). After
-sharding, the other ranks allocate only their shards and receive them from rank 0, one tensor (FSDP2) or one
-unit (FSDP1) at a time, so their peak host memory is about their shard plus the largest tensor or unit.
+sharding, the other ranks allocate only their shards and rank 0 sends each of them exactly its slices, received
+in place. FSDP2 allocates shards alone, so a receiving rank's peak is about its shard; FSDP1 builds each unit's
+full flat parameter while wrapping, so there it is about its shard plus the largest unit (docs/engine.md has the
+measured figures).
 
 A model given as an ``nn.Module`` already exists on every rank: it is used as it is (and the ranks' weights are
 compared, ``sharding.check_same_weights``).
@@ -91,12 +93,8 @@ def _glibc_malloc_trim():
 _MALLOC_TRIM = _glibc_malloc_trim()
 
 
-def return_freed_memory() -> None:
-    """Hand memory freed on the heap back to the system (glibc keeps it mapped, and counts it as RSS, otherwise).
-
-    Loading on a rank that receives frees a unit's temporaries before it allocates the next unit's; without this
-    the pages of every freed temporary stay resident and the rank's peak grows with the number of units.
-    """
+def _return_freed_memory() -> None:
+    """Hand freed heap memory back to the system: glibc keeps it mapped, and resident, otherwise."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
 
@@ -104,12 +102,14 @@ def return_freed_memory() -> None:
 def fsdp1_materializer(device: torch.device) -> Callable[[nn.Module], None]:
     """FSDP1 ``param_init_fn``: allocate a module's own meta tensors (uninitialised; rank 0 sends the values).
 
-    One memo for the whole model keeps tied weights tied (``to_empty`` per module would untie them).
+    One memo for the whole model keeps tied weights tied (``to_empty`` per module would untie them). FSDP1 builds
+    each unit's full flat parameter and frees it once sharded; freed heap pages stay resident under glibc, so each
+    call first returns them, or this rank's peak would grow by about half of every unit it has wrapped.
     """
     memo: dict[int, nn.Parameter] = {}
 
     def materialize(module: nn.Module) -> None:
-        return_freed_memory()
+        _return_freed_memory()
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
                 if id(param) not in memo:
