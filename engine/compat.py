@@ -143,7 +143,7 @@ def fsdp1_local_pieces(unit: nn.Module) -> list[tuple[str, int, int]]:
     Lets rank-0 loading send each rank exactly its slices instead of gathering whole units.
     """
     # Private: FullyShardedDataParallel._handle and FlatParamHandle.shard_metadata() (end is inclusive there),
-    # tested on torch 2.13.0.
+    # tested on torch 2.10.0 and 2.13.0.
     handle = unit._handle
     if handle is None:  # a unit without parameters of its own
         return []

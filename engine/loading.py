@@ -133,10 +133,14 @@ def receive_from_rank0(module: nn.Module, fsdp_version: int, device: torch.devic
     first (one small object gather). Buffers (non-persistent ones such as rotary tables are in no state dict) are
     broadcast last.
     """
-    pieces = _fsdp1_pieces(module) if fsdp_version == 1 else _fsdp2_pieces(module)
+    pieces, problem = _fsdp1_pieces(module) if fsdp_version == 1 else _fsdp2_pieces(module)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     everyone = [None] * world_size if rank == 0 else None
-    dist.gather_object([(key, start, end) for key, _, start, end in pieces], everyone, dst=0)
+    dist.gather_object((problem, [(key, start, end) for key, _, start, end in pieces]), everyone, dst=0)
+    verdict = [next((p for p, _ in everyone if p), None) if rank == 0 else None]
+    dist.broadcast_object_list(verdict, src=0)  # a problem on any rank stops every rank, none waits for a send
+    if verdict[0]:
+        raise RuntimeError(f"rank-0 loading: {verdict[0]}; set EngineConfig.load_on_rank0=False")
     with torch.no_grad():
         if rank != 0:
             for _, shard, _, _ in pieces:
@@ -145,14 +149,15 @@ def receive_from_rank0(module: nn.Module, fsdp_version: int, device: torch.devic
             for key, shard, start, end in pieces:
                 shard.copy_(full_state[key].reshape(-1)[start:end])
             for other in range(1, world_size):
-                for key, start, end in everyone[other]:
+                for key, start, end in everyone[other][1]:
                     dist.send(full_state[key].reshape(-1)[start:end].to(device), dst=other)
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
 
 
-def _fsdp1_pieces(module: nn.Module) -> list[tuple[str, torch.Tensor, int, int]]:
-    """(state-dict key, this rank's shard of it, start, end): the shard is ``full[key].reshape(-1)[start:end]``.
+def _fsdp1_pieces(module: nn.Module) -> tuple[list[tuple[str, torch.Tensor, int, int]], str | None]:
+    """(state-dict key, this rank's shard of it, start, end) for each piece of this rank's shards, where the shard
+    is ``full[key].reshape(-1)[start:end]``; and what stops rank-0 loading here, if anything.
 
     With ``use_orig_params`` each parameter's shard is a view into its unit's flat shard.
     """
@@ -166,10 +171,10 @@ def _fsdp1_pieces(module: nn.Module) -> list[tuple[str, torch.Tensor, int, int]]
             for name, start, end in compat.fsdp1_local_pieces(unit):
                 key = _clean(f"{prefix}.{name}" if prefix else name)
                 pieces.append((key, unit.module.get_parameter(name).data, start, end))
-    return pieces
+    return pieces, None
 
 
-def _fsdp2_pieces(module: nn.Module) -> list[tuple[str, torch.Tensor, int, int]]:
+def _fsdp2_pieces(module: nn.Module) -> tuple[list[tuple[str, torch.Tensor, int, int]], str | None]:
     """As ``_fsdp1_pieces``. FSDP2 shards each parameter on dim 0 in ``torch.chunk`` pieces: rank r holds rows
     from r x ceil(rows / world size), a contiguous range of the flattened parameter."""
     from torch.distributed.tensor import DTensor, Shard
@@ -178,17 +183,16 @@ def _fsdp2_pieces(module: nn.Module) -> list[tuple[str, torch.Tensor, int, int]]
     pieces = []
     for key, param in module.named_parameters():
         if not isinstance(param, DTensor) or tuple(param.placements) != (Shard(0),):
-            raise RuntimeError(f"rank-0 loading expected FSDP2 to shard {key} on dim 0, found "
-                               f"{getattr(param, 'placements', 'no DTensor')}; set EngineConfig.load_on_rank0=False")
+            return [], f"expected FSDP2 to shard {key} on dim 0, found {getattr(param, 'placements', 'no DTensor')}"
         shard, rows = param.to_local(), param.shape[0]
         chunk = -(-rows // world_size)
         if shard.shape[0] != max(0, min(chunk, rows - rank * chunk)):
-            raise RuntimeError(f"rank-0 loading expected {key} to be sharded as torch.chunk does, found "
-                               f"{shard.shape[0]} of {rows} rows on rank {rank}; set EngineConfig.load_on_rank0=False")
+            return [], (f"expected {key} sharded as torch.chunk does, found {shard.shape[0]} of {rows} rows on "
+                        f"rank {rank}")
         if shard.numel():
             start = rank * chunk * (param.numel() // rows)
             pieces.append((key, shard.view(-1), start, start + shard.numel()))
-    return pieces
+    return pieces, None
 
 
 def _clean(name: str) -> str:

@@ -110,6 +110,16 @@ def _checks_fail(rank, model_dir):
         loading.check_received(engine.module, 1, expected, device)
     except RuntimeError as error:
         outcome["missed_element"] = str(error)
+    # A layout rank 1 cannot load into stops every rank with the reason (none waits for rank 0's sends).
+    real_pieces = loading._fsdp2_pieces
+    if rank == 1:
+        loading._fsdp2_pieces = lambda module: ([], "a layout this test made up")
+    try:
+        FSDPEngine(model_dir, EngineConfig(lr=1e-3))
+    except RuntimeError as error:
+        outcome["layout_problem"] = str(error)
+    finally:
+        loading._fsdp2_pieces = real_pieces
     model = tiny_qwen2()
     if rank == 1:
         with torch.no_grad():
@@ -138,6 +148,7 @@ def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
         assert report["pretrained_factory_losses"] == report["path_losses"]
         assert "rank-0 loading failed" in report["missed_element"]
         assert "ranks built different model weights" in report["different_weights"]
+        assert "a layout this test made up" in report["layout_problem"]
 
 
 def _three_ranks(rank, model_dir):
