@@ -26,16 +26,29 @@ class MemoryStats:
         return {k: None if v is None else round(v / 2**30, 3) for k, v in self.as_dict().items()}
 
 
-def _status_kib(field: str) -> int | None:
-    """A ``kB`` field of ``/proc/self/status`` in bytes, or ``None`` off Linux."""
+def _status_bytes(*fields: str) -> dict[str, int]:
+    """``kB`` fields of ``/proc/self/status`` in bytes, read in one pass (empty off Linux).
+
+    The engine reads memory around every mini-batch, so one read serves both the current and the peak figure.
+    """
+    found: dict[str, int] = {}
     try:
         with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
+            text = f.read()
     except OSError:
-        return None
-    return None
+        return found
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        if name in fields:
+            found[name] = int(rest.split()[0]) * 1024
+            if len(found) == len(fields):
+                break
+    return found
+
+
+def _status_kib(field: str) -> int | None:
+    """One ``kB`` field of ``/proc/self/status`` in bytes, or ``None`` off Linux."""
+    return _status_bytes(field).get(field)
 
 
 def process_rss() -> int:
@@ -69,27 +82,39 @@ class PeakRSSTracker:
         try:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            self._kernel_reset_works = _status_kib("VmHWM") is not None
+            reset_done = True
         except OSError:
-            self._kernel_reset_works = False
-        self._observed_peak = process_rss()
+            reset_done = False
+        status = _status_bytes("VmRSS", "VmHWM")
+        self._kernel_reset_works = reset_done and "VmHWM" in status
+        self._observed_peak = status["VmRSS"] if "VmRSS" in status else process_rss()
 
     def observe(self) -> int:
-        rss = process_rss()
+        return self.sample()[1]
+
+    def sample(self) -> tuple[int, int]:
+        """(RSS now, peak since the reset), from one read of ``/proc/self/status``."""
+        status = _status_bytes("VmRSS", "VmHWM")
+        rss = status.get("VmRSS")
+        if rss is None:
+            rss = process_rss()
         self._observed_peak = max(self._observed_peak, rss)
-        if self._kernel_reset_works:
-            hwm = _status_kib("VmHWM")
-            if hwm is not None:
-                self._observed_peak = max(self._observed_peak, hwm)
-        return self._observed_peak
+        if self._kernel_reset_works and "VmHWM" in status:
+            self._observed_peak = max(self._observed_peak, status["VmHWM"])
+        return rss, self._observed_peak
 
 
 def host_memory_total_and_free() -> tuple[int | None, int | None]:
     """Host memory this process may use: the machine's, capped by a cgroup v2 limit (containers)."""
     total = free = None
     try:
+        info = {}
         with open("/proc/meminfo") as f:
-            info = {line.split(":")[0]: int(line.split()[1]) * 1024 for line in f if line.strip()}
+            for line in f:  # MemTotal, MemFree and MemAvailable are the first lines: stop there
+                name, _, rest = line.partition(":")
+                info[name] = int(rest.split()[0]) * 1024
+                if "MemAvailable" in info:
+                    break
         total, free = info.get("MemTotal"), info.get("MemAvailable", info.get("MemFree"))
     except (OSError, ValueError, IndexError):
         try:

@@ -41,6 +41,10 @@ class EngineConfig:
     load_on_rank0: for a model given as a path or a factory, only rank 0 builds the weights; the other ranks
         build on the meta device and receive their shards from rank 0 (host memory: a shard, not the model).
     frozen: forward only (a reference model): no optimizer, no gradients; ``param_offload`` still applies.
+    wrap_single_rank: at world size 1 with fp32 compute there is nothing to shard and no dtype to cast, so by
+        default (``False``) the model runs without an FSDP wrapper: FSDP's hooks would only add work (about a
+        quarter of a small model's GRPO step on the CPU). ``True`` wraps it anyway (e.g. to exercise FSDP with
+        one process). With a cast compute dtype (bf16) the model is always wrapped: FSDP does the casting.
     """
 
     fsdp_version: int = 2
@@ -71,6 +75,7 @@ class EngineConfig:
     dist_timeout_s: float = 1800.0
     frozen: bool = False
     load_on_rank0: bool = True
+    wrap_single_rank: bool = False
 
     def __post_init__(self) -> None:
         problems = list(self._problems())

@@ -36,7 +36,7 @@ from .offload import DEVICE, HOST
 from .optim import build_optimizer, build_scheduler, clip_gradients
 from .phase import labelled, phase
 from .reduce import sum_over_ranks
-from .sharding import compute_dtype, generation_context, shard_model, unwrap
+from .sharding import compute_dtype, generation_context, shard_model, unwrap, wrapper_version
 
 StepFn = Callable[[nn.Module, Any], Any]
 
@@ -68,10 +68,12 @@ class FSDPEngine:
             expected = loading.fingerprint(prepared.named_parameters())
         self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size,
                                                           from_rank0=from_rank0)
+        # The wrapper actually used: ``config.fsdp_version``, or 0 for a one-rank model run without FSDP.
+        self.fsdp_version = wrapper_version(self.config, self.backend, self.world_size)
         if from_rank0:
-            loading.receive_from_rank0(self.module, self.config.fsdp_version, self.backend.device(), full_state)
+            loading.receive_from_rank0(self.module, self.fsdp_version, self.backend.device(), full_state)
             del full_state
-            loading.check_received(self.module, self.config.fsdp_version, expected, self.backend.metrics_device())
+            loading.check_received(self.module, self.fsdp_version, expected, self.backend.metrics_device())
         self.loaded_on_rank0 = from_rank0
         self.grad_sync_plan = self._plan_grad_sync(trainable)
         self.grad_sync_mode = self.grad_sync_plan.mode
@@ -97,7 +99,7 @@ class FSDPEngine:
     def _plan_grad_sync(self, trainable_numel: int) -> sync_plan.GradSyncPlan:
         """Decide deferred or per-micro-batch gradient sync from this rank's memory (see ``sync_plan.py``)."""
         config = self.config
-        needed = sync_plan.deferred_extra_bytes(trainable_numel, config.fsdp_version,
+        needed = sync_plan.deferred_extra_bytes(trainable_numel, self.fsdp_version,
                                                 compute_dtype(config, self.backend), self.world_size)
         optimizer_on_device_in_backward = not (config.optimizer_offload and config.optimizer_onload == "step")
         reserved = (sync_plan.optimizer_state_bytes(trainable_numel, self.world_size)
@@ -129,7 +131,7 @@ class FSDPEngine:
         """
         if device not in (DEVICE, HOST):
             raise ValueError(f"device must be {DEVICE!r} or {HOST!r}, got {device!r}")
-        version = self.config.fsdp_version
+        version = self.fsdp_version
         if model and self._residency["params"] != device:
             param_bytes, grad_bytes = offload.model_bytes(self.module, version)
             if grad_bytes and not grad:
@@ -264,7 +266,7 @@ class FSDPEngine:
                     with torch.no_grad(), phase("forward"):
                         loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
                 else:
-                    with micro_batch_context(self.module, self.config.fsdp_version, index, count,
+                    with micro_batch_context(self.module, self.fsdp_version, index, count,
                                              deferred=deferred, keep_unsharded=self.config.keep_params_unsharded):
                         with phase("forward"):
                             loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
@@ -280,7 +282,7 @@ class FSDPEngine:
         except BaseException:
             if not forward_only:  # partial gradients of a failed mini-batch are useless: start clean
                 try:
-                    discard_partial_backward(self.module, self.config.fsdp_version)
+                    discard_partial_backward(self.module, self.fsdp_version)
                     self.zero_grad()
                 except Exception as cleanup_error:  # noqa: BLE001 - never hide the user's error behind ours
                     warnings.warn(f"could not reset the engine after a failed micro-batch: {cleanup_error!r}",
@@ -324,7 +326,7 @@ class FSDPEngine:
         if onload:
             self.to(DEVICE, model=False, optimizer=True)
         try:
-            norm = float(clip_gradients(self.module, self.config.fsdp_version, self.config.max_grad_norm))
+            norm = float(clip_gradients(self.module, self.fsdp_version, self.config.max_grad_norm))
             skipped = not math.isfinite(norm)
             if skipped:
                 self.skipped_steps += 1
@@ -358,13 +360,13 @@ class FSDPEngine:
         """
         self._require_on_device("generate", ["params"])
         gather = self.config.generate_gather
-        with torch.no_grad(), generation_context(self.module, self.config.fsdp_version, gather):
-            return unwrap(self.module, self.config.fsdp_version).generate(**kwargs)
+        with torch.no_grad(), generation_context(self.module, self.fsdp_version, gather):
+            return unwrap(self.module, self.fsdp_version).generate(**kwargs)
 
     def zero_grad(self) -> None:
         """Drop pending gradients without stepping."""
         if self.optimizer is not None:
-            offload.drop_gradients(self.module, self.config.fsdp_version)
+            offload.drop_gradients(self.module, self.fsdp_version)
         self._grads_pending = False
 
     # -- checkpoints --------------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ import contextlib
 import torch.nn as nn
 
 from . import compat
+from .sharding import UNWRAPPED
 
 
 @contextlib.contextmanager
@@ -38,6 +39,8 @@ def _fsdp2_settings(module: nn.Module, sync: bool, reshard_after_backward: bool 
 def micro_batch_context(module: nn.Module, fsdp_version: int, index: int, count: int, *, deferred: bool,
                         keep_unsharded: bool):
     """The context one micro-batch's forward and backward run in (see the module docstring)."""
+    if fsdp_version == UNWRAPPED:  # one rank (one rank): gradients accumulate in ``param.grad``, nothing to reduce
+        return contextlib.nullcontext()
     is_last = index == count - 1
     if not deferred or is_last:
         if fsdp_version == 2 and keep_unsharded:
@@ -54,6 +57,8 @@ def micro_batch_context(module: nn.Module, fsdp_version: int, index: int, count:
 
 def gradient_sync_enabled(module: nn.Module, fsdp_version: int) -> bool:
     """Whether the next backward would reduce gradients (tests and assertions read this)."""
+    if fsdp_version == UNWRAPPED:
+        return True  # unwrapped: every backward writes the final gradients
     if fsdp_version == 1:
         return compat.fsdp1_requires_gradient_sync(module)
     return all(compat.requires_gradient_sync(unit) for unit in compat.fsdp2_units(module))
@@ -65,5 +70,5 @@ def discard_partial_backward(module: nn.Module, fsdp_version: int) -> None:
     FSDP2 keeps skipped-sync gradients on its unsharded parameters, not on ``param.grad``; left there they would
     be added to the next mini-batch. FSDP1 keeps them in the flat gradient, which ``drop_gradients`` frees.
     """
-    if fsdp_version == 2:
+    if fsdp_version == 2:  # unwrapped (0): the gradients are in ``param.grad``, which the caller clears
         compat.reset_after_failure(module)

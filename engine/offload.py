@@ -68,8 +68,9 @@ def move_model(module: nn.Module, fsdp_version: int, backend, destination: str) 
     """Move this rank's parameter shards, buffers and any gradients (a gradient lives with its parameter)."""
     apply = _mover(backend, destination)
     with torch.no_grad():
-        if fsdp_version == 2:
-            # FSDP2 re-points its sharded parameters after Module._apply (FSDPModule._apply).
+        if fsdp_version != 1:
+            # FSDP2 re-points its sharded parameters after Module._apply (FSDPModule._apply); an unwrapped model
+            # (one rank) has nothing to re-point.
             module._apply(apply)
             return
         for handle in _fsdp1_handles(module):

@@ -1,10 +1,13 @@
-"""Sum named metrics over ranks, after the ranks have agreed on the names.
+"""Sum named metrics over ranks, after the ranks have agreed on the names: one all-reduce in the common case.
 
 Packing metrics into one tensor and all-reducing it is cheap, but only correct when every rank packs the same keys
 in the same order: a metric logged on one rank only (present when some condition holds) would otherwise be added to
-a different metric, or, with a different count of keys, leave the ranks waiting on each other. So the key sets are
-compared first (one all-reduce of a fixed-size fingerprint, and only on a mismatch a gather of the names, to say
-which rank lacks which key), then the values are summed in sorted key order: two small all-reduces in all.
+a different metric, or, with a different count of keys, leave the ranks waiting on each other. So every rank sends
+a fixed-size tensor: a fingerprint of its sorted key names, then (up to ``VALUE_SLOTS`` of them) its values. The
+fingerprint is a few small integers ``h`` sent with their squares: from the sums every rank receives alike, all ranks
+sent the same ``h`` exactly when ``world * sum(h*h) == sum(h)**2`` (zero variance), so every rank reaches the same
+verdict. On a mismatch the names are gathered to say which rank lacks which key; more keys than slots take a second
+all-reduce for the values.
 """
 
 from __future__ import annotations
@@ -15,26 +18,30 @@ from collections.abc import Mapping
 import torch
 import torch.distributed as dist
 
+HASHES = 4  # 13-bit pieces of the key fingerprint: 52 bits in all
+HASH_BITS = 13  # world * sum(h*h) stays an exact float64 integer up to 2**13 ranks
+MAX_EXACT_WORLD = 2 ** HASH_BITS
+PACKED_SLOTS = 64  # the fixed size every rank sends
+VALUE_SLOTS = PACKED_SLOTS - 2 * HASHES
+
 
 class MetricKeysMismatch(RuntimeError):
     """Ranks tried to reduce different metric names; the message names the rank and the keys."""
 
 
-def _fingerprint(keys: list[str], device: torch.device) -> torch.Tensor:
-    digest = hashlib.sha256("\0".join(keys).encode()).digest()[:7]  # 56 bits fit an int64 exactly
-    return torch.tensor([int.from_bytes(digest, "little"), len(keys)], dtype=torch.int64, device=device)
+def _fingerprint(keys: list[str]) -> list[float]:
+    digest = int.from_bytes(hashlib.sha256("\0".join(keys).encode()).digest()[:8], "little")
+    pieces = [float((digest >> (HASH_BITS * i)) & (MAX_EXACT_WORLD - 1)) for i in range(HASHES)]
+    return pieces + [h * h for h in pieces]
 
 
-def _check_same_keys(keys: list[str], device: torch.device, group=None) -> None:
-    world = dist.get_world_size(group)
-    if world == 1:
-        return
-    mine = _fingerprint(keys, device)
-    extremes = torch.cat([mine, -mine])
-    dist.all_reduce(extremes, op=dist.ReduceOp.MAX)  # the largest and (negated) the smallest of each entry
-    if torch.equal(extremes[:2], -extremes[2:]):
-        return
-    names: list[list[str] | None] = [None] * world
+def _same_everywhere(summed_header: list[float], world: int) -> bool:
+    sums, squares = summed_header[:HASHES], summed_header[HASHES:]
+    return all(world * sq == s * s for s, sq in zip(sums, squares))
+
+
+def _raise_mismatch(keys: list[str], group) -> None:
+    names: list[list[str] | None] = [None] * dist.get_world_size(group)
     dist.all_gather_object(names, keys, group=group)
     union = sorted(set().union(*names))
     problems = []
@@ -47,16 +54,46 @@ def _check_same_keys(keys: list[str], device: torch.device, group=None) -> None:
         + ". Log every metric on every rank (use 0.0 with a count, or always include the key).")
 
 
-def sum_over_ranks(values: Mapping[str, torch.Tensor | float], device: torch.device, group=None,
-                   dtype: torch.dtype = torch.float32) -> dict[str, float]:
-    """``{key: sum over ranks}``; every rank must pass the same keys (else ``MetricKeysMismatch`` on every rank).
+def _stack(values: Mapping, keys: list[str], device: torch.device) -> torch.Tensor:
+    return torch.stack([torch.as_tensor(values[k], dtype=torch.float64, device=device).reshape(()) for k in keys])
 
-    Two all-reduces whatever the number of keys: a fixed-size key fingerprint, then the packed values.
+
+def sum_over_ranks(values: Mapping[str, torch.Tensor | float], device: torch.device,
+                   group=None) -> dict[str, float]:
+    """``{key: sum over ranks}`` (summed in float64); every rank must pass the same keys (else
+    ``MetricKeysMismatch`` on every rank). One all-reduce for up to ``VALUE_SLOTS`` keys, two beyond.
     """
     keys = sorted(values)
-    _check_same_keys(keys, device, group)
+    world = dist.get_world_size(group)
+    if world == 1:
+        return {k: float(torch.as_tensor(values[k]).item()) for k in keys}
+    if world > MAX_EXACT_WORLD:  # the fingerprint's sums would no longer be exact: compare it on its own
+        return _sum_in_two_steps(values, keys, device, group)
+    packed = torch.zeros(PACKED_SLOTS, dtype=torch.float64, device=device)
+    packed[:2 * HASHES] = torch.tensor(_fingerprint(keys), dtype=torch.float64)
+    inline = len(keys) <= VALUE_SLOTS
+    if inline and keys:
+        packed[2 * HASHES:2 * HASHES + len(keys)] = _stack(values, keys, device)
+    dist.all_reduce(packed, group=group)
+    summed = packed.tolist()
+    if not _same_everywhere(summed[:2 * HASHES], world):
+        _raise_mismatch(keys, group)
+    if inline:
+        return dict(zip(keys, summed[2 * HASHES:]))
+    stacked = _stack(values, keys, device)
+    dist.all_reduce(stacked, group=group)
+    return dict(zip(keys, stacked.tolist()))
+
+
+def _sum_in_two_steps(values, keys, device, group) -> dict[str, float]:
+    """Key check by MAX of the fingerprint and its negation (exact at any world size), then the values."""
+    mine = torch.tensor([float(h) for h in _fingerprint(keys)[:HASHES]], dtype=torch.float64, device=device)
+    extremes = torch.cat([mine, -mine])
+    dist.all_reduce(extremes, op=dist.ReduceOp.MAX, group=group)
+    if not torch.equal(extremes[:HASHES], -extremes[HASHES:]):
+        _raise_mismatch(keys, group)
     if not keys:
         return {}
-    packed = torch.stack([torch.as_tensor(values[k], dtype=dtype, device=device).reshape(()) for k in keys])
-    dist.all_reduce(packed, group=group)
-    return dict(zip(keys, packed.tolist()))
+    stacked = _stack(values, keys, device)
+    dist.all_reduce(stacked, group=group)
+    return dict(zip(keys, stacked.tolist()))

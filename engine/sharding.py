@@ -55,13 +55,26 @@ def check_same_weights(model: nn.Module, backend) -> None:
                          "random weights inside the model factory (the engine seeds every rank alike first)")
 
 
+UNWRAPPED = 0  # the "FSDP version" of a model that runs without a wrapper (one rank, nothing to shard)
+
+
+def wrapper_version(config: EngineConfig, backend, world_size: int) -> int:
+    """The FSDP version that wraps the model, or ``UNWRAPPED`` (see ``EngineConfig.wrap_single_rank``)."""
+    if world_size == 1 and not config.wrap_single_rank and compute_dtype(config, backend) == torch.float32:
+        return UNWRAPPED
+    return config.fsdp_version
+
+
 def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int,
                 from_rank0: bool = False) -> tuple[nn.Module, int]:
     """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root).
 
     ``from_rank0``: the weights will be sent by rank 0 after sharding (``loading.py``); ranks other than 0 hold
-    a meta-device model whose shards are allocated here, uninitialised.
+    a meta-device model whose shards are allocated here, uninitialised. An unwrapped model (one rank) is only
+    moved to the device and has no sharded units.
     """
+    if wrapper_version(config, backend, world_size) == UNWRAPPED:
+        return model.to(backend.device()), 0
     if not from_rank0:
         check_same_weights(model, backend)
     classes = layer_classes(model, config.wrap_class_names)
@@ -129,8 +142,10 @@ def generation_context(module: nn.Module, fsdp_version: int, gather: str = "once
     reshards once at the end: one all-gather per unit per call instead of one per unit per token, for the memory
     of one unsharded copy of the model. ``gather="per_layer"`` gathers only the root's own parameters for the call
     (``generate`` may start a forward below the sharded root, as PEFT's does, which would skip the root's gather)
-    and lets each decoder layer gather itself for every forward.
+    and lets each decoder layer gather itself for every forward. An unwrapped model needs nothing.
     """
+    if fsdp_version == UNWRAPPED:
+        return contextlib.nullcontext()
     if fsdp_version == 2:
         return _fsdp2_gathered(module, everything=gather == "once")
     return _fsdp1_gathered(module, everything=gather == "once")

@@ -9,7 +9,7 @@ from engine.collectives import CollectiveCounter  # noqa: F401 - the tests impor
 
 def full_grads(engine):
     """Every gradient as a full (unsharded) tensor, by the parameter's name in the unwrapped model."""
-    if engine.config.fsdp_version == 2:
+    if engine.fsdp_version != 1:  # FSDP2 or unwrapped (one rank)
         return {n: (p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad).clone()
                 for n, p in engine.module.named_parameters() if p.grad is not None}
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
@@ -20,7 +20,7 @@ def full_grads(engine):
 
 
 def full_params(engine):
-    if engine.config.fsdp_version == 2:
+    if engine.fsdp_version != 1:  # FSDP2 or unwrapped (one rank)
         return {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
                 for n, p in engine.module.named_parameters()}
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP

@@ -43,7 +43,7 @@ def test_fsdp2_collective_counts():
     assert counts["kept_unsharded"]["all_gather"] < counts["deferred"]["all_gather"]
     assert counts["deferred"]["all_gather"] == counts["every_micro_batch"]["all_gather"]
     for mode in FSDP2_MODES:
-        assert counts[mode]["all_reduce"] == 2, "weights and metrics: key agreement + values, per mini-batch"
+        assert counts[mode]["all_reduce"] == 1, "weights and metrics with their key fingerprint, per mini-batch"
 
 
 def test_fsdp1_collective_counts():
@@ -54,4 +54,4 @@ def test_fsdp1_collective_counts():
     assert units == 3
     assert counts["every_micro_batch"]["reduce_scatter"] == units * 4
     assert counts["deferred"]["reduce_scatter"] == units
-    assert counts["deferred"]["all_reduce"] == 2  # key agreement + values (engine/reduce.py)
+    assert counts["deferred"]["all_reduce"] == 1  # key fingerprint and values together (engine/reduce.py)

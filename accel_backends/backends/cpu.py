@@ -6,7 +6,7 @@ import torch
 
 from ..base import DeviceBackend
 from ..hookspecs import hookimpl
-from ..memory import MemoryStats, PeakRSSTracker, host_memory_total_and_free, process_rss
+from ..memory import MemoryStats, PeakRSSTracker, host_memory_total_and_free
 
 
 class CPUBackend(DeviceBackend):
@@ -52,10 +52,11 @@ class CPUBackend(DeviceBackend):
 
     def memory_stats(self) -> MemoryStats:
         total, free = host_memory_total_and_free()
+        rss, peak = self._tracker().sample()
         return MemoryStats(
-            allocated=process_rss(),
+            allocated=rss,
             reserved=None,
-            peak_allocated=self._tracker().observe(),
+            peak_allocated=peak,
             total=total,
             free=free,
         )

@@ -26,7 +26,7 @@ OFFLOAD_VARIANTS = {
 
 def legacy_enter(engine) -> None:
     """What entering train mode cost before the fix, with nothing offloaded: a model move, gc and cache flush."""
-    move_model(engine.module, engine.config.fsdp_version, engine.backend, "device")
+    move_model(engine.module, engine.fsdp_version, engine.backend, "device")
     gc.collect()
     engine.backend.empty_cache()
     engine.module.train()

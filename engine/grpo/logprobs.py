@@ -4,8 +4,9 @@ A naive ``log_softmax(logits.float() / temperature)`` over ``[batch, prompt + re
 logits, their fp32/temperature copy and the log-softmax at once: with Qwen's 151,936-token vocabulary, 8
 sequences of 256 response tokens are 1.2 GB per copy. Here the model's output layer itself is replaced, for the
 duration of the forward, by one that turns one slice of response positions at a time into logits and reduces
-them to the chosen token's log-probability (and entropy): no ``[B, R, V]`` tensor exists at all. With gradients
-each slice is recomputed in the backward pass instead of being kept (activation checkpointing of the slice).
+them to the chosen token's log-probability (and entropy, from the same logits): no ``[B, R, V]`` tensor exists at
+all. With gradients and several slices, each slice is recomputed in the backward pass instead of being kept
+(activation checkpointing of the slice).
 Models whose logits are not a plain linear layer of the hidden states (soft-capping, scaling) get their logits at
 the response positions only (``logits_to_keep``) and the same slice-by-slice reduction.
 """
@@ -25,39 +26,55 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def _chosen_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
+    """Chosen-token log-probs of one slice of logits and, when asked, their entropy (no grad), from one softmax."""
     scaled = logits.float() / temperature
-    return scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+    log_z = torch.logsumexp(scaled, dim=-1)
+    chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    if not with_entropy:
+        return chosen, None
+    with torch.no_grad():
+        detached, log_z = scaled.detach(), log_z.detach()
+        entropy = log_z - (torch.exp(detached - log_z.unsqueeze(-1)) * detached).sum(-1)
+    return chosen, entropy
 
 
-@torch.no_grad()
-def _entropy(logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    scaled = logits.float() / temperature
-    log_z = torch.logsumexp(scaled, dim=-1, keepdim=True)
-    return (log_z.squeeze(-1) - (torch.softmax(scaled, dim=-1) * scaled).sum(-1))
+def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool):
+    """Run ``compute(inputs_slice, targets_slice)`` over ROWS_PER_SLICE positions at a time; concatenate.
+
+    With gradients and more than one slice, each slice is recomputed in the backward pass instead of keeping its
+    logits (activation checkpointing): only the inputs, which exist anyway, are kept. A single slice keeps its
+    logits, as checkpointing it would not lower the peak (the slice exists in the forward either way) and would
+    compute it twice.
+    """
+    flat_targets = targets.reshape(-1)
+    starts = range(0, flat_targets.numel(), ROWS_PER_SLICE)
+    recompute = needs_grad and torch.is_grad_enabled() and len(starts) > 1
+    pieces, entropies = [], []
+    for start in starts:
+        part, chosen = inputs[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
+        if recompute:
+            piece, entropy = checkpoint(compute, part, chosen, use_reentrant=False)
+        else:
+            piece, entropy = compute(part, chosen)
+        pieces.append(piece)
+        entropies.append(entropy)
+    log_probs = torch.cat(pieces).view(targets.shape)
+    entropy = torch.cat(entropies).view(targets.shape).detach() if with_entropy else None
+    return log_probs, entropy
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chosen-token log-probs ``[B, R]`` (float32) of ``logits`` ``[B, R, V]``; optionally the entropy (no grad).
 
-    Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice.
+    Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice over the
+    positions of all rows together (not per row: fewer, larger kernels).
     """
-    pieces, entropies = [], []
-    flat_logits, flat_targets = logits.flatten(0, 1), targets.reshape(-1)  # slices over all positions, not per row
-    for start in range(0, flat_targets.numel(), ROWS_PER_SLICE):
-        chunk, chosen = flat_logits[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
-        if torch.is_grad_enabled() and chunk.requires_grad:
-            # Keep only the (already existing) logits slice for backward; recompute the softmax there.
-            piece = checkpoint(_chosen_log_probs, chunk, chosen, temperature, use_reentrant=False)
-        else:
-            piece = _chosen_log_probs(chunk, chosen, temperature)
-        pieces.append(piece)
-        if with_entropy:
-            entropies.append(_entropy(chunk.detach(), temperature))
-    log_probs = torch.cat(pieces).view(targets.shape)
-    entropy = torch.cat(entropies).view(targets.shape) if with_entropy else None
-    return log_probs, entropy
+    def compute(chunk, chosen):
+        return _slice_outputs(chunk, chosen, temperature, with_entropy)
+
+    return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad)
 
 
 def _plain_output_layer(module):
@@ -69,38 +86,25 @@ def _plain_output_layer(module):
     return head if type(head) is torch.nn.Linear and not changes_logits else None
 
 
-def _head_log_probs(hidden, weight, bias, targets, temperature):
-    return _chosen_log_probs(torch.nn.functional.linear(hidden, weight, bias), targets, temperature)
-
-
 @contextlib.contextmanager
 def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list):
     """Within the block the output layer returns the chosen tokens' log-probs ``[B, R]`` instead of logits.
 
     It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
-    see the result), computing logits for one slice of positions at a time. With gradients each slice is
-    recomputed in the backward pass: only the hidden states, which exist anyway, are kept.
+    see the result), computing logits for one slice of positions at a time (``_in_slices``).
     """
+    def compute(hidden, chosen):
+        return _slice_outputs(torch.nn.functional.linear(hidden, head.weight, head.bias), chosen, temperature,
+                              with_entropy)
+
     def forward(hidden):
-        # The last position predicts a token after the response. Slices run over the positions of all rows
-        # together: one slice per ROWS_PER_SLICE positions, not one per sequence (fewer, larger kernels).
-        hidden = hidden[:, :-1].flatten(0, 1)
-        flat_targets = targets.reshape(-1)
-        pieces, entropies = [], []
-        for start in range(0, flat_targets.numel(), ROWS_PER_SLICE):
-            h, chosen = hidden[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
-            if torch.is_grad_enabled() and (h.requires_grad or head.weight.requires_grad):
-                pieces.append(checkpoint(_head_log_probs, h, head.weight, head.bias, chosen, temperature,
-                                         use_reentrant=False))
-            else:
-                pieces.append(_head_log_probs(h, head.weight, head.bias, chosen, temperature))
-            if with_entropy:
-                with torch.no_grad():
-                    entropies.append(_entropy(torch.nn.functional.linear(h, head.weight, head.bias), temperature))
+        # The last position predicts a token after the response.
+        needs_grad = hidden.requires_grad or head.weight.requires_grad
+        log_probs, entropy = _in_slices(compute, hidden[:, :-1].flatten(0, 1), targets, with_entropy, needs_grad)
         if with_entropy:
-            entropy_out.append(torch.cat(entropies).view(targets.shape))
+            entropy_out.append(entropy)
         # A new tensor, not a view: FSDP hooks the model's outputs for backward.
-        return torch.cat(pieces).view(targets.shape).clone()
+        return log_probs.clone()
 
     head.forward = forward
     try:

@@ -186,7 +186,7 @@ class GRPOTrainer:
         return averaged
 
     def _global(self, stats: dict) -> dict:
-        return sum_over_ranks(stats, self.backend.metrics_device(), dtype=torch.float64)
+        return sum_over_ranks(stats, self.backend.metrics_device())
 
     def _largest_over_ranks(self, value: float) -> float:
         packed = torch.tensor([value], dtype=torch.float64, device=self.backend.metrics_device())

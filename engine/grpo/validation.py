@@ -39,7 +39,6 @@ def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts:
             total += sum(scores)
             correct += sum(1.0 for value in scores if value >= CORRECT)
             count += len(scores)
-    summed = sum_over_ranks({"total": total, "correct": correct, "count": count}, engine.backend.metrics_device(),
-                            dtype=torch.float64)
+    summed = sum_over_ranks({"total": total, "correct": correct, "count": count}, engine.backend.metrics_device())
     total, correct, count = summed["total"], summed["correct"], summed["count"]
     return {"val/reward_mean": total / max(count, 1.0), "val/accuracy": correct / max(count, 1.0)}

@@ -1,0 +1,71 @@
+"""``sum_over_ranks`` on 3 ranks: one all-reduce when the keys agree, a second one beyond the inline slots, and the
+same ``MetricKeysMismatch`` on every rank whenever any rank's keys differ (never a hang, never a mixed sum)."""
+
+import pytest
+
+from distributed import run_ranks
+
+
+def _reduce_cases(rank):
+    import torch
+    import torch.distributed as dist
+
+    import accel_backends
+    from engine import reduce
+
+    accel_backends.get_backend().init_distributed()
+    calls = []
+    original = dist.all_reduce
+
+    def counted(tensor, *args, **kwargs):
+        calls.append(tensor.numel())
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = counted
+    device = torch.device("cpu")
+    out = {}
+
+    def attempt(name, values):
+        calls.clear()
+        try:
+            out[name] = {"sums": reduce.sum_over_ranks(values, device), "calls": list(calls)}
+        except reduce.MetricKeysMismatch as error:
+            out[name] = {"error": str(error), "calls": list(calls)}
+
+    attempt("same", {"loss": torch.tensor(rank + 0.5), "weight": float(rank + 1)})
+    many = {f"m{i:03d}": float(i * (rank + 1)) for i in range(reduce.VALUE_SLOTS + 9)}
+    attempt("many", many)
+    attempt("extra_on_rank2", {"loss": 1.0, **({"extra": 2.0} if rank == 2 else {})})
+    # Every rank's keys differ from every other's.
+    attempt("all_different", {f"only_rank{rank}": 1.0})
+    attempt("many_on_rank0", many if rank == 0 else {"loss": 1.0})
+    attempt("empty", {})
+    return out
+
+
+@pytest.mark.slow
+def test_sums_and_key_checks_agree_on_every_rank():
+    results = run_ranks(_reduce_cases, world_size=3)
+    from engine.reduce import VALUE_SLOTS
+
+    for out in results:
+        assert out["same"] == {"sums": {"loss": 4.5, "weight": 6.0}, "calls": [64]}
+        assert out["many"]["sums"] == {f"m{i:03d}": float(i * 6) for i in range(VALUE_SLOTS + 9)}
+        assert out["many"]["calls"] == [64, VALUE_SLOTS + 9]
+        assert "rank 0 lacks 'extra'; rank 1 lacks 'extra'" in out["extra_on_rank2"]["error"]
+        assert "rank 1 lacks 'only_rank0', 'only_rank2'" in out["all_different"]["error"]
+        assert "rank 1 lacks 'm000'" in out["many_on_rank0"]["error"]
+        assert out["empty"] == {"sums": {}, "calls": [64]}
+
+
+def test_the_verdict_depends_only_on_sums_every_rank_receives():
+    from engine.reduce import HASHES, _same_everywhere
+
+    def summed(per_rank):  # one fingerprint piece per rank, repeated in every slot
+        return [float(sum(per_rank))] * HASHES + [float(sum(h * h for h in per_rank))] * HASHES
+
+    assert _same_everywhere(summed([5, 5, 5]), 3)
+    # 1, 2, 3: rank 1's own value times 3 equals the sum, so comparing with one's own value would let rank 1
+    # carry on alone while ranks 0 and 2 raise; the variance of the sums says "different" on every rank.
+    assert not _same_everywhere(summed([1, 2, 3]), 3)
+    assert not _same_everywhere(summed([0, 8191]), 2)
