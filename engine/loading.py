@@ -3,8 +3,10 @@
 Every rank building the full model before sharding costs world size x the full model in host memory and as many
 reads of the checkpoint. For a model given as a path (a local Hugging Face directory) or a zero-argument factory,
 rank 0 builds it for real and every other rank builds the same structure on the meta device (no storage). After
-sharding, the other ranks allocate only their shards and receive them from rank 0, one tensor (FSDP2) or one
-unit (FSDP1) at a time, so their peak host memory is about their shard plus the largest tensor or unit.
+sharding, the other ranks allocate only their shards and rank 0 sends each of them exactly its slices, received
+in place. FSDP2 allocates shards alone, so a receiving rank's peak is about its shard; FSDP1 builds each unit's
+full flat parameter while wrapping, so there it is about its shard plus the largest unit (docs/engine.md has the
+measured figures).
 
 A model given as an ``nn.Module`` already exists on every rank: it is used as it is (and the ranks' weights are
 compared, ``sharding.check_same_weights``).
@@ -12,7 +14,9 @@ compared, ``sharding.check_same_weights``).
 
 from __future__ import annotations
 
+import ctypes
 import os
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -77,14 +81,35 @@ def _from_directory(path: Path, meta: bool) -> nn.Module:
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
+def _glibc_malloc_trim():
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):  # not glibc (musl has no malloc_trim)
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+
+
+def _return_freed_memory() -> None:
+    """Hand freed heap memory back to the system: glibc keeps it mapped, and resident, otherwise."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
 def fsdp1_materializer(device: torch.device) -> Callable[[nn.Module], None]:
     """FSDP1 ``param_init_fn``: allocate a module's own meta tensors (uninitialised; rank 0 sends the values).
 
-    One memo for the whole model keeps tied weights tied (``to_empty`` per module would untie them).
+    One memo for the whole model keeps tied weights tied (``to_empty`` per module would untie them). FSDP1 builds
+    each unit's full flat parameter and frees it once sharded; freed heap pages stay resident under glibc, so each
+    call first returns them, or this rank's peak would grow by about half of every unit it has wrapped.
     """
     memo: dict[int, nn.Parameter] = {}
 
     def materialize(module: nn.Module) -> None:
+        _return_freed_memory()
         for name, param in list(module._parameters.items()):
             if param is not None and param.is_meta:
                 if id(param) not in memo:
@@ -102,50 +127,72 @@ def receive_from_rank0(module: nn.Module, fsdp_version: int, device: torch.devic
                        full_state: dict[str, torch.Tensor] | None) -> None:
     """After sharding: every rank's shards take rank 0's values (``full_state``: rank 0's unsharded state dict).
 
-    FSDP2: ``set_model_state_dict(broadcast_from_rank0=True)`` broadcasts one tensor at a time and keeps this
-    rank's slice. FSDP1: each unit is gathered in turn, rank 0 fills it from ``full_state`` and broadcasts it,
-    and every rank writes its shard back. Buffers (non-persistent ones such as rotary tables are in no state
-    dict) are broadcast last.
+    Rank 0 sends each rank exactly the slices of its weights that the rank's shard holds, received straight into
+    the shard: no unit is gathered and nothing is received into a temporary, so a receiving rank needs no memory
+    beyond its shard (a broadcast would put every full tensor on every rank). Rank 0 learns each rank's slices
+    first (one small object gather). Buffers (non-persistent ones such as rotary tables are in no state dict) are
+    broadcast last.
     """
-    if fsdp_version == 2:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
-        set_model_state_dict(module, full_state if dist.get_rank() == 0 else {}, options=options)
-    else:
-        _fsdp1_receive(module, full_state)
+    pieces, problem = _fsdp1_pieces(module) if fsdp_version == 1 else _fsdp2_pieces(module)
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    everyone = [None] * world_size if rank == 0 else None
+    dist.gather_object((problem, [(key, start, end) for key, _, start, end in pieces]), everyone, dst=0)
+    verdict = [next((p for p, _ in everyone if p), None) if rank == 0 else None]
+    dist.broadcast_object_list(verdict, src=0)  # a problem on any rank stops every rank, none waits for a send
+    if verdict[0]:
+        raise RuntimeError(f"rank-0 loading: {verdict[0]}; set EngineConfig.load_on_rank0=False")
     with torch.no_grad():
+        if rank != 0:
+            for _, shard, _, _ in pieces:
+                dist.recv(shard, src=0)
+        else:
+            for key, shard, start, end in pieces:
+                shard.copy_(full_state[key].reshape(-1)[start:end])
+            for other in range(1, world_size):
+                for key, start, end in everyone[other][1]:
+                    dist.send(full_state[key].reshape(-1)[start:end].to(device), dst=other)
         for buffer in module.buffers():
             dist.broadcast(buffer, src=0)
 
 
-def _fsdp1_receive(module: nn.Module, full_state: dict[str, torch.Tensor] | None) -> None:
-    """Per unit: gather it (shards of other ranks are uninitialised), take rank 0's full values, write back."""
+def _fsdp1_pieces(module: nn.Module) -> tuple[list[tuple[str, torch.Tensor, int, int]], str | None]:
+    """(state-dict key, this rank's shard of it, start, end) for each piece of this rank's shards, where the shard
+    is ``full[key].reshape(-1)[start:end]``; and what stops rank-0 loading here, if anything.
+
+    With ``use_orig_params`` each parameter's shard is a view into its unit's flat shard.
+    """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    prefixes = {id(m): name for name, m in module.named_modules()}
-    for unit in FullyShardedDataParallel.fsdp_modules(module):
-        with FullyShardedDataParallel.summon_full_params(unit, recurse=False, writeback=True), torch.no_grad():
-            for name, param in _own_parameters(unit, prefixes[id(unit)]):
-                if full_state is not None:
-                    param.copy_(full_state[_clean(name)])
-                dist.broadcast(param.data, src=0)
+    from . import compat
+
+    pieces = []
+    for prefix, unit in module.named_modules():
+        if isinstance(unit, FullyShardedDataParallel):
+            for name, start, end in compat.fsdp1_local_pieces(unit):
+                key = _clean(f"{prefix}.{name}" if prefix else name)
+                pieces.append((key, unit.module.get_parameter(name).data, start, end))
+    return pieces, None
 
 
-def _own_parameters(unit: nn.Module, prefix: str):
-    """(full name, parameter) of an FSDP1 unit's parameters that no nested unit owns, each once."""
-    from torch.distributed.fsdp import FullyShardedDataParallel
+def _fsdp2_pieces(module: nn.Module) -> tuple[list[tuple[str, torch.Tensor, int, int]], str | None]:
+    """As ``_fsdp1_pieces``. FSDP2 shards each parameter on dim 0 in ``torch.chunk`` pieces: rank r holds rows
+    from r x ceil(rows / world size), a contiguous range of the flattened parameter."""
+    from torch.distributed.tensor import DTensor, Shard
 
-    seen: set[int] = set()
-    stack = [(prefix, unit)]
-    while stack:
-        path, current = stack.pop()
-        for name, param in current.named_parameters(recurse=False):
-            if id(param) not in seen and param.numel() > 0:
-                seen.add(id(param))
-                yield (f"{path}.{name}" if path else name), param
-        stack.extend((f"{path}.{n}" if path else n, c) for n, c in current.named_children()
-                     if not isinstance(c, FullyShardedDataParallel))
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    pieces = []
+    for key, param in module.named_parameters():
+        if not isinstance(param, DTensor) or tuple(param.placements) != (Shard(0),):
+            return [], f"expected FSDP2 to shard {key} on dim 0, found {getattr(param, 'placements', 'no DTensor')}"
+        shard, rows = param.to_local(), param.shape[0]
+        chunk = -(-rows // world_size)
+        if shard.shape[0] != max(0, min(chunk, rows - rank * chunk)):
+            return [], (f"expected {key} sharded as torch.chunk does, found {shard.shape[0]} of {rows} rows on "
+                        f"rank {rank}")
+        if shard.numel():
+            start = rank * chunk * (param.numel() // rows)
+            pieces.append((key, shard.view(-1), start, start + shard.numel()))
+    return pieces, None
 
 
 def _clean(name: str) -> str:
@@ -161,8 +208,18 @@ def fingerprint(named_tensors, fsdp1_prefixes: bool = False) -> float:
         for name, tensor in named_tensors:
             clean = _clean(name) if fsdp1_prefixes else name
             weight = 1 + sum(clean.encode()) % 7
-            total += weight * local(tensor).double().sum().item()
+            total += weight * sum_float64(local(tensor))
     return total
+
+
+def sum_float64(tensor: torch.Tensor, chunk: int = 1 << 16) -> float:
+    """The sum of ``tensor`` in float64, a chunk at a time: a float64 copy of a whole fp32 tensor is twice its size
+    (``sum(dtype=torch.float64)`` makes that copy too), and would be the peak of loading."""
+    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+    with torch.no_grad():
+        for piece in tensor.reshape(-1).split(chunk):
+            total += piece.double().sum()  # nothing else stays allocated, so each chunk reuses the last one's memory
+    return total.item()
 
 
 def check_received(module: nn.Module, fsdp_version: int, expected: float | None, device: torch.device) -> None:

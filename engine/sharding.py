@@ -44,9 +44,10 @@ def check_same_weights(model: nn.Module, backend) -> None:
     """Fail early if ranks built different weights (FSDP would silently train a mix of them)."""
     import torch.distributed as dist
 
-    with torch.no_grad():
-        fingerprint = sum((t.double() * (i % 7 + 1)).sum() for i, t in enumerate(model.state_dict().values()))
-    fingerprint = torch.as_tensor(fingerprint, dtype=torch.float64).to(backend.metrics_device())
+    from .loading import sum_float64
+
+    fingerprint = sum(sum_float64(t) * (i % 7 + 1) for i, t in enumerate(model.state_dict().values()))
+    fingerprint = torch.tensor(fingerprint, dtype=torch.float64, device=backend.metrics_device())
     extremes = torch.stack([fingerprint, -fingerprint])
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     if extremes[0].item() != -extremes[1].item():

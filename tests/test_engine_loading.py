@@ -52,7 +52,8 @@ def _loading(rank, model_dir):
     from tiny import tiny_qwen2
 
     report = {}
-    cases = {"fsdp2_path": (2, 0), "fsdp2_lora_factory": (2, 4), "fsdp1_tied_factory": (1, 0)}
+    cases = {"fsdp2_path": (2, 0), "fsdp2_lora_factory": (2, 4), "fsdp1_tied_factory": (1, 0),
+             "fsdp1_lora_path": (1, 4)}
     for name, (version, lora) in cases.items():
         build = _tied_qwen2 if "tied" in name else tiny_qwen2
         factory = RecordingFactory(build)
@@ -83,7 +84,51 @@ def _loading(rank, model_dir):
     losses, _ = _train(engine, rank)
     report["pretrained_factory_losses"] = losses
     report["path_losses"] = _train(FSDPEngine(model_dir, EngineConfig(lr=1e-3)), rank)[0]
+    report.update(_checks_fail(rank, model_dir))
     return report
+
+
+def _checks_fail(rank, model_dir):
+    """Both weight checks can fail: a shard that is not rank 0's weights, and ranks that built different models."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine import EngineConfig, FSDPEngine, loading
+    from tiny import tiny_qwen2
+
+    outcome = {}
+    engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=1, lr=1e-3))
+    expected = None
+    if rank == 0:
+        expected = loading.fingerprint(AutoModelForCausalLM.from_pretrained(model_dir).named_parameters())
+    device = engine.backend.metrics_device()
+    loading.check_received(engine.module, 1, expected, device)  # what rank 0 sent: passes
+    if rank == 1:
+        with torch.no_grad():
+            next(p for p in engine.module.parameters() if p.numel())[0] += 1.0  # one element missed
+    try:
+        loading.check_received(engine.module, 1, expected, device)
+    except RuntimeError as error:
+        outcome["missed_element"] = str(error)
+    # A layout rank 1 cannot load into stops every rank with the reason (none waits for rank 0's sends).
+    real_pieces = loading._fsdp2_pieces
+    if rank == 1:
+        loading._fsdp2_pieces = lambda module: ([], "a layout this test made up")
+    try:
+        FSDPEngine(model_dir, EngineConfig(lr=1e-3))
+    except RuntimeError as error:
+        outcome["layout_problem"] = str(error)
+    finally:
+        loading._fsdp2_pieces = real_pieces
+    model = tiny_qwen2()
+    if rank == 1:
+        with torch.no_grad():
+            next(model.parameters())[0, 0] += 1.0
+    try:
+        FSDPEngine(model, EngineConfig(lr=1e-3))
+    except ValueError as error:
+        outcome["different_weights"] = str(error)
+    return outcome
 
 
 def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
@@ -92,7 +137,7 @@ def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
     tiny_qwen2().save_pretrained(tmp_path / "model")
     reports = run_ranks(_loading, str(tmp_path / "model"))
     for rank, report in enumerate(reports):
-        for name in ("fsdp2_path", "fsdp2_lora_factory", "fsdp1_tied_factory"):
+        for name in ("fsdp2_path", "fsdp2_lora_factory", "fsdp1_tied_factory", "fsdp1_lora_path"):
             assert report[name]["loaded_on_rank0"] is True
         assert report["fsdp1_tied_factory:tied"] is True
         # The factory ran once per rank: for real on rank 0, on the meta device elsewhere.
@@ -101,3 +146,30 @@ def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
         assert report["fsdp1_tied_factory"]["factory_devices"] == want
         assert report["pretrained_factory_warned"] is (rank == 1)
         assert report["pretrained_factory_losses"] == report["path_losses"]
+        assert "rank-0 loading failed" in report["missed_element"]
+        assert "ranks built different model weights" in report["different_weights"]
+        assert "a layout this test made up" in report["layout_problem"]
+
+
+def _three_ranks(rank, model_dir):
+    from engine import EngineConfig, FSDPEngine
+    from engine_checks import assert_bitwise_equal
+
+    losses = {}
+    for version in (1, 2):
+        engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=version, lr=1e-3))
+        reference = FSDPEngine(model_dir, EngineConfig(fsdp_version=version, lr=1e-3, load_on_rank0=False))
+        got, want = _train(engine, rank), _train(reference, rank)
+        assert got[0] == want[0], (version, got[0], want[0])
+        assert_bitwise_equal(got[1], want[1])
+        losses[version] = (engine.loaded_on_rank0, got[0])
+    return losses
+
+
+def test_rank0_loading_on_three_ranks(tmp_path):
+    """Shards of uneven sizes (64 rows over 3 ranks: 22, 22, 20) and rank 0 sending to two ranks."""
+    from tiny import tiny_qwen2
+
+    tiny_qwen2().save_pretrained(tmp_path / "model")
+    reports = run_ranks(_three_ranks, str(tmp_path / "model"), world_size=3)
+    assert all(report[version][0] is True for report in reports for version in (1, 2))

@@ -1,7 +1,8 @@
-"""Peak host memory (RSS) of each rank while FSDPEngine is built from a saved ~100M-parameter model, 2 ranks.
+"""Peak host memory (RSS) of each rank while FSDPEngine is built from a saved ~100M-parameter model.
 
-Usage: python ci/measure/loading_rss.py MODEL_DIR {rank0|every} [fsdp_version]
-(MODEL_DIR without a config.json is filled first with a random Qwen2 of 100.1M parameters.)
+Usage: python ci/measure/loading_rss.py MODEL_DIR {rank0|every} [fsdp_version [world_size]]
+(MODEL_DIR without a config.json is filled first with a random Qwen2 of 100.1M parameters; 2 ranks by default.
+More ranks make each shard smaller, which shows what loading costs above the shard.)
 """
 import sys, threading, time
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
@@ -64,7 +65,9 @@ if __name__ == "__main__":
     if not Path(model_dir, "config.json").exists():
         save_model(model_dir)
     version = int(sys.argv[3]) if len(sys.argv) > 3 else 2
-    results = run_ranks(loading_rss.measure, model_dir, mode == "rank0", version, timeout=900)
+    world_size = int(sys.argv[4]) if len(sys.argv) > 4 else 2
+    results = run_ranks(loading_rss.measure, model_dir, mode == "rank0", version, world_size=world_size,
+                        timeout=900)
     for rank, r in enumerate(results):
-        print(f"{mode} fsdp{version} rank {rank}: before {r['before_mib']:.0f} MiB, peak {r['peak_mib']:.0f} MiB, "
+        print(f"{mode} fsdp{version} {world_size} ranks, rank {rank}: before {r['before_mib']:.0f} MiB, peak {r['peak_mib']:.0f} MiB, "
               f"growth {r['growth_mib']:.0f} MiB (own shard {r['shard_mib']:.0f} MiB), losses {r['losses']}")
