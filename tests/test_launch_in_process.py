@@ -61,3 +61,19 @@ def test_a_stop_signal_ends_as_interrupted(graceful):
         launch.run(_stopped, 1, graceful, env=ENV)
     assert stopped.value.exit_code == 143
     assert launch.stop_requested() == 0  # the caller's stop state is untouched
+
+
+def _threads():
+    import torch
+
+    return os.environ.get("OMP_NUM_THREADS"), torch.get_num_threads()
+
+
+@pytest.mark.slow
+def test_spawned_workers_share_the_cores_unless_told(monkeypatch):
+    """Two workers that each took every core would oversubscribe them; a user's OMP_NUM_THREADS wins."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    share = launch.threads_per_worker(2)
+    assert share == max(1, len(os.sched_getaffinity(0)) // 2)
+    assert launch.run(_threads, 2, env=ENV) == (str(share), share)
+    assert launch.run(_threads, 2, env={**ENV, "OMP_NUM_THREADS": "3"}) == ("3", 3)
