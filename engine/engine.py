@@ -35,7 +35,7 @@ from .models import prepare_model
 from .offload import DEVICE, HOST
 from .optim import build_optimizer, build_scheduler, clip_gradients
 from .phase import labelled, phase
-from .reduce import sum_over_ranks
+from .reduce import start_sum_over_ranks
 from .sharding import compute_dtype, generation_context, shard_model, unwrap, wrapper_version
 
 StepFn = Callable[[nn.Module, Any], Any]
@@ -263,24 +263,22 @@ class FSDPEngine:
             self._grads_pending = True
         try:
             for index, micro_batch in enumerate(micro_batches):
+                last = index == count - 1
                 if forward_only:
                     with torch.no_grad(), phase("forward"):
                         loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
-                else:
-                    with micro_batch_context(self.module, self.fsdp_version, index, count, deferred=deferred,
-                                             keep_unsharded=self.config.keep_params_unsharded,
-                                             units=self._fsdp2_units):
-                        with phase("forward"):
-                            loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
-                        with phase("backward"):
-                            (loss * weight.to(loss.device, loss.dtype)).backward()
-                _accumulate(totals, "loss", loss.detach().float().to(metrics_device) * weight)
-                _accumulate(totals, "weight", weight)
-                for key, value in extra.items():
-                    value = torch.as_tensor(value, dtype=torch.float32, device=metrics_device)
-                    _accumulate(totals, key, value * weight)
-            with phase("metric reduction"):  # keys agreed first: a metric on one rank only cannot mix or hang
-                reduced = sum_over_ranks(totals, metrics_device)
+                    pending = self._add_metrics(totals, loss, weight, extra, metrics_device, start_sum=last)
+                    continue
+                with micro_batch_context(self.module, self.fsdp_version, index, count, deferred=deferred,
+                                         keep_unsharded=self.config.keep_params_unsharded, units=self._fsdp2_units):
+                    with phase("forward"):
+                        loss, weight, extra = _unpack(step_fn(self.module, micro_batch), metrics_device)
+                    # Every metric is known once the last forward is done: its all-reduce runs during the backward.
+                    pending = self._add_metrics(totals, loss, weight, extra, metrics_device, start_sum=last)
+                    with phase("backward"):
+                        (loss * weight.to(loss.device, loss.dtype)).backward()
+            with phase("metric reduction"):  # keys checked with the sums: a metric on one rank only cannot mix or hang
+                reduced = pending.result()
         except BaseException:
             if not forward_only:  # partial gradients of a failed mini-batch are useless: start clean
                 try:
@@ -301,6 +299,15 @@ class FSDPEngine:
                        peak_memory_gib=self._peak_gib())
         self.last_metrics = metrics
         return metrics
+
+    @staticmethod
+    def _add_metrics(totals: dict, loss, weight, extra: Mapping, device, start_sum: bool):
+        """Add one micro-batch's weighted loss and metrics to ``totals``; on the last one, start their reduction."""
+        _accumulate(totals, "loss", loss.detach().float().to(device) * weight)
+        _accumulate(totals, "weight", weight)
+        for key, value in extra.items():
+            _accumulate(totals, key, torch.as_tensor(value, dtype=torch.float32, device=device) * weight)
+        return start_sum_over_ranks(totals, device) if start_sum else None
 
     def _scale_gradients(self, factor: float) -> None:
         """FSDP averages gradients over ranks; rescale so they weight micro-batches by their share of the total."""

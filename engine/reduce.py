@@ -7,7 +7,7 @@ a fixed-size tensor: a fingerprint of its sorted key names, then (up to ``VALUE_
 fingerprint is a few small integers ``h`` sent with their squares: from the sums every rank receives alike, all ranks
 sent the same ``h`` exactly when ``world * sum(h*h) == sum(h)**2`` (zero variance), so every rank reaches the same
 verdict. On a mismatch the names are gathered to say which rank lacks which key; more keys than slots take a second
-all-reduce for the values.
+all-reduce for the values. The all-reduce can be started early (``start_sum_over_ranks``) and waited for later.
 """
 
 from __future__ import annotations
@@ -63,26 +63,45 @@ def sum_over_ranks(values: Mapping[str, torch.Tensor | float], device: torch.dev
     """``{key: sum over ranks}`` (summed in float64); every rank must pass the same keys (else
     ``MetricKeysMismatch`` on every rank). One all-reduce for up to ``VALUE_SLOTS`` keys, two beyond.
     """
-    keys = sorted(values)
-    world = dist.get_world_size(group)
-    if world == 1:
-        return {k: float(torch.as_tensor(values[k]).item()) for k in keys}
-    if world > MAX_EXACT_WORLD:  # the fingerprint's sums would no longer be exact: compare it on its own
-        return _sum_in_two_steps(values, keys, device, group)
-    packed = torch.zeros(PACKED_SLOTS, dtype=torch.float64, device=device)
-    packed[:2 * HASHES] = torch.tensor(_fingerprint(keys), dtype=torch.float64)
-    inline = len(keys) <= VALUE_SLOTS
-    if inline and keys:
-        packed[2 * HASHES:2 * HASHES + len(keys)] = _stack(values, keys, device)
-    dist.all_reduce(packed, group=group)
-    summed = packed.tolist()
-    if not _same_everywhere(summed[:2 * HASHES], world):
-        _raise_mismatch(keys, group)
-    if inline:
-        return dict(zip(keys, summed[2 * HASHES:]))
-    stacked = _stack(values, keys, device)
-    dist.all_reduce(stacked, group=group)
-    return dict(zip(keys, stacked.tolist()))
+    return start_sum_over_ranks(values, device, group).result()
+
+
+class PendingSum:
+    """A ``sum_over_ranks`` under way: the all-reduce runs while the caller works on; ``result()`` waits for it."""
+
+    def __init__(self, keys: list[str], values: Mapping, device: torch.device, group) -> None:
+        self.keys, self.values, self.device, self.group = keys, values, device, group
+        self.world = dist.get_world_size(group)
+        self.inline = len(keys) <= VALUE_SLOTS
+        self.packed, self.work = None, None
+        if 1 < self.world <= MAX_EXACT_WORLD:
+            packed = torch.zeros(PACKED_SLOTS, dtype=torch.float64, device=device)
+            packed[:2 * HASHES] = torch.tensor(_fingerprint(keys), dtype=torch.float64)
+            if self.inline and keys:
+                packed[2 * HASHES:2 * HASHES + len(keys)] = _stack(values, keys, device)
+            self.packed, self.work = packed, dist.all_reduce(packed, group=group, async_op=True)
+
+    def result(self) -> dict[str, float]:
+        keys, values, device, group = self.keys, self.values, self.device, self.group
+        if self.world == 1:
+            return {k: float(torch.as_tensor(values[k]).item()) for k in keys}
+        if self.work is None:  # the fingerprint's sums would no longer be exact: compare it on its own
+            return _sum_in_two_steps(values, keys, device, group)
+        self.work.wait()
+        summed = self.packed.tolist()
+        if not _same_everywhere(summed[:2 * HASHES], self.world):
+            _raise_mismatch(keys, group)
+        if self.inline:
+            return dict(zip(keys, summed[2 * HASHES:]))
+        stacked = _stack(values, keys, device)
+        dist.all_reduce(stacked, group=group)
+        return dict(zip(keys, stacked.tolist()))
+
+
+def start_sum_over_ranks(values: Mapping[str, torch.Tensor | float], device: torch.device,
+                         group=None) -> PendingSum:
+    """Start ``sum_over_ranks``; ``.result()`` returns what it would (the engine overlaps it with a backward)."""
+    return PendingSum(sorted(values), values, device, group)
 
 
 def _sum_in_two_steps(values, keys, device, group) -> dict[str, float]:
