@@ -29,23 +29,28 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
     """Chosen-token log-probs of one slice of logits and, when asked, their entropy (no grad), from one softmax."""
     scaled = logits.float() / temperature
+    # Gather, then log-sum-exp: recomputed in the backward pass in this order, a checkpointed slice peaks one
+    # slice-sized tensor lower (150 MB with Qwen's vocabulary; tests/scripts/logprob_memory.py --grad).
+    picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     log_z = torch.logsumexp(scaled, dim=-1)
-    chosen = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - log_z
+    chosen = picked - log_z
     if not with_entropy:
         return chosen, None
-    with torch.no_grad():
+    with torch.no_grad():  # one temporary the size of the slice, reused in place
         detached, log_z = scaled.detach(), log_z.detach()
-        entropy = log_z - (torch.exp(detached - log_z.unsqueeze(-1)) * detached).sum(-1)
+        weighted = (detached - log_z.unsqueeze(-1)).exp_().mul_(detached)
+        entropy = log_z - weighted.sum(-1)
     return chosen, entropy
 
 
 def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool):
-    """Run ``compute(inputs_slice, targets_slice)`` over ROWS_PER_SLICE positions at a time; concatenate.
+    """Run ``compute(inputs_slice, targets_slice, with_entropy)`` over ROWS_PER_SLICE positions at a time.
 
-    With gradients and more than one slice, each slice is recomputed in the backward pass instead of keeping its
-    logits (activation checkpointing): only the inputs, which exist anyway, are kept. A single slice keeps its
-    logits, as checkpointing it would not lower the peak (the slice exists in the forward either way) and would
-    compute it twice.
+    With gradients and more than one slice, each slice's log-probs are recomputed in the backward pass instead of
+    keeping its logits (activation checkpointing): only the inputs, which exist anyway, are kept; the entropy of
+    such a slice is a separate no-grad pass, so the recompute never repeats it. A single slice keeps its logits,
+    as checkpointing it would not lower the peak (the slice exists in the forward either way) and would compute it
+    twice; its log-probs and entropy come from one softmax.
     """
     flat_targets = targets.reshape(-1)
     starts = range(0, flat_targets.numel(), ROWS_PER_SLICE)
@@ -54,13 +59,17 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
     for start in starts:
         part, chosen = inputs[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
         if recompute:
-            piece, entropy = checkpoint(compute, part, chosen, use_reentrant=False)
+            piece = checkpoint(lambda p, c: compute(p, c, False)[0], part, chosen, use_reentrant=False)
+            entropy = None
+            if with_entropy:
+                with torch.no_grad():
+                    entropy = compute(part, chosen, True)[1]
         else:
-            piece, entropy = compute(part, chosen)
+            piece, entropy = compute(part, chosen, with_entropy)
         pieces.append(piece)
         entropies.append(entropy)
     log_probs = torch.cat(pieces).view(targets.shape)
-    entropy = torch.cat(entropies).view(targets.shape).detach() if with_entropy else None
+    entropy = torch.cat(entropies).view(targets.shape) if with_entropy else None
     return log_probs, entropy
 
 
@@ -71,8 +80,8 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice over the
     positions of all rows together (not per row: fewer, larger kernels).
     """
-    def compute(chunk, chosen):
-        return _slice_outputs(chunk, chosen, temperature, with_entropy)
+    def compute(chunk, chosen, entropy):
+        return _slice_outputs(chunk, chosen, temperature, entropy)
 
     return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad)
 
@@ -93,9 +102,9 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
     It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
     see the result), computing logits for one slice of positions at a time (``_in_slices``).
     """
-    def compute(hidden, chosen):
+    def compute(hidden, chosen, entropy):
         return _slice_outputs(torch.nn.functional.linear(hidden, head.weight, head.bias), chosen, temperature,
-                              with_entropy)
+                              entropy)
 
     def forward(hidden):
         # The last position predicts a token after the response.
