@@ -10,7 +10,7 @@
 # there without the network afterwards: pip's own HTTP cache was seen not to keep them. --no-compile: Python
 # compiles only the modules the tests import, not all of torch's.
 # It runs the engine and backend tests (not GRPO, not the packaged plugins), pinned like the main leg
-# (ci/constraints.txt) except for torch.
+# (ci/constraints.txt) except for torch and setuptools (torch 2.12 requires setuptools<82; the main leg pins 84).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 version=${1:?usage: ci/test-torch.sh TORCH_VERSION [pytest options]}
@@ -21,7 +21,7 @@ python=${PYTHON:-python3}
 stamp=$venv/.accel-setup-stamp
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
-{ grep -v -E '^torch[=<>!~ ]' "$root/ci/constraints.txt"; echo "torch==$version"; } > "$constraints"
+{ grep -v -E '^(torch|setuptools)[=<>!~ ]' "$root/ci/constraints.txt"; echo "torch==$version"; } > "$constraints"
 want=$(cat "$root/pyproject.toml" "$constraints" | sha256sum | cut -d' ' -f1)
 
 if [ ! -x "$venv/bin/python" ]; then

@@ -6,6 +6,7 @@ turns every import failure into an unavailable reason, and uses the NPU API and 
 """
 
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -22,13 +23,21 @@ LAUNCHER = {"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1", "MASTER_ADDR": "1
 
 @pytest.fixture
 def standin(monkeypatch):
-    """Make ``import torch_npu`` find the stand-in; undo ``torch.npu`` afterwards."""
+    """Make ``import torch_npu`` find the stand-in; afterwards leave an unavailable ``torch.npu``.
+
+    The stand-in renames torch's private-use device to "npu", which cannot be undone in this process; without a
+    ``torch.npu`` module torch's own accelerator query (``torch.accelerator``, used by activation checkpointing)
+    would then raise in every later test. An unavailable one makes it answer "no accelerator", as before.
+    """
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
     monkeypatch.syspath_prepend(str(STANDINS))
-    monkeypatch.setattr(torch, "npu", None, raising=False)
-    monkeypatch.delattr(torch, "npu")
+    if hasattr(torch, "npu"):
+        del torch.npu
     yield
     sys.modules.pop("torch_npu", None)
+    torch.npu = types.SimpleNamespace(is_available=lambda: False, device_count=lambda: 0,
+                                      _is_in_bad_fork=lambda: False, manual_seed_all=lambda seed: None)
+    torch.get_device_module.cache_clear()
 
 
 @pytest.fixture
