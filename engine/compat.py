@@ -60,8 +60,8 @@ def lazy_init(root: FSDPModule) -> None:
 def reset_after_failure(root: FSDPModule) -> None:
     """After a forward or backward raised: reshard every unit, forget the iteration and its partial gradients.
 
-    Newer torch has the public ``reset_iter_state`` for this (present in 2.13.0, absent in 2.10.0); on a torch
-    without it every unit's per-iteration state is reset by hand. Every unit is then resharded with the public
+    Newer torch has the public ``reset_iter_state`` for this (present in 2.13.0, absent in 2.10.0 and 2.12.0); on
+    a torch without it every unit's per-iteration state is reset by hand. Every unit is then resharded with the public
     ``reshard``, and the gradients FSDP2 accumulated on its unsharded parameters while sync was off are freed:
     ``reset_iter_state`` leaves them in place (seen on 2.13.0), and they would be added to the next mini-batch.
     """
@@ -78,7 +78,7 @@ def reset_after_failure(root: FSDPModule) -> None:
 
 
 def _reset_iter_state_by_hand(units: list[FSDPModule]) -> None:
-    # What reset_iter_state does in torch 2.13, for a torch without it; tested on 2.10.0. Waits on collectives
+    # What reset_iter_state does in torch 2.13, for a torch without it; tested on 2.10.0 and 2.12.0. Waits on collectives
     # still in flight (none on the CPU), then returns every state and parameter group to IDLE so that the
     # public reshard() really reshards (in FORWARD state a unit without reshard-after-forward, the root, ignores
     # it). Private: FSDPState._training_state, _modules_to_run_forward, _comm_ctx.{all_gather_state,
@@ -107,11 +107,17 @@ def _reset_iter_state_by_hand(units: list[FSDPModule]) -> None:
             group._post_forward_indices.clear()
             group._training_state = TrainingState.IDLE
     comm_ctx = root_state._comm_ctx
-    for pending in (comm_ctx.all_gather_state, comm_ctx.reduce_scatter_state):
+    # One reduce_scatter_state on torch 2.10.0, a list reduce_scatter_states on 2.12.0.
+    in_flight = [comm_ctx.all_gather_state, getattr(comm_ctx, "reduce_scatter_state", None),
+                 *getattr(comm_ctx, "reduce_scatter_states", ())]
+    for pending in in_flight:
         if pending is not None and pending.event is not None:
             root_state._device_handle.current_stream().wait_event(pending.event)
     comm_ctx.all_gather_state = None
-    comm_ctx.reduce_scatter_state = None
+    if hasattr(comm_ctx, "reduce_scatter_state"):
+        comm_ctx.reduce_scatter_state = None
+    if hasattr(comm_ctx, "reduce_scatter_states"):
+        comm_ctx.reduce_scatter_states.clear()
     comm_ctx.post_forward_order.clear()
     root_state._state_ctx.iter_forward_root = None
     root_state._state_ctx.post_backward_final_callback_queued = False

@@ -99,7 +99,10 @@ def run(fn: Callable[..., Any], nproc: int, *args: Any, env: dict[str, str] | No
     """Run ``fn(*args)`` on ``nproc`` local workers (or in-process under torchrun); return rank 0's result."""
     if under_launcher():  # torchrun watches the workers; a stop by signal still ends as Interrupted
         install_stop_handlers()
-        return _call_stoppable(fn, args)
+        group_before = _has_group()
+        result = _call_stoppable(fn, args)
+        _end_group_made_since(group_before)  # before the interpreter exits: see _end_group_made_since
+        return result
     if nproc < 1:
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     if nproc == 1 and threading.current_thread() is threading.main_thread():
@@ -131,14 +134,13 @@ def run(fn: Callable[..., Any], nproc: int, *args: Any, env: dict[str, str] | No
 def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -> Any:
     """``fn(*args)`` as the only rank, in this process; this process's environment and signal handlers are restored
     after, and a process group ``fn`` left behind is destroyed."""
-    import torch.distributed as dist
 
     variables = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "1",
                  "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
     saved_env = {key: os.environ.get(key) for key in variables}
     saved_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
     saved_stop = dict(_stop)
-    group_before = dist.is_available() and dist.is_initialized()
+    group_before = _has_group()
     os.environ.update(variables)
     install_stop_handlers()
     try:
@@ -150,8 +152,7 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
         raise WorkerFailed(f"rank 0 failed{where}: {type(exc).__name__}: {exc}".strip(),
                            {0: traceback.format_exc()}) from exc
     finally:
-        if not group_before and dist.is_available() and dist.is_initialized():
-            dist.destroy_process_group()
+        _end_group_made_since(group_before)
         for signum, handler in saved_handlers.items():
             signal.signal(signum, handler)
         _stop.update(saved_stop)
@@ -160,6 +161,22 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _has_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
+
+
+def _end_group_made_since(group_before: bool) -> None:
+    """Destroy the process group ``fn`` created, while the interpreter is still whole: left to the exit-time
+    teardown, gloo sometimes aborts the process ("terminate called without an active exception") after all
+    the work is done, which torchrun then reports as a failed rank."""
+    import torch.distributed as dist
+
+    if not group_before and _has_group():
+        dist.destroy_process_group()
 
 
 def _call_stoppable(fn: Callable[..., Any], args: tuple) -> Any:
