@@ -78,8 +78,8 @@ def reset_after_failure(root: FSDPModule) -> None:
 
 
 def _reset_iter_state_by_hand(units: list[FSDPModule]) -> None:
-    # What reset_iter_state does in torch 2.13, for a torch without it; tested on 2.10.0 and 2.12.0. Waits on collectives
-    # still in flight (none on the CPU), then returns every state and parameter group to IDLE so that the
+    # What reset_iter_state does in torch 2.13, for a torch without it; tested on 2.10.0 and 2.12.0. Waits on
+    # collectives still in flight (none on the CPU), then returns every state and parameter group to IDLE so that the
     # public reshard() really reshards (in FORWARD state a unit without reshard-after-forward, the root, ignores
     # it). Private: FSDPState._training_state, _modules_to_run_forward, _comm_ctx.{all_gather_state,
     # reduce_scatter_state, post_forward_order}, _state_ctx.{iter_forward_root, post_backward_final_callback_queued};

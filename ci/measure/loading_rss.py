@@ -69,5 +69,6 @@ if __name__ == "__main__":
     results = run_ranks(loading_rss.measure, model_dir, mode == "rank0", version, world_size=world_size,
                         timeout=900)
     for rank, r in enumerate(results):
-        print(f"{mode} fsdp{version} {world_size} ranks, rank {rank}: before {r['before_mib']:.0f} MiB, peak {r['peak_mib']:.0f} MiB, "
+        print(f"{mode} fsdp{version} {world_size} ranks, rank {rank}: before {r['before_mib']:.0f} MiB, "
+              f"peak {r['peak_mib']:.0f} MiB, "
               f"growth {r['growth_mib']:.0f} MiB (own shard {r['shard_mib']:.0f} MiB), losses {r['losses']}")
