@@ -3,19 +3,15 @@
 # tests need. Safe to run again: it reinstalls only when pyproject.toml or the constraints changed.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ACCEL_SCRIPT=ci/setup.sh
+source "$root/ci/venv-lib.sh"
 venv=${ACCEL_VENV:-$root/.venv}
-python=${PYTHON:-python3}
-stamp=$venv/.accel-setup-stamp
-want=$(cat "$root/pyproject.toml" "$root/ci/constraints.txt" | sha256sum | cut -d' ' -f1)
 
-if [ ! -x "$venv/bin/python" ]; then
-  echo "ci/setup.sh: creating $venv" >&2
-  "$python" -m venv "$venv"
-fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+install_cpu_torch_and_tests() {
   echo "ci/setup.sh: installing into $venv (torch CPU build, transformers, peft, pluggy, pytest)" >&2
+  accel_need_disk "$venv" 3 "the environment (about 1.5 GiB installed)"
   # One command, pinned by the constraints file: torch==2.13.0 keeps pip on the CPU build.
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check \
-      -c "$root/ci/constraints.txt" -e "$root[test]"
-  echo "$want" > "$stamp"
-fi
+  "$@" install --quiet --no-cache-dir -c "$root/ci/constraints.txt" -e "$root[test]"
+}
+
+accel_ensure_venv "$venv" "$root/ci/constraints.txt" install_cpu_torch_and_tests

@@ -4,43 +4,50 @@
 #   bash ci/test-torch.sh 2.10.0 [pytest options, e.g. -k faults -x]
 #
 # The environment is .venv-torch<VERSION> (or $ACCEL_VENV); it is reinstalled only when pyproject.toml or the
-# constraints changed. Older torch exists on the registry only as the CUDA build (torch plus its CUDA libraries,
-# about 3.5 GB); it imports and runs on a CPU-only machine. The wheels are downloaded once into a wheelhouse
-# ($ACCEL_WHEELS, default ~/.cache/accel-backends/wheels-torch<VERSION>; keep it in CI's cache) and installed from
-# there without the network afterwards: pip's own HTTP cache was seen not to keep them. --no-compile: Python
-# compiles only the modules the tests import, not all of torch's.
+# constraints changed. Older torch exists on the registry only as the CUDA build (torch plus its CUDA libraries:
+# about 4 GiB of wheels, 7.5 GiB installed); it imports and runs on a CPU-only machine. The wheels are downloaded
+# once into a wheelhouse ($ACCEL_WHEELS, default ~/.cache/accel-backends/wheels-torch<VERSION>) and installed from
+# there without the network afterwards: pip's own HTTP cache was seen not to keep them. Before either step the
+# script checks the free disk space and stops with the figures if it is short (exit 77, which .ci/run reports as
+# "not run"). --no-compile: Python compiles only the modules the tests import, not all of torch's.
 # It runs the engine and backend tests (not GRPO, not the packaged plugins), pinned like the main leg
 # (ci/constraints.txt) except for torch and setuptools (torch 2.12 requires setuptools<82; the main leg pins 84).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+ACCEL_SCRIPT=ci/test-torch.sh
+ACCEL_DISK_VARS="ACCEL_VENV / ACCEL_WHEELS"
+source "$root/ci/venv-lib.sh"
 version=${1:?usage: ci/test-torch.sh TORCH_VERSION [pytest options]}
 shift
 venv=${ACCEL_VENV:-$root/.venv-torch$version}
 wheels=${ACCEL_WHEELS:-${XDG_CACHE_HOME:-$HOME/.cache}/accel-backends/wheels-torch$version}
-python=${PYTHON:-python3}
-stamp=$venv/.accel-setup-stamp
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 { grep -v -E '^(torch|setuptools)[=<>!~ ]' "$root/ci/constraints.txt"; echo "torch==$version"; } > "$constraints"
-want=$(cat "$root/pyproject.toml" "$constraints" | sha256sum | cut -d' ' -f1)
 
-if [ ! -x "$venv/bin/python" ]; then
-  echo "ci/test-torch.sh: creating $venv" >&2
-  "$python" -m venv "$venv"
-fi
-if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+install_torch_and_tests() {
   echo "ci/test-torch.sh: installing torch $version and the test dependencies into $venv" >&2
-  start=$SECONDS
-  pip=("$venv/bin/python" -m pip --disable-pip-version-check)
-  offline=(install --quiet --no-compile --no-index --find-links "$wheels" -c "$constraints" -e "$root[test]")
-  if ! "${pip[@]}" "${offline[@]}" 2>/dev/null; then
-    echo "ci/test-torch.sh: downloading the wheels into $wheels (first time: about 3.5 GB)" >&2
-    "${pip[@]}" download --quiet --dest "$wheels" -c "$constraints" "$root[test]"
-    "${pip[@]}" "${offline[@]}"
+  local offline=(install --quiet --no-cache-dir --no-compile --no-index --find-links "$wheels" -c "$constraints"
+                 -e "$root[test]")
+  local download=0 wheels_note=""
+  compgen -G "$wheels/torch-$version-*.whl" > /dev/null || { download=4; wheels_note=", and 4 GiB of wheels"; }
+  # Checked together when both live on one disk (the usual case): the wheels stay while the venv is filled.
+  if [ "$(accel_mount "$venv")" = "$(accel_mount "$wheels")" ]; then
+    accel_need_disk "$venv" $((download + 9)) "installing torch $version (about 7.5 GiB$wheels_note)" \
+      || exit 77
+  else
+    accel_need_disk "$wheels" $((download + 1)) "downloading torch $version's wheels" || exit 77
+    accel_need_disk "$venv" 9 "installing torch $version (about 7.5 GiB)" || exit 77
   fi
-  echo "ci/test-torch.sh: installed in $((SECONDS - start)) s" >&2
-  echo "$want" > "$stamp"
-fi
+  if "$@" "${offline[@]}" 2>/dev/null; then
+    return 0
+  fi
+  echo "ci/test-torch.sh: downloading the wheels into $wheels (first time: about 4 GiB)" >&2
+  "$@" download --quiet --no-cache-dir --dest "$wheels" -c "$constraints" "$root[test]"
+  "$@" "${offline[@]}"
+}
+
+accel_ensure_venv "$venv" "$constraints" install_torch_and_tests
 installed=$("$venv/bin/python" -c 'import torch; print(torch.__version__.split("+")[0])')
 if [ "$installed" != "$version" ]; then
   echo "ci/test-torch.sh: $venv has torch $installed, not $version" >&2

@@ -4,12 +4,17 @@ Everything else in ``engine/`` changes FSDP2 through its public methods (``set_r
 ``set_reshard_after_backward``, ``set_is_last_backward``, ``reshard``, ``reset_iter_state``). What remains here
 has no public API in the torch versions we test: reading back a setting (torch has setters but no getters), the
 recovery after a failed micro-batch on a torch without ``reset_iter_state``, freeing gradients FSDP2 keeps on its
-unsharded parameters, and the root's lazy initialisation. Each use says which torch versions it was tested on;
+unsharded parameters, and the root's lazy initialisation. FSDP1 has no public API for its flat parameters at all:
+their handles (for offload moves, byte counts, loading and keeping units gathered through ``generate``) are here too. Each use says which torch versions it was tested on;
 ``tests/test_torch_range.py`` and the engine tests run on every torch of the tested range (``docs/hardware.md``).
 """
 
 from __future__ import annotations
 
+import contextlib
+from typing import Callable
+
+import torch
 import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule
 
@@ -155,3 +160,66 @@ def fsdp1_local_pieces(unit: nn.Module) -> list[tuple[str, int, int]]:
         return []
     meta = handle.shard_metadata()
     return [(name, start, end + 1) for name, (start, end) in zip(meta.param_names, meta.param_offsets)]
+
+
+def fsdp1_handles(module: nn.Module, include_root: bool = True) -> list:
+    """The flat-parameter handle of every FSDP1 unit in ``module`` that has parameters of its own."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    # Private: FullyShardedDataParallel._handle, tested on torch 2.10.0 and 2.13.0.
+    return [unit._handle for unit in FullyShardedDataParallel.fsdp_modules(module)
+            if unit._handle is not None and (include_root or unit is not module)]
+
+
+def fsdp1_flat_params(module: nn.Module) -> list[torch.Tensor]:
+    """This rank's shard of every FSDP1 flat parameter in ``module`` (what it holds in memory)."""
+    return [handle.flat_param for handle in fsdp1_handles(module)]
+
+
+def fsdp1_move_shards(module: nn.Module, apply: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """Replace each FSDP1 flat parameter's shard and gradient by ``apply(tensor)`` (an offload move), keeping the
+    original parameters (views into the flat parameter under ``use_orig_params``) pointed at the moved storage."""
+    # Private: FlatParameter._local_shard, FlatParamHandle._use_sharded_views / _use_sharded_grad_views, tested on
+    # torch 2.10.0 and 2.13.0.
+    for handle in fsdp1_handles(module):
+        flat = handle.flat_param
+        flat.data = apply(flat.data)
+        flat._local_shard = flat.data
+        if flat.grad is not None:
+            flat.grad = apply(flat.grad)
+        handle._use_sharded_views()
+        if flat.grad is not None:
+            handle._use_sharded_grad_views()
+
+
+def fsdp1_drop_flat_gradients(module: nn.Module) -> None:
+    """Free the flat gradient FSDP1 keeps behind the per-parameter gradient views."""
+    for flat in fsdp1_flat_params(module):
+        flat.grad = None
+
+
+@contextlib.contextmanager
+def fsdp1_units_kept_gathered(module: nn.Module):
+    """Keep every FSDP1 unit below the root gathered after its forward while inside, then reshard those still
+    gathered: a unit already gathered is not gathered again, so repeated forwards (``generate``) gather once.
+
+    FSDP1 frees a unit's gathered parameters after its forward unless the unit's strategy keeps them
+    (SHARD_GRAD_OP): full-shard units are switched to that strategy for the duration.
+    """
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    # Private: FlatParamHandle._sharding_strategy, needs_unshard, reshard, post_reshard, tested on torch 2.10.0 and
+    # 2.13.0.
+    handles = fsdp1_handles(module, include_root=False)
+    saved = [handle._sharding_strategy for handle in handles]
+    for handle in handles:
+        if handle._sharding_strategy == HandleShardingStrategy.FULL_SHARD:
+            handle._sharding_strategy = HandleShardingStrategy.SHARD_GRAD_OP
+    try:
+        yield
+    finally:
+        for handle, strategy in zip(handles, saved):
+            handle._sharding_strategy = strategy
+            if handle.uses_sharded_strategy and not handle.needs_unshard():  # still gathered: free it
+                handle.reshard(True)
+                handle.post_reshard()

@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
+from . import compat
+
 DEVICE, HOST = "device", "cpu"
 PARTS = ("params", "grads", "optimizer")
 
@@ -43,19 +45,10 @@ def _mover(backend, destination: str):
     return apply
 
 
-def _fsdp1_handles(module: nn.Module):
-    from torch.distributed.fsdp import FullyShardedDataParallel
-
-    for sub in FullyShardedDataParallel.fsdp_modules(module):
-        handle = getattr(sub, "_handle", None)
-        if handle is not None:
-            yield handle
-
-
 def model_bytes(module: nn.Module, fsdp_version: int) -> tuple[int, int]:
     """Bytes this rank holds in (parameters + buffers, gradients)."""
     if fsdp_version == 1:
-        flats = [h.flat_param for h in _fsdp1_handles(module)]
+        flats = compat.fsdp1_flat_params(module)
         params = sum(_nbytes(f) for f in flats)
         grads = sum(_nbytes(f.grad) for f in flats if f.grad is not None)
     else:
@@ -73,16 +66,7 @@ def move_model(module: nn.Module, fsdp_version: int, backend, destination: str) 
             # (one rank) has nothing to re-point.
             module._apply(apply)
             return
-        for handle in _fsdp1_handles(module):
-            flat = handle.flat_param
-            flat.data = apply(flat.data)
-            flat._local_shard = flat.data
-            if flat.grad is not None:
-                flat.grad = apply(flat.grad)
-            # With use_orig_params the original parameters are views into the flat parameter: re-point them.
-            handle._use_sharded_views()
-            if flat.grad is not None:
-                handle._use_sharded_grad_views()
+        compat.fsdp1_move_shards(module, apply)
         for sub in module.modules():
             for name, buffer in sub._buffers.items():
                 if buffer is not None:
@@ -94,8 +78,7 @@ def drop_gradients(module: nn.Module, fsdp_version: int) -> None:
     for param in module.parameters():
         param.grad = None
     if fsdp_version == 1:
-        for handle in _fsdp1_handles(module):
-            handle.flat_param.grad = None
+        compat.fsdp1_drop_flat_gradients(module)
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer):

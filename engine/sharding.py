@@ -151,18 +151,12 @@ def generation_context(module: nn.Module, fsdp_version: int, gather: str = "once
     return _fsdp1_gathered(module, everything=gather == "once")
 
 
-def _fsdp2_units(module: nn.Module) -> list[nn.Module]:
-    from torch.distributed.fsdp import FSDPModule
-
-    return [m for m in module.modules() if isinstance(m, FSDPModule)]
-
-
 @contextlib.contextmanager
 def _fsdp2_gathered(module: nn.Module, everything: bool):
     # FSDP2 initialises lazily on the root's first forward; a forward that starts below the root would make a
     # layer claim to be the root. Initialise from the root first (idempotent).
     compat.lazy_init(module)
-    units = _fsdp2_units(module) if everything else [module]
+    units = compat.fsdp2_units(module) if everything else [module]
     if everything:
         module.set_reshard_after_forward(False, recurse=True)  # layers keep their gathered parameters
     try:
@@ -180,26 +174,11 @@ def _fsdp2_gathered(module: nn.Module, everything: bool):
 @contextlib.contextmanager
 def _fsdp1_gathered(module: nn.Module, everything: bool):
     from torch.distributed.fsdp import FullyShardedDataParallel
-    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
 
     # The root unit's own parameters, for the call (its forward may be skipped, see above).
     with FullyShardedDataParallel.summon_full_params(module, recurse=False, writeback=False):
         if not everything:
             yield
             return
-        # FSDP1 frees a unit's gathered parameters after its forward unless the unit's strategy keeps them
-        # (SHARD_GRAD_OP); a unit already gathered is not gathered again. Keep them for the call, then reshard.
-        handles = [m._handle for m in FullyShardedDataParallel.fsdp_modules(module)
-                   if m is not module and m._handle is not None]
-        saved = [h._sharding_strategy for h in handles]
-        for handle in handles:
-            if handle._sharding_strategy == HandleShardingStrategy.FULL_SHARD:
-                handle._sharding_strategy = HandleShardingStrategy.SHARD_GRAD_OP
-        try:
+        with compat.fsdp1_units_kept_gathered(module):
             yield
-        finally:
-            for handle, strategy in zip(handles, saved):
-                handle._sharding_strategy = strategy
-                if handle.uses_sharded_strategy and not handle.needs_unshard():  # still gathered: free it
-                    handle.reshard(True)
-                    handle.post_reshard()

@@ -40,7 +40,8 @@ def test_workers_do_not_outlive_a_killed_launcher(tmp_path, no_orphans):
     import psutil
 
     here = Path(__file__).resolve().parent
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])])}
+    # The killed launcher cannot remove its report folder: keep it inside this test's own temporary folder.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(here), str(here.parents[1])]), "TMPDIR": str(tmp_path)}
     launcher = subprocess.Popen([sys.executable, str(here / "rank_faults.py"), str(tmp_path)], env=env)
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("rank*.pid"))) < 2:
