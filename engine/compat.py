@@ -5,8 +5,9 @@ Everything else in ``engine/`` changes FSDP2 through its public methods (``set_r
 has no public API in the torch versions we test: reading back a setting (torch has setters but no getters), the
 recovery after a failed micro-batch on a torch without ``reset_iter_state``, freeing gradients FSDP2 keeps on its
 unsharded parameters, and the root's lazy initialisation. FSDP1 has no public API for its flat parameters at all:
-their handles (for offload moves, byte counts, loading and keeping units gathered through ``generate``) are here too. Each use says which torch versions it was tested on;
-``tests/test_torch_range.py`` and the engine tests run on every torch of the tested range (``docs/hardware.md``).
+their handles (offload moves, byte counts, loading, units kept gathered through ``generate``) are here too. Each
+use says which torch versions it was tested on; ``tests/test_torch_range.py`` and the engine tests run on every
+torch of the tested range (``docs/hardware.md``).
 """
 
 from __future__ import annotations
