@@ -44,10 +44,10 @@ def check_same_weights(model: nn.Module, backend) -> None:
     """Fail early if ranks built different weights (FSDP would silently train a mix of them)."""
     import torch.distributed as dist
 
-    from .loading import sum_float64
+    from .loading import fingerprint as weights_fingerprint
 
-    fingerprint = sum(sum_float64(t) * (i % 7 + 1) for i, t in enumerate(model.state_dict().values()))
-    fingerprint = torch.tensor(fingerprint, dtype=torch.float64, device=backend.metrics_device())
+    fingerprint = torch.tensor(weights_fingerprint(model.state_dict().items()), dtype=torch.float64,
+                               device=backend.metrics_device())
     extremes = torch.stack([fingerprint, -fingerprint])
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     if extremes[0].item() != -extremes[1].item():
