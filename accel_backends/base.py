@@ -1,7 +1,9 @@
 """``DeviceBackend``: everything device-specific that the engine needs, in one small class.
 
-Defaults use the torch device module of ``device_type`` (``torch.get_device_module``), so a backend for a device
-that has one only sets the class attributes. Override what differs; nothing here is abstract.
+Defaults come from ``torch.accelerator`` where it serves the device (torch runs it as its accelerator and its
+allocator keeps torch's contract: CUDA, XPU), else from the torch device module of ``device_type``
+(``torch.get_device_module``). So a backend for a device torch knows only sets the class attributes and says why
+it cannot run where it cannot. Override what differs; nothing here is abstract.
 """
 
 from __future__ import annotations
@@ -36,6 +38,9 @@ class DeviceBackend:
     visible_devices_env: ClassVar[str | None] = None
     supports_pinned_memory: ClassVar[bool] = False
     preferred_param_dtype: ClassVar[torch.dtype] = torch.float32  # what mixed precision "auto" computes in
+    # False for a device whose allocator does not implement torch's accelerator contract (torch_npu): its
+    # statistics then come from the device module even where torch.accelerator names the device.
+    accelerator_api: ClassVar[bool] = True
 
     # -- availability -------------------------------------------------------------------------------------------
 
@@ -43,17 +48,37 @@ class DeviceBackend:
         """The torch device module (``torch.cuda``, ``torch.npu``...); raises if torch has none for this type."""
         return torch.get_device_module(self.device_type)
 
+    def torch_accelerator(self) -> Any:
+        """``torch.accelerator`` when it serves this backend's defaults, else ``None`` (the device module serves).
+
+        It serves when this torch has its memory API (2.9+), runs this backend's device type as its accelerator,
+        and the backend keeps ``accelerator_api``.
+        """
+        api = getattr(torch, "accelerator", None)
+        if not self.accelerator_api or api is None or not hasattr(api, "memory_allocated"):
+            return None
+        try:
+            current = api.current_accelerator()
+        except Exception:  # noqa: BLE001 - a broken probe means the device module serves
+            return None
+        return api if current is not None and current.type == self.device_type else None
+
     def unavailable_reason(self) -> str | None:
         """``None`` when usable, else one sentence saying why not and what to do. Never raises."""
         try:
             module = self.device_module()
         except Exception as exc:  # noqa: BLE001 - every failure is a reason, not a crash
             return f"torch has no '{self.device_type}' device module ({exc})"
+        return self.no_visible_device(module, f"no {self.device_type} device is visible")
+
+    def no_visible_device(self, module: Any, problem: str, advice: str = "", label: str | None = None) -> str | None:
+        """``problem`` (with the visible-devices variable and ``advice``) when ``module`` sees no device, a sentence
+        naming the failure when probing it raises, else ``None``. Never raises."""
         try:
             if not module.is_available() or module.device_count() == 0:
-                return f"no {self.device_type} device is visible{self._visible_devices_hint()}"
-        except Exception as exc:  # noqa: BLE001
-            return f"probing {self.device_type} failed: {type(exc).__name__}: {exc}"
+                return f"{problem}{self._visible_devices_hint()}{advice}"
+        except Exception as exc:  # noqa: BLE001 - a broken driver is a reason, not a crash
+            return f"probing {label or self.device_type} failed: {type(exc).__name__}: {exc}"
         return None
 
     def is_available(self) -> bool:
@@ -71,46 +96,62 @@ class DeviceBackend:
         return ""
 
     def describe(self) -> dict:
-        """Versions and settings worth printing in diagnostics; backends add their own."""
-        return {"torch": torch.__version__}
+        """Versions and settings worth printing in diagnostics (with the devices' names); backends add their own."""
+        info: dict = {"torch": torch.__version__}
+        if self.is_available():
+            names = _call_or_none(self.device_module(), "get_device_name", 0)
+            if names is not None:
+                info["devices"] = [self.device_module().get_device_name(i) for i in range(self.device_count())]
+        return info
 
     # -- devices ------------------------------------------------------------------------------------------------
 
+    def _api(self) -> Any:
+        """What serves the defaults below: ``torch.accelerator`` where it can, else the device module."""
+        return self.torch_accelerator() or self.device_module()
+
     def device_count(self) -> int:
-        return self.device_module().device_count() if self.is_available() else 0
+        return self._api().device_count() if self.is_available() else 0
 
     def current_index(self) -> int:
-        return self.device_module().current_device()
+        api = self.torch_accelerator()
+        return api.current_device_index() if api else self.device_module().current_device()
 
     def device(self, index: int | None = None) -> torch.device:
         """The torch device for ``index``, or the current device of this process."""
         return torch.device(self.device_type, self.current_index() if index is None else index)
 
     def set_device(self, index: int) -> None:
-        self.device_module().set_device(index)
+        api = self.torch_accelerator()
+        if api:
+            api.set_device_index(index)
+        else:
+            self.device_module().set_device(index)
 
     def synchronize(self) -> None:
-        self.device_module().synchronize()
+        self._api().synchronize()
 
     # -- memory -------------------------------------------------------------------------------------------------
 
     def memory_stats(self) -> MemoryStats:
-        module = self.device_module()
-        free_total = _call_or_none(module, "mem_get_info")
+        api, module = self.torch_accelerator(), self.device_module()
+        source = api or module
+        # torch.accelerator has free/total from torch 2.10 (get_memory_info); device modules call it mem_get_info.
+        free_total = (_call_or_none(api, "get_memory_info") if api else None) or _call_or_none(module, "mem_get_info")
         free, total = free_total if free_total is not None else (None, None)
         return MemoryStats(
-            allocated=_call_or_none(module, "memory_allocated"),
-            reserved=_call_or_none(module, "memory_reserved"),
-            peak_allocated=_call_or_none(module, "max_memory_allocated"),
+            allocated=_call_or_none(source, "memory_allocated"),
+            reserved=_call_or_none(source, "memory_reserved"),
+            peak_allocated=_call_or_none(source, "max_memory_allocated"),
             total=total,
             free=free,
         )
 
     def reset_peak_memory_stats(self) -> None:
-        _call_or_none(self.device_module(), "reset_peak_memory_stats")
+        _call_or_none(self._api(), "reset_peak_memory_stats")
 
     def empty_cache(self) -> None:
-        _call_or_none(self.device_module(), "empty_cache")
+        _call_or_none(self._api(), "empty_cache")
 
     # -- moves --------------------------------------------------------------------------------------------------
 

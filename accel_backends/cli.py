@@ -13,7 +13,6 @@ import warnings
 from .errors import AccelBackendError
 from .registry import BACKEND_ENV, PluginLoadWarning, registry, safe_reason
 
-
 # The torch minor versions CI tests, oldest and newest (pyproject.toml's range and docs/hardware.md agree).
 TESTED_TORCH = ((2, 10), (2, 13))
 
@@ -83,7 +82,7 @@ def _print_table(doc: dict) -> None:
                      b["dist_backend"], memory, plugin))
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     for row in [header, *rows]:
-        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
     reasons = [(b["name"], b["reason"]) for b in doc["backends"] if not b["available"]]
     if reasons:
         print("\nwhy not:")

@@ -3,10 +3,10 @@
 A plugin is any module or object holding functions marked with ``@accel_backends.hookimpl``. Built-in backends
 are plugins too: they use the same ``register_backends`` hook as a third-party distribution.
 
-This module specifies only what the device layer needs. Layers above add their own hook specifications to the
-same plugin manager with ``accel_backends.add_hookspecs(module)``: the engine's observer events
-(``on_mode_switch``, ``on_transfer``, ``on_optimizer_step``) live in ``engine/hookspecs.py``, so this package
-knows nothing of engines.
+This module specifies only what the device layer needs: the backends, and extra rules for its conformance kit.
+Layers above add their own hook specifications to the same plugin manager with
+``accel_backends.add_hookspecs(module)``: the engine's observer events (``on_mode_switch``, ``on_transfer``,
+``on_optimizer_step``) live in ``engine/hookspecs.py``, so this package knows nothing of engines.
 """
 
 import pluggy
@@ -23,4 +23,14 @@ def register_backends(register):
 
     ``register(backend, replace=True)`` replaces a built-in backend of the same name; without ``replace`` a name
     clash is an error. Constructing a backend must be cheap and must not import vendor packages.
+    """
+
+
+@hookspec
+def register_conformance_rules(register):
+    """Call ``register(rule)`` once per extra ``accel_backends.testing.Rule`` the conformance kit should check.
+
+    This is how a layer above adds rules about itself without this package importing it: the engine's rules
+    (``engine-fsdp2``, ``engine-fsdp1``: one training step of the real engine on the backend) come from the
+    engine's ``accel_backends.conformance`` entry point. Such plugins load only when the kit runs.
     """

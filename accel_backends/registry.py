@@ -2,7 +2,9 @@
 
 Selection: an explicit name, else ``ACCEL_BACKEND``, else the available backend with the highest priority.
 Third-party entry points (group ``accel_backends``) load unless ``ACCEL_BACKENDS_AUTOLOAD=0``; one that fails to
-import is skipped with a warning naming it, and ``accel-backends list`` shows it.
+import is skipped with a warning naming it, and ``accel-backends list`` shows it. Modules named in
+``ACCEL_BACKENDS_PLUGINS`` (comma-separated, like ``PYTEST_PLUGINS``) load always: the way to add a plugin to a
+checkout that is not installed (``PYTHONPATH=.``), and to every rank of a job, which inherits the variable.
 """
 
 from __future__ import annotations
@@ -23,8 +25,10 @@ from .base import DeviceBackend
 from .errors import BackendNotFoundError, BackendRegistrationError, BackendUnavailableError
 
 ENTRY_POINT_GROUP = "accel_backends"
+CONFORMANCE_GROUP = "accel_backends.conformance"  # loaded only by the conformance kit (``load_group``)
 BACKEND_ENV = "ACCEL_BACKEND"
 AUTOLOAD_ENV = "ACCEL_BACKENDS_AUTOLOAD"
+PLUGINS_ENV = "ACCEL_BACKENDS_PLUGINS"
 BUILTIN_LABEL = "accel-backends (built-in)"
 
 
@@ -78,11 +82,13 @@ class Registry:
         self.failures: list[PluginFailure] = []
         self._labels: dict[str, str] = {}  # plugin name -> who provided it, for messages
         self._records: dict[str, BackendRecord] | None = None
+        self.autoload = autoload_enabled() if autoload is None else autoload
+        self._groups_loaded: set[str] = set()
         for module_name in BUILTIN_PLUGIN_MODULES:
             module = importlib.import_module(module_name)
             self.register_plugin(module, name="builtin." + module_name.rsplit(".", 1)[1], label=BUILTIN_LABEL)
-        if autoload_enabled() if autoload is None else autoload:
-            self._load_entry_points()
+        self._load_named_modules()
+        self.load_group(ENTRY_POINT_GROUP)
 
     # -- plugins ------------------------------------------------------------------------------------------------
 
@@ -132,18 +138,35 @@ class Registry:
                         f"its hook {name}() asks for {', '.join(unknown)}, which the hook does not pass "
                         f"(it passes {', '.join(sorted(passed))})"))
 
-    def _load_entry_points(self) -> None:
+    def _load_named_modules(self) -> None:
+        """The modules in ``ACCEL_BACKENDS_PLUGINS``, registered whatever ``ACCEL_BACKENDS_AUTOLOAD`` says."""
+        for module_name in filter(None, (name.strip() for name in os.environ.get(PLUGINS_ENV, "").split(","))):
+            try:
+                module = importlib.import_module(module_name)
+                if not self.plugin_manager.is_registered(module):
+                    self.register_plugin(module, name=module_name, label=f"{module_name} (from {PLUGINS_ENV})")
+            except Exception as exc:  # noqa: BLE001 - reported like a broken entry point
+                self._record_failure(module_name, f"from {PLUGINS_ENV}", exc)
+
+    def load_group(self, group: str) -> None:
+        """Register the plugins of entry-point group ``group`` (once; nothing when autoload is off)."""
+        if group in self._groups_loaded or not self.autoload:
+            return
+        self._groups_loaded.add(group)
         seen = set()
-        for entry_point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        for entry_point in importlib.metadata.entry_points(group=group):
             dist = getattr(entry_point, "dist", None)
             label = f"{dist.name} {dist.version}" if dist is not None else entry_point.value
             if (entry_point.name, label) in seen:
                 continue  # the same distribution seen twice on sys.path
             seen.add((entry_point.name, label))
+            name = entry_point.name if group == ENTRY_POINT_GROUP else f"{group}:{entry_point.name}"
             try:
-                self.register_plugin(entry_point.load(), name=entry_point.name, label=label)
+                plugin = entry_point.load()
+                if not self.plugin_manager.is_registered(plugin):  # also named in ACCEL_BACKENDS_PLUGINS
+                    self.register_plugin(plugin, name=name, label=label)
             except Exception as exc:  # noqa: BLE001 - a broken plugin must not break the others
-                self._record_failure(entry_point.name, label, exc)
+                self._record_failure(name, label, exc)
 
     def _record_failure(self, plugin: str, distribution: str | None, exc: BaseException) -> None:
         error = f"{type(exc).__name__}: {exc}"

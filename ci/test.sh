@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The test command: set up the environment, then run the whole suite (extra arguments go to pytest).
+# The test command: set up the environment, run the lint gate, then the whole suite (extra arguments go to pytest).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-bash "$root/ci/setup.sh"
+bash "$root/ci/lint.sh"
 cd "$root"
 exec "${ACCEL_VENV:-$root/.venv}/bin/python" -m pytest "$@"

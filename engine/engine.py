@@ -6,15 +6,14 @@ The engine knows FSDP, models and optimizers; everything about the device comes 
 * offload-aware fast path: with nothing offloaded and the module already in the wanted mode, entering and leaving
   ``train_mode``/``eval_mode`` moves nothing, calls neither ``gc.collect()`` nor ``empty_cache()`` and walks no
   submodule, whatever the depth of the model;
-* deferred gradient sync: gradients are reduced once per mini-batch, on its last micro-batch (``grad_sync.py``),
-  when the unsharded gradients this needs fit the device (``sync_plan.py``).
+* deferred gradient sync: gradients are reduced once per mini-batch, on its last micro-batch (``fsdp/grad_sync.py``),
+  when the unsharded gradients this needs fit the device (``fsdp/sync_plan.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import difflib
 import math
 import os
 import time
@@ -27,16 +26,17 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import accel_backends
+from accel_backends.names import did_you_mean
 
-from . import checkpoint, compat, events, loading, offload, sync_plan
+from . import checkpoint, events
 from .config import EngineConfig
-from .grad_sync import discard_partial_backward, micro_batch_context
-from .models import prepare_model
-from .offload import DEVICE, HOST
-from .optim import build_optimizer, build_scheduler, clip_gradients
-from .phase import labelled, phase
-from .reduce import start_sum_over_ranks
-from .sharding import compute_dtype, generation_context, shard_model, unwrap, wrapper_version
+from .fsdp import offload, private_state, rank0_loading, sync_plan
+from .fsdp.grad_sync import discard_partial_backward, micro_batch_context
+from .fsdp.model_prep import prepare_model
+from .fsdp.offload import DEVICE, HOST
+from .fsdp.optimizer import build_optimizer, build_scheduler, clip_gradients
+from .fsdp.sharding import compute_dtype, generation_context, shard_model, unwrap, wrapper_version
+from .runtime import labelled, phase, start_sum_over_ranks
 
 StepFn = Callable[[nn.Module, Any], Any]
 
@@ -47,7 +47,7 @@ class FSDPEngine:
     def __init__(self, model: nn.Module | Callable[[], nn.Module] | str | os.PathLike,
                  config: EngineConfig | None = None, backend: accel_backends.DeviceBackend | None = None) -> None:
         config = _as_config(config)
-        loading.check_source(model)
+        rank0_loading.check_source(model)
         self.config = config
         self.backend = backend or accel_backends.get_backend()
         self.backend.require_available()
@@ -56,7 +56,7 @@ class FSDPEngine:
         self.backend.manual_seed(self.config.seed)
 
         # A path or a factory is built for real on rank 0 only; the other ranks build it on the meta device.
-        built, from_rank0 = loading.build(model, self.rank, self.world_size, self.config.load_on_rank0)
+        built, from_rank0 = rank0_loading.build(model, self.rank, self.world_size, self.config.load_on_rank0)
         self.model_config = getattr(built, "config", None)
         prepared = prepare_model(built, self.config)
         if self.config.frozen:
@@ -65,16 +65,16 @@ class FSDPEngine:
         full_state = expected = None
         if from_rank0 and self.rank == 0:
             full_state = prepared.state_dict()  # references, not copies: rank 0 already holds them
-            expected = loading.fingerprint(prepared.named_parameters())
+            expected = rank0_loading.fingerprint(prepared.named_parameters())
         self.module, self.num_sharded_units = shard_model(prepared, self.config, self.backend, self.world_size,
                                                           from_rank0=from_rank0)
         # The wrapper actually used: ``config.fsdp_version``, or 0 for a one-rank model run without FSDP.
         self.fsdp_version = wrapper_version(self.config, self.backend, self.world_size)
-        self._fsdp2_units = compat.fsdp2_units(self.module) if self.fsdp_version == 2 else None  # found once
+        self._fsdp2_units = private_state.fsdp2_units(self.module) if self.fsdp_version == 2 else None  # found once
         if from_rank0:
-            loading.receive_from_rank0(self.module, self.fsdp_version, self.backend.device(), full_state)
+            rank0_loading.receive_from_rank0(self.module, self.fsdp_version, self.backend.device(), full_state)
             del full_state
-            loading.check_received(self.module, self.fsdp_version, expected, self.backend.metrics_device())
+            rank0_loading.check_received(self.module, self.fsdp_version, expected, self.backend.metrics_device())
         self.loaded_on_rank0 = from_rank0
         self.grad_sync_plan = self._plan_grad_sync(trainable)
         self.grad_sync_mode = self.grad_sync_plan.mode
@@ -98,7 +98,7 @@ class FSDPEngine:
             self.to(HOST, model=False, optimizer=True)
 
     def _plan_grad_sync(self, trainable_numel: int) -> sync_plan.GradSyncPlan:
-        """Decide deferred or per-micro-batch gradient sync from this rank's memory (see ``sync_plan.py``)."""
+        """Decide deferred or per-micro-batch gradient sync from this rank's memory (see ``fsdp/sync_plan.py``)."""
         config = self.config
         needed = sync_plan.deferred_extra_bytes(trainable_numel, self.fsdp_version,
                                                 compute_dtype(config, self.backend), self.world_size)
@@ -404,9 +404,8 @@ def _as_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
         fields = {f.name for f in dataclasses.fields(EngineConfig)}
         for key in config:
             if key not in fields:
-                close = difflib.get_close_matches(key, fields, n=1)
-                hint = f" (did you mean {close[0]!r}?)" if close else ""
-                raise ValueError(f"unknown engine option {key!r}{hint}; valid options: {', '.join(sorted(fields))}")
+                raise ValueError(f"unknown engine option {key!r}{did_you_mean(key, fields)}; valid options: "
+                                 f"{', '.join(sorted(fields))}")
         return EngineConfig(**config)
     raise TypeError(f"config must be an engine.EngineConfig or a mapping, got {type(config).__name__}")
 

@@ -4,7 +4,7 @@ import torch
 from torch.distributed.tensor import DTensor
 
 from accel_backends.backends.cpu import CPUBackend
-from engine.collectives import CollectiveCounter  # noqa: F401 - the tests import it from here
+from engine.bench.collective_counter import CollectiveCounter  # noqa: F401 - the tests import it from here
 
 
 def full_grads(engine):
@@ -66,7 +66,7 @@ class CopyingCPUBackend(CPUBackend):
 
 def local_state(engine):
     """This rank's parameter shards and optimizer state, copied, keyed by name (for bitwise comparisons)."""
-    from engine.offload import local
+    from engine.fsdp.offload import local
 
     state = {f"param:{n}": local(p).detach().clone() for n, p in engine.module.named_parameters()}
     for i, param_state in enumerate(engine.optimizer.state.values()):

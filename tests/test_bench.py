@@ -3,8 +3,8 @@
 import json
 
 import pytest
-
 from conftest import run_python
+
 from engine.bench.cli import main
 
 TINY = ["--steps", "1", "--switches", "1", "--switch-layers", "2,3", "--micro-batch-counts", "1,4",
@@ -33,7 +33,10 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert [offload[k]["moves_per_enter"] for k in ("param_offload", "optimizer_offload", "both")] == [1, 1, 2]
     assert offload["both"]["bytes_per_round_trip"] == (offload["param_offload"]["bytes_per_round_trip"]
                                                        + offload["optimizer_offload"]["bytes_per_round_trip"]) > 0
-    assert "available" in switch["optimizer_onload"]
+    onload = switch["optimizer_onload"]
+    assert onload["step"]["moves_per_step"] == onload["mode"]["moves_per_step"] == 2, onload
+    assert onload["mode"]["residency_during_forward_backward"]["optimizer"] == "device"
+    assert onload["step"]["residency_during_forward_backward"]["optimizer"] == "cpu"
 
     accum = scenarios["grad_accum"]
     for version, modes in (("fsdp1", {"every_micro_batch", "deferred"}),
@@ -50,7 +53,7 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert fsdp2["deferred_unsharded"]["collectives"]["reduce_scatter"] == accum["fsdp2"]["sharded_units"]
     assert fsdp2["deferred_unsharded"]["collectives"]["all_gather"] < fsdp2["deferred"]["collectives"]["all_gather"]
     assert fsdp2["deferred"]["collectives"]["bytes"] < fsdp2["every_micro_batch"]["collectives"]["bytes"]
-    assert "available" in accum["decision"]
+    assert accum["decision"]["grad_sync_mode"] == accum["decision"]["grad_sync_plan"]["mode"] == "deferred"
 
     assert scenarios["overhead"]["engine_over_hand_written"] > 0
     rollout = scenarios["rollout"]

@@ -8,12 +8,12 @@ import textwrap
 
 import pytest
 import torch
+from conftest import REPO, run_python
+from test_no_device_names import DEVICE_NAMES
 
 from accel_backends import DeviceBackend
 from accel_backends.backends.cpu import CPUBackend
 from accel_backends.testing import RULE_NAMES, run_conformance
-from conftest import REPO, run_python
-from test_no_device_names import DEVICE_NAMES
 
 IN_PROCESS = ("attributes", "availability", "devices", "memory", "moves", "rng")
 

@@ -8,10 +8,10 @@ import sys
 import pytest
 import torch
 import torch.distributed as dist
+from conftest import REPO
 
 from accel_backends import DistributedSetupError, MemoryStats
 from accel_backends.backends.cpu import CPUBackend
-from conftest import REPO
 
 MiB = 2**20
 

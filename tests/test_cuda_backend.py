@@ -42,6 +42,8 @@ def patched_cuda(monkeypatch):
         "reset_peak_memory_stats": recorded("reset_peak_memory_stats"),
         "empty_cache": recorded("empty_cache"),
         "manual_seed_all": recorded("manual_seed_all"),
+        "get_device_name": recorded("get_device_name", lambda i: f"Stand-in GPU {i}"),
+        "is_bf16_supported": recorded("is_bf16_supported", True),
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(torch.cuda, name, fake)
@@ -81,6 +83,82 @@ def test_uses_torch_cuda_for_memory_and_devices(patched_cuda):
     for expected in ("memory_allocated", "memory_reserved", "max_memory_allocated", "mem_get_info",
                      "reset_peak_memory_stats", "empty_cache", "synchronize"):
         assert expected in names
+
+
+@pytest.fixture
+def accelerator_stand_in(monkeypatch):
+    """A labelled stand-in for ``torch.accelerator`` on a CUDA machine (this torch is a CPU build): it names
+    ``cuda`` as the accelerator, answers with its own figures and records every call."""
+    calls = []
+    state = {"current": 0}
+
+    def recorded(name, result=None):
+        def fn(*args):
+            calls.append((name, args))
+            return result(*args) if callable(result) else result
+
+        return fn
+
+    fakes = {
+        "current_accelerator": lambda *args: torch.device("cuda"),
+        "device_count": recorded("device_count", 3),
+        "current_device_index": recorded("current_device_index", lambda: state["current"]),
+        "set_device_index": recorded("set_device_index", lambda i: state.update(current=i)),
+        "synchronize": recorded("synchronize"),
+        "memory_allocated": recorded("memory_allocated", 101),
+        "memory_reserved": recorded("memory_reserved", 202),
+        "max_memory_allocated": recorded("max_memory_allocated", 303),
+        "get_memory_info": recorded("get_memory_info", (404, 800)),
+        "reset_peak_memory_stats": recorded("reset_peak_memory_stats"),
+        "empty_cache": recorded("empty_cache"),
+    }
+    for name, fake in fakes.items():
+        monkeypatch.setattr(torch.accelerator, name, fake, raising=False)
+    return calls
+
+
+def test_torch_accelerator_serves_devices_and_memory_where_it_names_the_device(patched_cuda, accelerator_stand_in):
+    backend = CUDABackend()
+    assert backend.torch_accelerator() is torch.accelerator
+    assert backend.device_count() == 3
+    backend.set_device(2)
+    assert backend.device() == torch.device("cuda", 2)
+    stats = backend.memory_stats()
+    assert (stats.allocated, stats.reserved, stats.peak_allocated, stats.free, stats.total) == (101, 202, 303, 404, 800)
+    backend.reset_peak_memory_stats()
+    backend.empty_cache()
+    backend.synchronize()
+    served = {name for name, _ in accelerator_stand_in}
+    assert served == {"device_count", "current_device_index", "set_device_index", "synchronize", "memory_allocated",
+                      "memory_reserved", "max_memory_allocated", "get_memory_info", "reset_peak_memory_stats",
+                      "empty_cache"}
+    from_cuda = {name for name, _ in patched_cuda} - {"is_available", "device_count"}  # the availability probe
+    assert backend.describe()["devices"] == ["Stand-in GPU 0", "Stand-in GPU 1", "Stand-in GPU 2"]
+    from_cuda -= {"get_device_name", "is_bf16_supported"}  # describe(): names are CUDA's own
+    assert not from_cuda, f"torch.cuda served {from_cuda} although torch.accelerator could"
+
+
+def test_older_torch_without_the_accelerator_memory_api_keeps_torch_cuda(patched_cuda, accelerator_stand_in,
+                                                                          monkeypatch):
+    monkeypatch.delattr(torch.accelerator, "memory_allocated")
+    backend = CUDABackend()
+    assert backend.torch_accelerator() is None
+    assert backend.memory_stats().allocated == 11 and backend.device_count() == 2
+    assert not accelerator_stand_in
+
+
+def test_another_accelerator_leaves_the_device_module_in_charge(patched_cuda, accelerator_stand_in, monkeypatch):
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args: torch.device("xpu"))
+    backend = CUDABackend()
+    assert backend.torch_accelerator() is None and backend.memory_stats().peak_allocated == 33
+
+
+def test_conformance_rules_that_need_no_kernel_pass_on_the_stand_ins(patched_cuda, accelerator_stand_in):
+    """Only the rules that run no kernel can hold on a CPU build; the rest run for real on a GPU (ci/gpu-check.sh)."""
+    from accel_backends.testing import run_conformance
+
+    results = run_conformance(CUDABackend(), rules=("attributes", "availability"))
+    assert [r.status for r in results] == ["passed", "passed"], results
 
 
 def test_init_distributed_uses_nccl_and_binds_the_local_gpu(patched_cuda, monkeypatch):

@@ -1,16 +1,16 @@
 """Collective counts per mini-batch (counts, not times): deferred sync reduces once per sharded unit."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
 
 
 def _count(rank, fsdp_version, modes):
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import CollectiveCounter
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    from engine import EngineConfig, FSDPEngine
 
     batches = make_micro_batches(seed=rank, count=4)
     out = {}
@@ -54,4 +54,4 @@ def test_fsdp1_collective_counts():
     assert units == 3
     assert counts["every_micro_batch"]["reduce_scatter"] == units * 4
     assert counts["deferred"]["reduce_scatter"] == units
-    assert counts["deferred"]["all_reduce"] == 1  # key fingerprint and values together (engine/reduce.py)
+    assert counts["deferred"]["all_reduce"] == 1  # names fingerprint and values together (runtime/metric_reduce.py)

@@ -2,8 +2,8 @@
 
 import pytest
 import torch.distributed as dist
-
 from distributed import run_ranks
+
 from engine import EngineConfig, FSDPEngine
 
 

@@ -1,7 +1,6 @@
 """The engine on a real GPU (one process, nccl, bf16): run where the cuda backend is available, else skipped."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.cuda
@@ -10,8 +9,9 @@ pytestmark = pytest.mark.cuda
 def _train_on_gpu(rank, fsdp_version, offload):
     import math
 
-    from engine import EngineConfig, FSDPEngine
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    from engine import EngineConfig, FSDPEngine
 
     config = EngineConfig(fsdp_version=fsdp_version, lr=1e-3, param_offload=offload, optimizer_offload=offload)
     engine = FSDPEngine(tiny_qwen2, config)
@@ -30,4 +30,4 @@ def _train_on_gpu(rank, fsdp_version, offload):
 @pytest.mark.parametrize("fsdp_version,offload", [(1, False), (2, False), (2, True)])
 def test_engine_trains_on_one_gpu(fsdp_version, offload):
     losses, peak = run_ranks(_train_on_gpu, fsdp_version, offload, world_size=1, env={"ACCEL_BACKEND": "cuda"})[0]
-    assert all(l == l for l in losses) and peak > 0
+    assert all(loss == loss for loss in losses) and peak > 0

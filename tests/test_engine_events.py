@@ -3,10 +3,10 @@
 import types
 
 import pytest
+from conftest import run_python
 
 import accel_backends
 from accel_backends import hookimpl
-from conftest import run_python
 from engine import events
 
 
@@ -62,7 +62,7 @@ def test_the_device_layer_specifies_no_engine_events():
         "print(accel_backends.hook().on_transfer.spec.argnames)\n"
     )
     before, after = run_python(code, check=True).stdout.splitlines()
-    assert before == "['register_backends'] False"
+    assert before == "['register_backends', 'register_conformance_rules'] False"
     assert after == "('engine', 'what', 'destination', 'num_bytes', 'seconds')"
 
 

@@ -1,7 +1,6 @@
 """Export of full Hugging Face weights from rank 0: plain, LoRA merged, and LoRA as a PEFT adapter."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -10,10 +9,10 @@ pytestmark = pytest.mark.slow
 def _export(rank, root, fsdp_version, lora):
     import torch
     import torch.distributed as dist
+    from tiny import make_micro_batches, tiny_qwen2, token_loss
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
     from engine import EngineConfig, FSDPEngine
-    from tiny import make_micro_batches, tiny_qwen2, token_loss
 
     config = EngineConfig(fsdp_version=fsdp_version, lr=5e-2, lora_rank=4 if lora else 0, lora_alpha=8)
     engine = FSDPEngine(tiny_qwen2, config)

@@ -1,7 +1,6 @@
 """Faults: a micro-batch that raises, a NaN loss, a save that dies part-way, and resume parity."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -12,9 +11,8 @@ class BadBatch(Exception):
 
 
 def _raising_step(module, batch):
-    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
-
     from tiny import token_loss
+    from transformers.models.qwen2.modeling_qwen2 import Qwen2DecoderLayer
 
     if batch.get("poison") == "mid_forward":
         # Fails inside the forward, after FSDP gathered the last decoder layer and before it ran.
@@ -31,12 +29,13 @@ def _raising_step(module, batch):
 
 
 def _raising_micro_batch(rank, fsdp_version):
-    from torch.distributed.tensor import DTensor
-
-    from engine import EngineConfig, FSDPEngine, compat
-    from engine.grad_sync import gradient_sync_enabled
     from engine_checks import assert_grads_close, full_grads
     from tiny import make_micro_batches, reference_grads, tiny_qwen2, token_loss
+    from torch.distributed.tensor import DTensor
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.fsdp import private_state as compat
+    from engine.fsdp.grad_sync import gradient_sync_enabled
 
     worst = []
     per_rank = [make_micro_batches(seed=10 + r, count=4) for r in range(2)]
@@ -85,10 +84,11 @@ def _nan_step(module, batch):
 def _nan_loss(rank):
     import math
 
-    import accel_backends
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import assert_bitwise_equal, local_state
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    import accel_backends
+    from engine import EngineConfig, FSDPEngine
 
     steps = []
 
@@ -126,7 +126,7 @@ def _train(engine, steps, rank):
     from tiny import make_micro_batches, token_loss
 
     losses = []
-    for step in range(steps):
+    for _ in range(steps):
         with engine.train_mode():
             batches = make_micro_batches(seed=100 * engine.global_step + rank, count=2)
             losses.append(engine.forward_backward_batch(batches, token_loss)["loss"])
@@ -136,9 +136,9 @@ def _train(engine, steps, rank):
 
 def _resume(rank, root, fsdp_version, lora):
     import torch
+    from tiny import tiny_qwen2
 
     from engine import EngineConfig, FSDPEngine
-    from tiny import tiny_qwen2
 
     def config():
         return EngineConfig(fsdp_version=fsdp_version, lr=1e-3, lr_schedule="cosine", warmup_steps=1,
@@ -165,10 +165,11 @@ def test_save_load_continue_matches_an_uninterrupted_run(tmp_path, fsdp_version,
 
 
 def _interrupted_save(rank, root):
-    import engine.checkpoint as checkpoint
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import full_params
     from tiny import tiny_qwen2
+
+    import engine.checkpoint.store as checkpoint
+    from engine import EngineConfig, FSDPEngine
 
     engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2, lr=1e-2))
     _train(engine, 1, rank)
@@ -209,13 +210,9 @@ def test_interrupted_save_leaves_previous_checkpoint_loadable(tmp_path):
 
 def uneven_qwen2():
     """Dimensions that do not divide over 2 ranks (vocabulary 97, MLP 75; hidden 48): FSDP pads their shards."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from engine.tiny_model import tiny_qwen2
 
-    torch.manual_seed(4321)
-    return Qwen2ForCausalLM(Qwen2Config(vocab_size=97, hidden_size=48, intermediate_size=75, num_hidden_layers=2,
-                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                        tie_word_embeddings=False))
+    return tiny_qwen2(seed=4321, vocab_size=97, hidden_size=48, intermediate_size=75, max_positions=64)
 
 
 def _with_metric(extra):
@@ -230,7 +227,6 @@ def _with_metric(extra):
 
 def _nan_on_rank1(module, batch):
     import torch.distributed as dist
-
     from tiny import token_loss
 
     loss, count = token_loss(module, batch)
@@ -242,12 +238,14 @@ def _one_rank_faults(rank, root):
     import math
     import warnings
 
-    import engine.checkpoint as checkpoint
     import torch.distributed as dist
-    from engine import EngineConfig, FSDPEngine
-    from engine.reduce import MetricKeysMismatch
     from engine_checks import assert_bitwise_equal, full_params, local_state
-    from tiny import make_micro_batches, tiny_qwen2, token_loss
+    from tiny import make_micro_batches, tiny_qwen2
+
+    import engine.checkpoint as checkpoint
+    import engine.checkpoint.store as store
+    from engine import EngineConfig, FSDPEngine
+    from engine.runtime import MetricKeysMismatch
 
     engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2, lr=1e-2))
     batches = make_micro_batches(seed=rank, count=2)
@@ -272,13 +270,13 @@ def _one_rank_faults(rank, root):
     step1 = full_params(engine)
     _train(engine, 1, rank)
     # Rank 0 cannot write the metadata (disk full) after every rank wrote its shards: no checkpoint, no hang.
-    write_meta = checkpoint._write_meta
-    checkpoint._write_meta = lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    write_meta = store._write_meta
+    store._write_meta = lambda *a: (_ for _ in ()).throw(OSError(28, "No space left on device"))
     try:
         with pytest.raises(RuntimeError, match="previous checkpoint there is untouched"):
             engine.save_checkpoint(f"{checkpoints}/step_000002")
     finally:
-        checkpoint._write_meta = write_meta
+        store._write_meta = write_meta
     assert checkpoint.latest_complete(checkpoints).name == "step_000001", "an unconfirmed .partial never counts"
     engine.save_checkpoint(f"{checkpoints}/step_000002")
     dist.barrier()
@@ -335,9 +333,10 @@ def _uneven_parity(rank):
 
 
 def _uneven_versus_reference(rank, fsdp_version, per_rank, reference):
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import CopyingCPUBackend, assert_bitwise_equal, assert_grads_close, full_grads, local_state
     from tiny import token_loss
+
+    from engine import EngineConfig, FSDPEngine
 
     states = []
     for offload in (False, True):
@@ -382,12 +381,12 @@ def _elastic_step(engine, rank, world_size):
 def _elastic(rank, root, save_as, load):
     """``save_as``: (fsdp_version, name) to train one step, save, step again; ``load``: (fsdp_version, name, saved
     by how many ranks) to load and take that same second step. Returns the weights after each second step."""
+    import os
     import warnings
 
-    import os
+    from tiny import make_micro_batches, token_loss
 
     from engine import EngineConfig, FSDPEngine
-    from tiny import make_micro_batches, token_loss
 
     world_size = int(os.environ["WORLD_SIZE"])
     out = {}

@@ -6,7 +6,6 @@ and a peak-memory figure that covers a whole update.
 """
 
 import pytest
-
 from distributed import run_ranks
 from engine_checks import CopyingCPUBackend
 
@@ -79,9 +78,9 @@ def _generate_counts(engine, max_new_tokens):
 def _check_generate(fsdp_version, lora_rank=0):
     """All-gathers per generate call: the number of units, whatever max_new_tokens; per_layer grows with it."""
     import torch
+    from tiny import tiny_qwen2
 
     from engine import EngineConfig, FSDPEngine
-    from tiny import tiny_qwen2
 
     report = {}
     for gather in ("once", "per_layer"):
@@ -101,9 +100,9 @@ def _check_generate(fsdp_version, lora_rank=0):
 def _check_mode_switch(fsdp_version):
     """Repeated switches call Module.train on nothing; a user's module.eval() is repaired by the next enter."""
     import torch.nn as nn
+    from tiny import make_micro_batches, tiny_qwen2, token_loss
 
     from engine import EngineConfig, FSDPEngine
-    from tiny import make_micro_batches, tiny_qwen2, token_loss
 
     engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version))
     batches = make_micro_batches(seed=0, count=1)
@@ -142,11 +141,12 @@ def _check_mode_switch(fsdp_version):
 
 def _check_grad_sync_plan(rank):
     """auto: deferred with room, every micro-batch without (fewer free bytes than the unsharded gradients)."""
-    from engine import EngineConfig, FSDPEngine
+    import logging
+
     from engine_checks import CollectiveCounter
     from tiny import make_micro_batches, tiny_qwen2, token_loss
 
-    import logging
+    from engine import EngineConfig, FSDPEngine
 
     records = []
     handler = logging.Handler()
@@ -175,9 +175,10 @@ def _check_grad_sync_plan(rank):
 
 def _check_step_onload(rank):
     """optimizer_onload='step': host during forward/backward, one move in and one out per step, same training."""
-    from engine import EngineConfig, FSDPEngine, events
     from engine_checks import assert_bitwise_equal, local_state
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    from engine import EngineConfig, FSDPEngine, events
 
     batches = make_micro_batches(seed=rank, count=2)
     moves, residency_in_step_fn = [], []

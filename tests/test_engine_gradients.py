@@ -1,7 +1,6 @@
 """Gradient parity and collective counts: real 2-rank FSDP on the CPU gloo backend, tiny Qwen2 models."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -18,7 +17,6 @@ TOLERANCE = {"bf16": dict(atol=2e-3, rtol=5e-2)}  # bf16 compute against an fp32
 
 def _lora_factory():
     from peft import LoraConfig, get_peft_model
-
     from tiny import tiny_qwen2
 
     # init_lora_weights=False: both LoRA matrices random, so both get non-zero gradients to compare.
@@ -27,9 +25,10 @@ def _lora_factory():
 
 
 def _parity(rank, fsdp_version, modes, lora):
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import assert_grads_close, full_grads
     from tiny import make_micro_batches, reference_grads, tiny_qwen2, token_loss
+
+    from engine import EngineConfig, FSDPEngine
 
     per_rank = [make_micro_batches(seed=10 + r, count=4) for r in range(2)]
     factory = _lora_factory if lora else tiny_qwen2

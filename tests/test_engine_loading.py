@@ -1,7 +1,6 @@
 """Rank-0 loading on 2 real ranks: rank 1 builds on the meta device, receives rank 0's weights, trains the same."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -9,9 +8,8 @@ pytestmark = pytest.mark.slow
 
 def _tied_qwen2():
     import torch
-    from transformers import Qwen2ForCausalLM
-
     from tiny import qwen2_config
+    from transformers import Qwen2ForCausalLM
 
     config = qwen2_config()
     config.tie_word_embeddings = True
@@ -46,10 +44,10 @@ def _train(engine, rank):
 
 def _loading(rank, model_dir):
     import torch
-
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import assert_bitwise_equal
     from tiny import tiny_qwen2
+
+    from engine import EngineConfig, FSDPEngine
 
     report = {}
     cases = {"fsdp2_path": (2, 0), "fsdp2_lora_factory": (2, 4), "fsdp1_tied_factory": (1, 0),
@@ -91,10 +89,11 @@ def _loading(rank, model_dir):
 def _checks_fail(rank, model_dir):
     """Both weight checks can fail: a shard that is not rank 0's weights, and ranks that built different models."""
     import torch
+    from tiny import tiny_qwen2
     from transformers import AutoModelForCausalLM
 
-    from engine import EngineConfig, FSDPEngine, loading
-    from tiny import tiny_qwen2
+    from engine import EngineConfig, FSDPEngine
+    from engine.fsdp import rank0_loading as loading
 
     outcome = {}
     engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=1, lr=1e-3))
@@ -152,8 +151,9 @@ def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
 
 
 def _three_ranks(rank, model_dir):
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import assert_bitwise_equal
+
+    from engine import EngineConfig, FSDPEngine
 
     losses = {}
     for version in (1, 2):

@@ -1,7 +1,6 @@
 """The offload-aware fast path and offload itself, counted (moves, gc.collect, empty_cache), on 2 real ranks."""
 
 import pytest
-
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
@@ -39,10 +38,11 @@ def _count_calls(monkeypatch_targets):
 def _fast_path(rank, fsdp_version):
     import gc
 
-    import accel_backends
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import CopyingCPUBackend
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    import accel_backends
+    from engine import EngineConfig, FSDPEngine
 
     backend = CopyingCPUBackend()
     engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version), backend=backend)
@@ -68,10 +68,11 @@ def test_no_offload_means_no_work_on_mode_switches(fsdp_version):
 
 
 def _offload(rank, fsdp_version):
-    import accel_backends
-    from engine import EngineConfig, FSDPEngine
     from engine_checks import CopyingCPUBackend, assert_bitwise_equal, local_state
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    import accel_backends
+    from engine import EngineConfig, FSDPEngine
 
     backend = CopyingCPUBackend()
     config = EngineConfig(fsdp_version=fsdp_version, param_offload=True, optimizer_offload=True, lr=1e-3)

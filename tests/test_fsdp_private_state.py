@@ -1,10 +1,10 @@
-"""FSDP's private state is touched in engine/compat.py only, so a torch upgrade breaks (at most) that module."""
+"""FSDP's private state is touched in engine/fsdp/private_state.py only: a torch upgrade breaks at most that module."""
 
 import re
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COMPAT = REPO / "engine" / "compat.py"
+COMPAT = REPO / "engine" / "fsdp" / "private_state.py"
 # FSDP1 handles and flat parameters, FSDP2 state and parameter groups, private torch.distributed.fsdp modules.
 PRIVATE_FSDP = re.compile(r"\._handle\b|\._flat_param\b|\bflat_param\b|_get_fsdp_state|_fsdp_param_groups?\b"
                           r"|_sharding_strategy|_use_sharded_(grad_)?views|_local_shard\b|\._sync_gradients"
@@ -23,12 +23,12 @@ def test_only_compat_touches_fsdp_private_state():
              if p != COMPAT and ".venv" not in p.parts]
     assert len(paths) > 20, "the packages are missing"
     offenders = list(_offenders(paths))
-    assert not offenders, "FSDP private state outside engine/compat.py:\n" + "\n".join(offenders)
+    assert not offenders, "FSDP private state outside engine/fsdp/private_state.py:\n" + "\n".join(offenders)
 
 
 def test_the_check_finds_what_compat_uses():
-    """compat.py itself must match: otherwise the pattern has drifted from what private state looks like."""
+    """private_state.py itself must match: otherwise the pattern has drifted from what private state looks like."""
     found = list(_offenders([COMPAT]))
     for name in ("_handle", "_get_fsdp_state", "_sharding_strategy", "_use_sharded_views", "_sync_gradients"):
-        assert any(name in line for line in found), f"the pattern no longer matches {name} in compat.py"
+        assert any(name in line for line in found), f"the pattern no longer matches {name} in private_state.py"
     assert not PRIVATE_FSDP.search("engine.fsdp_version == 1 and compat.fsdp1_flat_params(module)")

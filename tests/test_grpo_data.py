@@ -6,12 +6,12 @@ import shutil
 import sys
 
 import pytest
+from grpo_data import QUESTIONS, fixture_model, verl_rows, write_datasets_dir, write_jsonl, write_parquet
 
 from engine.grpo.cli import main
 from engine.grpo.config import build_config, check
 from engine.grpo.data import PromptFormatter, load_samples, read_rows
 from engine.grpo.rewards import detect_style, load_rewards, parse_specs, score_all
-from grpo_data import QUESTIONS, fixture_model, verl_rows, write_datasets_dir, write_jsonl, write_parquet
 
 
 @pytest.fixture(scope="module")
@@ -105,6 +105,7 @@ def test_unreadable_parquet_and_template_absent(tmp_path, tokenizer):
 
 def test_reward_styles_by_signature_weights_and_failures():
     import grpo_rewards
+
     from engine.grpo.data import Sample
 
     assert detect_style(grpo_rewards.compute_score, "x") == "verl"

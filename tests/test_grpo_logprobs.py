@@ -4,8 +4,8 @@ import importlib.util
 
 import pytest
 import torch
-
 from conftest import REPO
+
 from engine.grpo.logprobs import token_log_probs
 
 _spec = importlib.util.spec_from_file_location("logprob_memory", REPO / "tests" / "scripts" / "logprob_memory.py")

@@ -6,7 +6,6 @@ import shutil
 
 import pytest
 import torch
-
 from distributed import run_ranks
 from grpo_data import fixture_model, set_generation_config, verl_rows, write_parquet
 
@@ -70,7 +69,7 @@ def _hand_reference_grads(trainer, rank_data, mode):
         ratio = torch.exp(log_probs - log_probs.detach())
         per_token.append(-data["advantages"].unsqueeze(-1) * ratio)
         masks.append(batch["response_mask"].float())
-    sums = [(values * mask).sum(dim=1) for values, mask in zip(per_token, masks)]
+    sums = [(values * mask).sum(dim=1) for values, mask in zip(per_token, masks, strict=True)]
     lengths = [mask.sum(dim=1) for mask in masks]
     if mode == "token-sum":
         loss = sum(s.sum() for s in sums)
@@ -79,7 +78,7 @@ def _hand_reference_grads(trainer, rank_data, mode):
     elif mode == "seq-mean-token-sum":
         loss = torch.cat(sums).mean()
     else:
-        loss = torch.cat([s / n.clamp(min=1) for s, n in zip(sums, lengths)]).mean()
+        loss = torch.cat([s / n.clamp(min=1) for s, n in zip(sums, lengths, strict=True)]).mean()
     loss.backward()
     return [p.grad.clone() for p in model.parameters()]
 
@@ -109,7 +108,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
                                    for g in range(2))
     eos_ids = set(trainer.tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
     ends = []
-    for ids, row_mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist()):
+    for ids, row_mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist(), strict=True):
         first = next((i for i, t in enumerate(ids) if t in eos_ids), None)
         ends.append((first, sum(row_mask), len(ids)))
     out["eos_ends"] = ends  # (index of the first EOS of either id, mask length)
@@ -138,7 +137,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
         metrics_new = trainer.actor.forward_backward_batch(micro, trainer._step_fn)
         grads_new = _full_grads(trainer.actor.module)
         trainer.actor.zero_grad()
-    results["grad_max_diff"] = max((a - b).abs().max().item() for a, b in zip(grads_old, grads_new))
+    results["grad_max_diff"] = max((a - b).abs().max().item() for a, b in zip(grads_old, grads_new, strict=True))
     results["loss_old_new"] = (metrics_old["loss"], metrics_new["loss"])
     out.update(results)
 
@@ -157,7 +156,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
             trainer.actor.zero_grad()
         want = _hand_reference_grads(trainer, everyone, mode)
         scale = max(w.abs().max().item() for w in want)
-        out["agg_max_rel_diff"][mode] = max((g - w).abs().max().item() for g, w in zip(got, want)) / scale
+        out["agg_max_rel_diff"][mode] = max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
 
     # -- LoRA + KL: the reference is the actor's base with adapters disabled, not a second copy -------------------
     lora = _trainer(tmp, model_dir, data_path, "engine.lora_rank=4", "algorithm.kl_coef=0.01")

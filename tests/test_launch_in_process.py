@@ -7,8 +7,8 @@ import signal
 
 import pytest
 
-from engine import launch
-from engine.phase import phase
+from engine import runtime as launch
+from engine.runtime import phase
 
 ENV = {"ACCEL_BACKEND": "cpu"}
 

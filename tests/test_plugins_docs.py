@@ -4,10 +4,10 @@ import re
 import types
 
 import torch
+from conftest import REPO
 
 import accel_backends
 from accel_backends.testing import RULE_NAMES, run_conformance
-from conftest import REPO
 from engine import events
 
 DOC = (REPO / "docs" / "plugins.md").read_text()

@@ -4,7 +4,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import run_python
 from distributed import run_ranks
 from engine_checks import CopyingCPUBackend
@@ -28,9 +27,10 @@ def _traced_job(rank, site):
     import sys
 
     sys.path.insert(0, site)  # the installed plugin is found through its entry point, as in a user's job
+    from tiny import make_micro_batches, tiny_qwen2, token_loss
+
     from accel_backends.backends.cpu import CPUBackend
     from engine import EngineConfig, FSDPEngine
-    from tiny import make_micro_batches, tiny_qwen2, token_loss
 
     batches = make_micro_batches(seed=rank, count=2)
     plain = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2), backend=CPUBackend())

@@ -10,7 +10,6 @@ import types
 
 import pytest
 import torch
-
 from conftest import REPO, run_python
 
 PLUGIN_FILE = REPO / "plugins" / "accel-backend-xpu" / "accel_backend_xpu" / "plugin.py"

@@ -3,10 +3,10 @@ running these tests lies inside it with the public FSDP2 API the engine uses."""
 
 import os
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 import torch
 
 from accel_backends import cli

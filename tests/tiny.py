@@ -6,20 +6,20 @@ import torch.nn.functional as F
 VOCAB = 96
 
 
-def qwen2_config():
-    from transformers import Qwen2Config
+SIZE = {"vocab_size": VOCAB, "hidden_size": 64, "layers": 2, "max_positions": 64}
 
-    return Qwen2Config(vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                       tie_word_embeddings=False)
+
+def qwen2_config():
+    from engine.tiny_model import tiny_qwen2_config
+
+    return tiny_qwen2_config(**SIZE)
 
 
 def tiny_qwen2():
     """Same weights on every call (and every rank): the seed is set here."""
-    from transformers import Qwen2ForCausalLM
+    from engine.tiny_model import tiny_qwen2 as build
 
-    torch.manual_seed(1234)
-    return Qwen2ForCausalLM(qwen2_config())
+    return build(seed=1234, **SIZE)
 
 
 def make_micro_batches(seed, count, batch=2, length=12):

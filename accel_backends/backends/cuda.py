@@ -1,4 +1,8 @@
-"""NVIDIA GPUs through ``torch.cuda`` and NCCL; ROCm builds of torch use the same API and say so."""
+"""NVIDIA GPUs through ``torch.cuda`` and NCCL; ROCm builds of torch use the same API and say so.
+
+Devices, memory and synchronisation come from ``torch.accelerator`` (the ``DeviceBackend`` defaults); this class
+keeps only what is CUDA's own: the names, why it cannot run where it cannot, and what ``describe()`` adds.
+"""
 
 from __future__ import annotations
 
@@ -17,9 +21,6 @@ class CUDABackend(DeviceBackend):
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16
 
-    def device_module(self):
-        return torch.cuda
-
     @staticmethod
     def platform() -> str:
         """``"CUDA 12.8"``, ``"ROCm (HIP 6.4)"``, or ``"none"`` for a CPU-only build of torch."""
@@ -35,20 +36,13 @@ class CUDABackend(DeviceBackend):
                 f"this torch ({torch.__version__}) was built without CUDA or ROCm: "
                 "install a CUDA build of torch to use NVIDIA GPUs"
             )
-        try:
-            if not torch.cuda.is_available() or torch.cuda.device_count() == 0:
-                return (
-                    f"torch is built for {self.platform()} but no GPU is visible{self._visible_devices_hint()}: "
-                    "check the driver (nvidia-smi or rocm-smi) and the visible-devices variable"
-                )
-        except Exception as exc:  # noqa: BLE001 - a broken driver is a reason, not a crash
-            return f"probing CUDA failed: {type(exc).__name__}: {exc}"
-        return None
+        return self.no_visible_device(torch.cuda, f"torch is built for {self.platform()} but no GPU is visible",
+                                      ": check the driver (nvidia-smi or rocm-smi) and the visible-devices variable",
+                                      label="CUDA")
 
     def describe(self) -> dict:
-        info = {"torch": torch.__version__, "platform": self.platform()}
+        info = {**super().describe(), "platform": self.platform()}
         if self.is_available():
-            info["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
             info["bf16"] = torch.cuda.is_bf16_supported()
         return info
 

@@ -32,6 +32,7 @@ class NPUBackend(DeviceBackend):
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16
+    accelerator_api = False  # torch_npu's allocator does not implement torch.accelerator's memory API: torch.npu
 
     def __init__(self) -> None:
         self._import_failure = _NOT_PROBED  # None once torch_npu imported, else the reason it did not
@@ -52,22 +53,14 @@ class NPUBackend(DeviceBackend):
         failure = self._import_torch_npu()
         if failure is not None:
             return failure
-        try:
-            if not torch.npu.is_available() or torch.npu.device_count() == 0:
-                return (
-                    f"torch_npu imported but no NPU is visible{self._visible_devices_hint()}: "
-                    "check the driver with npu-smi info and the visible-devices variable"
-                )
-        except Exception as exc:  # noqa: BLE001 - a broken driver is a reason, not a crash
-            return f"probing the NPU failed: {type(exc).__name__}: {exc}"
-        return None
+        return self.no_visible_device(torch.npu, "torch_npu imported but no NPU is visible",
+                                      ": check the driver with npu-smi info and the visible-devices variable",
+                                      label="the NPU")
 
     def describe(self) -> dict:
-        info = {"torch": torch.__version__}
+        info = super().describe()
         if self._import_torch_npu() is None:
             info["torch_npu"] = getattr(importlib.import_module("torch_npu"), "__version__", "unknown")
-            if self.is_available():
-                info["devices"] = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())]
         return info
 
 

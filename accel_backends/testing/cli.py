@@ -7,19 +7,19 @@ import sys
 
 from ..errors import AccelBackendError
 from ..registry import registry
-from .kit import DEFAULT_TIMEOUT_S, run_conformance
-from .rules import RULE_NAMES, RULES
+from .kit import DEFAULT_TIMEOUT_S, all_rules, run_conformance
 
 
 def parse_args(argv):
+    rules = all_rules()
     parser = argparse.ArgumentParser(
         prog="python -m accel_backends.testing",
         description="Check a registered device backend against the accel_backends contract.",
-        epilog="rules: " + "; ".join(f"{r.name}: {r.summary}" for r in RULES),
+        epilog="rules: " + "; ".join(f"{r.name}: {r.summary}" for r in rules),
     )
     parser.add_argument("name", help="the registered backend to check (see `accel-backends list`)")
     parser.add_argument("--nproc", type=int, default=2, help="processes for the multi-process rules (default 2)")
-    parser.add_argument("--rule", action="append", dest="rules", choices=RULE_NAMES, metavar="RULE",
+    parser.add_argument("--rule", action="append", dest="rules", choices=[r.name for r in rules], metavar="RULE",
                         help="run only this rule (repeatable); default: all")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S,
                         help=f"seconds the multi-process job may take (default {DEFAULT_TIMEOUT_S:.0f})")

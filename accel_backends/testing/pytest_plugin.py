@@ -16,13 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from .kit import BackendRef, RuleResult, resolve, run_multi_process, run_rule
-from .rules import RULE_NAMES, RULES, rule_named
+from .kit import BackendRef, RuleResult, all_rules, resolve, rule_named, rule_names, run_multi_process, run_rule
 
 
 @functools.lru_cache(maxsize=None)
 def _multi_process_results(backend: BackendRef, nproc: int) -> dict[str, RuleResult]:
-    names = tuple(rule.name for rule in RULES if rule.multi_process)
+    names = tuple(rule.name for rule in all_rules() if rule.multi_process)
     return {result.rule: result for result in run_multi_process(backend, names, nproc)}
 
 
@@ -47,7 +46,11 @@ class BackendConformance:
     backend: BackendRef | None = None
     nproc: int = 2
 
-    @pytest.mark.parametrize("rule", RULE_NAMES)
+    def pytest_generate_tests(self, metafunc):
+        # At collection time, so the rules plugins register (the engine's) are known.
+        if "rule" in metafunc.fixturenames:
+            metafunc.parametrize("rule", rule_names())
+
     def test_conformance(self, rule, request):
         backend = self.backend or request.config.getoption("accel_backend", default=None)
         if backend is None:
@@ -81,6 +84,6 @@ def pytest_collection_modifyitems(session, config, items) -> None:
     if not name:
         return
     nproc = config.getoption("accel_nproc")
-    for rule in RULE_NAMES:
+    for rule in rule_names():
         items.append(ConformanceItem.from_parent(session, name=f"conformance[{name}-{rule}]", rule=rule,
                                                  backend=name, nproc=nproc))

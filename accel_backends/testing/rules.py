@@ -2,7 +2,8 @@
 
 A check raises ``RuleSkipped`` when the rule does not apply here (say why) and anything else (an
 ``AssertionError`` with a message naming what broke) when the backend breaks the rule. In-process rules run in
-the caller's process; multi-process rules run in every rank of a job that ``launcher.py`` starts.
+the caller's process; multi-process rules run in every rank of a job (``accel_backends.spawn``). These are the
+device layer's own rules; layers above add theirs through the ``register_conformance_rules`` hook (``kit.py``).
 """
 
 from __future__ import annotations
@@ -203,7 +204,8 @@ def check_moves(backend: DeviceBackend) -> str:
             backend.synchronize()
             require(_same(again, original), f"the {label} tensor changed on its second way to the device")
         require(_same(source, original), f"moving the {label} tensor modified the source tensor")
-    return f"{len(sample_tensors())} tensors bitwise equal after round trips" + (" (pinned host memory)" if pinned else "")
+    pinned_note = " (pinned host memory)" if pinned else ""
+    return f"{len(sample_tensors())} tensors bitwise equal after round trips{pinned_note}"
 
 
 def _draws(backend: DeviceBackend) -> list[torch.Tensor]:
@@ -222,11 +224,11 @@ def check_rng(backend: DeviceBackend) -> str:
     first = _draws(backend)
     backend.set_rng_state(state)
     replay = _draws(backend)
-    require(all(torch.equal(a, b) for a, b in zip(first, replay)),
+    require(all(torch.equal(a, b) for a, b in zip(first, replay, strict=True)),
             "set_rng_state(rng_state()) did not restore the generators: the draws after it differ")
     backend.manual_seed(1234)
     reseeded = _draws(backend)
-    require(all(torch.equal(a, b) for a, b in zip(first, reseeded)),
+    require(all(torch.equal(a, b) for a, b in zip(first, reseeded, strict=True)),
             "manual_seed() with the same seed did not repeat the same draws")
     backend.manual_seed(4321)
     require(not torch.equal(_draws(backend)[-1], first[-1]), "manual_seed() with another seed repeated the draws")
@@ -260,20 +262,13 @@ def check_distributed(backend: DeviceBackend, nproc: int) -> str:
     require(bool((block == expected).all()), "all-reduce of a tensor on device() gave wrong values")
     again = backend.init_distributed(timeout=GROUP_TIMEOUT_S)
     require((again.rank, again.world_size) == (rank, world), "a second init_distributed() call is not idempotent")
-    return f"{world}-process '{dist.get_backend()}' group, all-reduce right on {backend.metrics_device()} and {backend.device()}"
+    return (f"{world}-process '{dist.get_backend()}' group, all-reduce right on {backend.metrics_device()} and "
+            f"{backend.device()}")
 
 
-def _engine_check(version: int):
-    def check(backend: DeviceBackend, nproc: int) -> str:
-        from .engine_smoke import run_engine_smoke
-
-        return run_engine_smoke(backend, version)
-
-    return check
-
-
-RULES: tuple[Rule, ...] = (
-    Rule("attributes", "class attributes name, device_type, dist_backend, priority... are well formed", check_attributes),
+DEVICE_RULES: tuple[Rule, ...] = (
+    Rule("attributes", "class attributes name, device_type, dist_backend, priority... are well formed",
+         check_attributes),
     Rule("availability", "unavailable_reason() is None or a sentence, never raises, agrees with is_available()",
          check_availability),
     Rule("devices", "device_count(), device(), set_device(), synchronize() and the device ids work", check_devices),
@@ -282,17 +277,4 @@ RULES: tuple[Rule, ...] = (
     Rule("rng", "rng_state()/set_rng_state() and manual_seed() reproduce the draws", check_rng),
     Rule("distributed", "init_distributed() joins a multi-process group whose all-reduce is right", check_distributed,
          multi_process=True),
-    Rule("engine-fsdp2", "FSDP2 engine: two micro-batches, deferred sync, one optimizer step, one offload round trip",
-         _engine_check(2), multi_process=True),
-    Rule("engine-fsdp1", "FSDP1 engine: two micro-batches, deferred sync, one optimizer step, one offload round trip",
-         _engine_check(1), multi_process=True),
 )
-
-RULE_NAMES = tuple(rule.name for rule in RULES)
-
-
-def rule_named(name: str) -> Rule:
-    for rule in RULES:
-        if rule.name == name:
-            return rule
-    raise KeyError(f"no conformance rule {name!r}; the rules are {', '.join(RULE_NAMES)}")

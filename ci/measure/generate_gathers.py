@@ -3,23 +3,21 @@
 Usage: python ci/measure/generate_gathers.py
 """
 import sys
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
-from distributed import run_ranks
+from distributed import run_ranks  # noqa: E402 - importable once the lines above set the path
 
 
 def count(rank):
     import torch
-    from transformers import Qwen2ForCausalLM
+
     from engine import EngineConfig, FSDPEngine
-    from engine.collectives import CollectiveCounter
-    from tiny import qwen2_config
+    from engine.bench.collective_counter import CollectiveCounter
+    from engine.tiny_model import tiny_qwen2
 
     def factory():
-        from transformers import Qwen2Config
-        cfg = Qwen2Config(**{**qwen2_config().to_dict(), "num_hidden_layers": 3, "layer_types": None})
-        torch.manual_seed(0)
-        return Qwen2ForCausalLM(cfg)
+        return tiny_qwen2(seed=0, vocab_size=96, layers=3, max_positions=64)
     ids = torch.randint(1, 90, (2, 5), generator=torch.Generator().manual_seed(0))
     out = {}
     for version in (2, 1):

@@ -4,19 +4,24 @@ Usage: python ci/measure/loading_rss.py MODEL_DIR {rank0|every} [fsdp_version [w
 (MODEL_DIR without a config.json is filled first with a random Qwen2 of 100.1M parameters; 2 ranks by default.
 More ranks make each shard smaller, which shows what loading costs above the shard.)
 """
-import sys, threading, time
+import sys
+import threading
+import time
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
-from distributed import run_ranks
+from distributed import run_ranks  # noqa: E402 - importable once the lines above set the path
 
 
 def measure(rank, model_dir, on_rank0, version):
     import torch
-    from accel_backends.memory import PeakRSSTracker, process_rss
-    from engine import EngineConfig, FSDPEngine
+
     # Imported before the baseline, as any trainer has: the model code itself is not what is measured.
     from transformers import AutoConfig, AutoModelForCausalLM  # noqa: F401
     from transformers.models.qwen2 import modeling_qwen2  # noqa: F401
+
+    from accel_backends.memory import PeakRSSTracker, process_rss
+    from engine import EngineConfig, FSDPEngine
 
     tracker = PeakRSSTracker()
     sampled = [process_rss()]
@@ -32,14 +37,15 @@ def measure(rank, model_dir, on_rank0, version):
     thread = threading.Thread(target=sample, daemon=True)
     thread.start()
     engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=version, load_on_rank0=on_rank0, lr=1e-4))
-    stop.set(); thread.join()
+    stop.set()
+    thread.join()
     peak = max(tracker.observe(), max(sampled))
     ids = torch.randint(0, 16000, (2, 32), generator=torch.Generator().manual_seed(rank))
     with engine.train_mode():
         loss = engine.forward_backward_batch([ids], lambda m, x: m(input_ids=x, labels=x).loss)["loss"]
         engine.optimizer_step()
         loss2 = engine.forward_backward_batch([ids], lambda m, x: m(input_ids=x, labels=x).loss)["loss"]
-    from engine.offload import local
+    from engine.fsdp.offload import local
     shard = sum(local(p).numel() * 4 for p in engine.module.parameters())
     return {"shard_mib": shard / 2**20, "before_mib": before / 2**20, "peak_mib": peak / 2**20,
             "growth_mib": (peak - before) / 2**20,
@@ -47,19 +53,16 @@ def measure(rank, model_dir, on_rank0, version):
 
 
 def save_model(model_dir):
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    from engine.tiny_model import tiny_qwen2
 
-    config = Qwen2Config(vocab_size=16000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                         num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=256,
-                         tie_word_embeddings=False)
-    torch.manual_seed(0)
-    Qwen2ForCausalLM(config).save_pretrained(model_dir)
+    tiny_qwen2(seed=0, vocab_size=16000, hidden_size=768, intermediate_size=2048, layers=12, heads=12, kv_heads=4,
+               max_positions=256).save_pretrained(model_dir)
 
 
 if __name__ == "__main__":
-    import loading_rss
     from pathlib import Path
+
+    import loading_rss
 
     model_dir, mode = sys.argv[1], sys.argv[2]
     if not Path(model_dir, "config.json").exists():

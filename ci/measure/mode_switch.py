@@ -3,24 +3,26 @@
 
 Usage: python ci/measure/mode_switch.py
 """
-import gc, statistics, sys, time
+import gc
+import statistics
+import sys
+import time
+
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 
 def build(layers):
     def factory():
-        import torch
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-        torch.manual_seed(0)
-        return Qwen2ForCausalLM(Qwen2Config(vocab_size=96, hidden_size=64, intermediate_size=128,
-                                            num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2))
+        from engine.tiny_model import tiny_qwen2
+
+        return tiny_qwen2(seed=0, vocab_size=96, layers=layers, max_positions=32768)
     return factory
 
 
 def main():
     from engine import EngineConfig, FSDPEngine
-    from engine.offload import move_model
+    from engine.fsdp.offload import move_model
     engines = {n: FSDPEngine(build(n), EngineConfig(fsdp_version=2)) for n in (2, 28)}
 
     def fast(engine):  # a block of 100 switches, reported per switch (one is too short for the clock)

@@ -29,7 +29,7 @@ def build_dataset(prompts: int, seed: int):
 def echo_rewards(prompts, completions, answer, **_):
     from engine.grpo.tasks import echo_reward
 
-    return [echo_reward(p, c, a) for p, c, a in zip(prompts, completions, answer)]
+    return [echo_reward(p, c, a) for p, c, a in zip(prompts, completions, answer, strict=True)]
 
 
 def save_demo_model(directory: str, hidden: int, layers: int, seed: int):

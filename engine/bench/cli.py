@@ -29,8 +29,9 @@ SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "over
 
 
 def worker(options: dict) -> dict:
-    import accel_backends
     import torch.distributed as dist
+
+    import accel_backends
 
     backend = accel_backends.get_backend()
     backend.init_distributed()
@@ -116,7 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from ..launch import Interrupted, WorkerFailed, run
+    from ..runtime import Interrupted, WorkerFailed, run
 
     parser = build_parser()
     args = parser.parse_args(argv)

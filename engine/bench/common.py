@@ -13,26 +13,18 @@ from collections.abc import Callable, Mapping
 
 import accel_backends
 
-from ..collectives import CollectiveCounter
-
-NOT_AVAILABLE = "not available in this engine"
+from ..tiny_model import tiny_qwen2
+from .collective_counter import CollectiveCounter
 
 
 def model_factory(options: Mapping, layers: int | None = None) -> Callable:
     """A zero-argument factory of a randomly initialised Qwen2 of the benchmark's size (nothing downloaded)."""
 
     def build():
-        import torch
-        from transformers import Qwen2Config, Qwen2ForCausalLM
-
-        torch.manual_seed(0)
-        hidden = options["hidden"]
-        return Qwen2ForCausalLM(Qwen2Config(
-            vocab_size=options["vocab"], hidden_size=hidden,
-            intermediate_size=options.get("intermediate") or hidden * 2,
-            num_hidden_layers=layers or options["layers"], num_attention_heads=options.get("heads", 4),
-            num_key_value_heads=options.get("kv_heads", 2), max_position_embeddings=options["seq"] * 4,
-            tie_word_embeddings=False))
+        return tiny_qwen2(seed=0, vocab_size=options["vocab"], hidden_size=options["hidden"],
+                          intermediate_size=options.get("intermediate"), layers=layers or options["layers"],
+                          heads=options.get("heads", 4), kv_heads=options.get("kv_heads", 2),
+                          max_positions=options["seq"] * 4)
 
     return build
 
@@ -82,7 +74,7 @@ def ratio(numerator: list[float], denominator: list[float]) -> float:
     Each round runs both variants back to back, so a round's ratio sees the same machine load on both sides;
     the median over rounds then drops the rounds another process disturbed. Steadier than a ratio of medians.
     """
-    return statistics.median(a / max(b, 1e-12) for a, b in zip(numerator, denominator))
+    return statistics.median(a / max(b, 1e-12) for a, b in zip(numerator, denominator, strict=True))
 
 
 class CommCounter(CollectiveCounter):
@@ -152,20 +144,6 @@ def peak_memory(backend, fn: Callable[[], object]) -> int | None:
     backend.reset_peak_memory_stats()
     fn()
     return backend.memory_stats().peak_allocated
-
-
-def new_feature_config(**options):
-    """``(EngineConfig, None)``, or ``(None, reason)`` when this engine does not know an option or value yet.
-
-    Scenarios that measure features newer than some engines (``optimizer_onload``, ``grad_sync="auto"``) report
-    the reason instead of failing, so the same benchmark runs before and after those features land.
-    """
-    from .. import EngineConfig
-
-    try:
-        return EngineConfig(**options), None
-    except (TypeError, ValueError) as exc:
-        return None, f"{NOT_AVAILABLE} ({exc})"
 
 
 def release(backend) -> None:

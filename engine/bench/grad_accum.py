@@ -8,8 +8,7 @@ they carry, and the backend's peak memory during a step.
 from __future__ import annotations
 
 from .. import EngineConfig, FSDPEngine
-from .common import (NOT_AVAILABLE, CommCounter, interleave, lm_loss, micro_batches, model_factory,
-                     new_feature_config, ratio, release, summary, timed)
+from .common import CommCounter, interleave, lm_loss, micro_batches, model_factory, ratio, release, summary, timed
 
 SYNC_MODES = {
     "every_micro_batch": {"grad_sync": "every_micro_batch"},
@@ -45,7 +44,7 @@ def _one_version(options, backend, rank, fsdp_version: int) -> dict:
                 train_step(engine, batches)
                 peak = backend.memory_stats().peak_allocated
             rows[mode] = {"collectives": comm.as_dict(), "peak_memory_bytes": peak}
-        samples = interleave({mode: (lambda e=engine: timed(lambda: train_step(e, batches), backend.synchronize))
+        samples = interleave({mode: (lambda e=engine, b=batches: timed(lambda: train_step(e, b), backend.synchronize))
                               for mode, engine in engines.items()}, options["steps"])
         for mode, values in samples.items():
             rows[mode].update(summary(values))
@@ -57,32 +56,10 @@ def _one_version(options, backend, rank, fsdp_version: int) -> dict:
 
 
 def sync_decision(options, backend) -> dict:
-    """What ``grad_sync="auto"`` chose here, and the plan behind it (``engine.grad_sync_plan``), if it exists."""
-    config, reason = new_feature_config(fsdp_version=2, lr=1e-4, mixed_precision=options["mixed_precision"],
-                                        grad_sync="auto")
-    if config is None:
-        return {"available": False, "reason": reason}
+    """What ``grad_sync="auto"`` chose here, and the plan behind it (``engine.grad_sync_plan``)."""
+    config = EngineConfig(fsdp_version=2, lr=1e-4, mixed_precision=options["mixed_precision"], grad_sync="auto")
     engine = FSDPEngine(model_factory(options), config, backend)
-    mode = getattr(engine, "grad_sync_mode", None)
-    plan = getattr(engine, "grad_sync_plan", None)
-    if mode is None:
-        return {"available": False, "reason": f"{NOT_AVAILABLE} (no engine.grad_sync_mode)"}
-    return {"available": True, "grad_sync_mode": mode, "grad_sync_plan": _plain(plan)}
-
-
-def _plain(value):
-    """A JSON-friendly form of whatever the engine reports (a dataclass, a mapping or a string)."""
-    import dataclasses
-
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {k: _plain(v) for k, v in dataclasses.asdict(value).items()}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return str(value)
+    return {"grad_sync_mode": engine.grad_sync_mode, "grad_sync_plan": engine.grad_sync_plan.as_dict()}
 
 
 def run(options, backend, rank) -> dict:

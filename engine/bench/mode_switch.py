@@ -12,9 +12,8 @@ from __future__ import annotations
 import gc
 
 from .. import FSDPEngine
-from ..offload import move_model
-from .common import (TransferLog, interleave, lm_loss, micro_batches, model_factory,
-                     new_feature_config, ratio, release, summary, timed)
+from ..fsdp.offload import move_model
+from .common import TransferLog, interleave, lm_loss, micro_batches, model_factory, ratio, release, summary, timed
 
 FAST_SWITCHES_PER_SAMPLE = 200  # one fast switch is microseconds: time a batch of them per sample
 OFFLOAD_VARIANTS = {
@@ -130,17 +129,9 @@ def optimizer_onload(options, backend, rank) -> dict:
     """Optimizer state offloaded: onload for the whole ``train_mode`` (``"mode"``) or only for the step."""
     factory = model_factory(options)
     batches = micro_batches(options, rank, 2)
-    engines, reasons = {}, {}
-    for onload in ("mode", "step"):
-        config, reason = new_feature_config(fsdp_version=options["fsdp_version"], lr=1e-4,
-                                            mixed_precision=options["mixed_precision"], optimizer_offload=True,
-                                            optimizer_onload=onload)
-        if config is None:
-            reasons[onload] = reason
-        else:
-            engines[onload] = FSDPEngine(factory, config, backend)
-    if reasons:
-        return {"available": False, "reason": "; ".join(sorted(set(reasons.values())))}
+    engines = {onload: FSDPEngine(factory, _base_config(options, optimizer_offload=True, optimizer_onload=onload),
+                                  backend)
+               for onload in ("mode", "step")}
     for engine in engines.values():
         _train_once(engine, batches)
     seen = {name: {} for name in engines}
@@ -166,7 +157,7 @@ def optimizer_onload(options, backend, rank) -> dict:
         return sample
 
     samples = interleave({name: step(name) for name in engines}, options["steps"])
-    result = {"available": True}
+    result = {}
     for name, values in samples.items():
         result[name] = {**summary(values), **seen[name]}
     result["step_over_mode_time"] = ratio(samples["step"], samples["mode"])

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from .. import EngineConfig, FSDPEngine
-from .common import interleave, lm_loss, micro_batches, model_factory, ratio, summary, timed
+from .common import interleave, micro_batches, model_factory, ratio, summary, timed
 from .grad_accum import train_step
 
 LR, MAX_GRAD_NORM = 1e-4, 1.0
@@ -50,7 +50,7 @@ class HandWrittenFSDP2:
 
 
 def run(options, backend, rank) -> dict:
-    from ..sharding import compute_dtype
+    from ..fsdp.sharding import compute_dtype
 
     factory = model_factory(options)
     config = EngineConfig(fsdp_version=2, lr=LR, max_grad_norm=MAX_GRAD_NORM, grad_sync="deferred",

@@ -24,9 +24,6 @@ def print_mode_switch(s: dict) -> None:
         print(f"{name:18} {_ms(row):>30} {row['moves_per_enter']:12d} {_mib(row['bytes_per_round_trip']):>15} "
               f"{row['bandwidth_gb_s']:7.2f}")
     onload = s["optimizer_onload"]
-    if not onload["available"]:
-        print(f"optimizer onload step vs mode: {onload['reason']}")
-        return
     print(f"{'optimizer onload':18} {'train step':>30} {'moves/step':>11} {'peak MiB':>9}  residency in fwd/bwd")
     for name in ("mode", "step"):
         row = onload[name]
@@ -48,10 +45,7 @@ def print_grad_accum(s: dict) -> None:
                       f"{c['all_gather']:11d} {c['reduce_scatter']:12d} {_mib(c['bytes']):>9} "
                       f"{_mib(row['peak_memory_bytes']):>9}")
     decision = s["decision"]
-    if decision["available"]:
-        print(f"grad_sync='auto' chose {decision['grad_sync_mode']!r}; plan: {decision['grad_sync_plan']}")
-    else:
-        print(f"grad_sync='auto': {decision['reason']}")
+    print(f"grad_sync='auto' chose {decision['grad_sync_mode']!r}; plan: {decision['grad_sync_plan']}")
 
 
 def print_overhead(s: dict) -> None:

@@ -7,7 +7,7 @@
     accel-grpo make-tiny-model /tmp/tiny-qwen       # a tiny random Qwen2.5-Instruct-like model directory
 
 The backend comes from ACCEL_BACKEND or auto-detection. With --nproc N (default: the preset's) it starts N
-workers and watches them (engine.launch); under torchrun it joins that job instead (multi-node: torchrun).
+workers and watches them (engine/runtime/launcher.py); under torchrun it joins that job instead (multi-node: torchrun).
 A failing rank ends the job with exit status 1; Ctrl-C / SIGTERM with 130 / 143 (run.save_on_interrupt=true
 checkpoints the current step first). Either way the last lines say how to resume.
 """
@@ -26,7 +26,7 @@ from .report import read_metrics
 
 
 def _world_size(config, nproc_arg) -> int:
-    from ..launch import under_launcher
+    from ..runtime import under_launcher
 
     if under_launcher():
         return int(os.environ["WORLD_SIZE"])
@@ -42,7 +42,7 @@ def _world_size(config, nproc_arg) -> int:
 
 
 def _run_dir(config, resume: bool) -> Path:
-    from ..launch import under_launcher
+    from ..runtime import under_launcher
 
     root = Path(config.run.output_dir)
     if config.run.name:
@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="accel-grpo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
-    parser.add_argument("--config", help="a YAML file of sections (model, data, rollout, algorithm, train, run, engine)")
+    parser.add_argument("--config",
+                        help="a YAML file of sections (model, data, rollout, algorithm, train, run, engine)")
     parser.add_argument("--nproc", type=int, help="worker processes on this node (default: the preset's)")
     parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
     parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import accel_backends
 
-    from ..launch import Interrupted, WorkerFailed, run
+    from ..runtime import Interrupted, WorkerFailed, run
 
     try:
         config = build_config(args.preset, args.config, args.overrides)

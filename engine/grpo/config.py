@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import re
 from pathlib import Path
 from typing import Any
 
+from accel_backends.names import did_you_mean
+
 from ..config import EngineConfig
 from .algorithms import AGGREGATION_MODES, KL_KINDS
-
-BUILTIN_MODEL = "builtin:tiny-char"
+from .model import BUILTIN_MODEL, check_model_dir
 
 
 @dataclasses.dataclass
@@ -145,9 +145,7 @@ def apply(config: Any, data: dict, prefix: str = "") -> None:
             continue
         fields = {f.name: f for f in dataclasses.fields(config)}
         if key not in fields:
-            close = difflib.get_close_matches(key, fields, n=1)
-            hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
-            raise ValueError(f"unknown option {name!r}{hint}")
+            raise ValueError(f"unknown option {name!r}{did_you_mean(key, fields, prefix)}")
         if key == "preset" and not prefix:
             raise ValueError("choose the preset with --preset NAME (setting it here would not load its values)")
         current = getattr(config, key)
@@ -259,7 +257,8 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
     unknown = sorted(set(options) - set(fields))
     if unknown:
-        raise ValueError(f"unknown engine option(s) {', '.join('engine.' + u for u in unknown)}; valid: "
+        hints = "".join(did_you_mean(u, fields, "engine.") for u in unknown[:1])
+        raise ValueError(f"unknown engine option(s) {', '.join('engine.' + u for u in unknown)}{hints}; valid: "
                          f"{', '.join(sorted(fields))}")
     options = {key: coerce(f"engine.{key}", value, fields[key].type) for key, value in options.items()}
     return EngineConfig(**options)
@@ -278,8 +277,6 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     if config.model.path is None:
         problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
     elif config.model.path != BUILTIN_MODEL:
-        from .model import check_model_dir
-
         problems += check_model_dir(config.model.path)
     d = config.data
     if d.task == "gsm8k" and not d.path:

@@ -214,7 +214,7 @@ def drop_long_prompts(samples: list[Sample], tokenizer, max_prompt_tokens: int |
     if not max_prompt_tokens:
         return samples
     lengths = [len(ids) for ids in tokenizer([s.prompt for s in samples], add_special_tokens=False)["input_ids"]]
-    kept = [s for s, n in zip(samples, lengths) if n <= max_prompt_tokens]
+    kept = [s for s, n in zip(samples, lengths, strict=True) if n <= max_prompt_tokens]
     if not kept:
         raise ValueError(f"data.max_prompt_tokens={max_prompt_tokens} drops every prompt of {path} (the shortest "
                          f"has {min(lengths)} tokens): raise it")

@@ -64,7 +64,8 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
                     generation: dict | None = None, chat_template: bool = True, seed: int = 0) -> Path:
     """Write the model directory and return its path. ``generation`` overrides ``generation_config.json`` keys."""
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from ..tiny_model import tiny_qwen2
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -74,12 +75,9 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
     tokenizer.save_pretrained(directory)
     eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
 
-    torch.manual_seed(seed)
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=hidden_size * 2,
-                         num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=1024, tie_word_embeddings=False, bos_token_id=None,
-                         eos_token_id=eos_ids, pad_token_id=tokenizer.pad_token_id)
-    model = Qwen2ForCausalLM(config)
+    model = tiny_qwen2(seed=seed, vocab_size=len(tokenizer), hidden_size=hidden_size, layers=layers,
+                       max_positions=1024, bos_token_id=None, eos_token_id=eos_ids,
+                       pad_token_id=tokenizer.pad_token_id)
     with torch.no_grad():
         # A constant feature in every embedding survives the final RMSNorm as a large positive value; the EOS rows
         # of the output layer read it, so each EOS gets a logit a few units above the others at every position.

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import torch
+from ..tiny_model import tiny_qwen2
 
-from .config import BUILTIN_MODEL
+BUILTIN_MODEL = "builtin:tiny-char"  # model.path of the CPU demo's character model, built in code
 
 
 def check_model_dir(path: str) -> list[str]:
@@ -46,23 +46,18 @@ def build_model(model_config):
         tokenizer = build_char_tokenizer(EchoTask.alphabet)
 
         def factory():
-            from transformers import Qwen2Config, Qwen2ForCausalLM
-
-            hidden = model_config.hidden_size
-            return Qwen2ForCausalLM(Qwen2Config(
-                vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=hidden * 2,
-                num_hidden_layers=model_config.layers, num_attention_heads=4, num_key_value_heads=2,
-                max_position_embeddings=128, tie_word_embeddings=False, pad_token_id=tokenizer.pad_token_id,
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id))
+            return tiny_qwen2(vocab_size=len(tokenizer), hidden_size=model_config.hidden_size,
+                              layers=model_config.layers, pad_token_id=tokenizer.pad_token_id,
+                              bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id)
 
         return tokenizer, factory
 
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoTokenizer
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # one "Loading weights" bar per rank and model is noise in the job's output
     tokenizer = AutoTokenizer.from_pretrained(model_config.path, padding_side="left")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    # The directory itself, not a factory: the engine then reads it on rank 0 only (engine/loading.py).
+    # The directory itself, not a factory: the engine then reads it on rank 0 only (engine/fsdp/rank0_loading.py).
     return tokenizer, model_config.path

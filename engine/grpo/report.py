@@ -41,10 +41,10 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     if not rows:
         return
     figure, axes = plt.subplots(3, 3, figsize=(12, 9.5))
-    for axis, (key, title) in zip(axes.flat, CURVES):
+    for axis, (key, title) in zip(axes.flat, CURVES, strict=False):
         points = [(row["step"], row[key]) for row in rows if key in row]  # validation rows are sparse
         if points:
-            axis.plot(*zip(*points), lw=1.5, marker="o" if len(points) < 20 else None)
+            axis.plot(*zip(*points, strict=False), lw=1.5, marker="o" if len(points) < 20 else None)
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)

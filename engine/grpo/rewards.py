@@ -76,12 +76,12 @@ def parse_specs(reward: str | list | None, weights: list | None) -> list[tuple[s
         weights = [1.0] * len(specs)
     if len(weights) != len(specs):
         raise ValueError(f"data.reward_weights has {len(weights)} entries for {len(specs)} reward function(s)")
-    for spec, weight in zip(specs, weights):
+    for spec, weight in zip(specs, weights, strict=True):
         if not isinstance(spec, str):
             raise ValueError(f"data.reward entries must be 'module:function' strings, got {spec!r}")
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
             raise ValueError(f"data.reward_weights entries must be numbers, got {weight!r}")
-    return [(spec, float(weight)) for spec, weight in zip(specs, weights)]
+    return [(spec, float(weight)) for spec, weight in zip(specs, weights, strict=True)]
 
 
 def load_rewards(specs: list[tuple[str, float]], style: str = "auto") -> list[Reward]:
@@ -123,14 +123,14 @@ def _call(reward: Reward, samples: list[Sample], responses: list[str]) -> list[A
             if key != "prompt":
                 columns[key] = [s.row.get(key) for s in samples]
         prompts = [s.raw_prompt if s.raw_prompt is not None else s.prompt for s in samples]
-        values = reward.fn(prompts=prompts, completions=[_completion(s, r) for s, r in zip(samples, responses)],
-                           **columns)
+        completions = [_completion(s, r) for s, r in zip(samples, responses, strict=True)]
+        values = reward.fn(prompts=prompts, completions=completions, **columns)
         if not isinstance(values, (list, tuple)) or len(values) != len(samples):
             raise ValueError(f"reward function {reward.name} (TRL style) must return a list of {len(samples)} "
                              f"numbers, got {type(values).__name__}")
         return list(values)
     values = []
-    for sample, response in zip(samples, responses):
+    for sample, response in zip(samples, responses, strict=True):
         try:
             if reward.style == "verl":
                 values.append(reward.fn(sample.data_source, response, sample.answer, extra_info=sample.extra_info))

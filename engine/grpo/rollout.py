@@ -103,7 +103,8 @@ def rollout(engine, tokenizer, prompts: list[str], n: int, max_new_tokens: int, 
     is_eos = torch.isin(response, torch.tensor(eos_ids))
     after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # positions after the first EOS
     response_mask = (~after_eos).long()
-    texts = [tokenizer.decode(row[mask.bool()], skip_special_tokens=True) for row, mask in zip(response, response_mask)]
+    texts = [tokenizer.decode(row[mask.bool()], skip_special_tokens=True)
+             for row, mask in zip(response, response_mask, strict=True)]
     return RolloutBatch(
         input_ids=sequences,
         attention_mask=torch.cat([encoded["attention_mask"], response_mask], dim=1),

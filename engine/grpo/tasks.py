@@ -14,7 +14,6 @@ import torch
 from .data import FileTask, PromptFormatter, Sample, drop_long_prompts, load_samples, split_validation
 from .rewards import load_rewards, parse_specs
 
-
 # -- the synthetic task -------------------------------------------------------------------------------------------
 
 
@@ -36,12 +35,12 @@ class EchoTask:
         letters = torch.randint(0, len(self.letters), (count,), generator=generator).tolist()
         repeats = torch.randint(1, self.max_repeat + 1, (count,), generator=generator).tolist()
         return [Sample(prompt=f"{self.letters[i]} x{n}:", answer=self.letters[i] * n)
-                for i, n in zip(letters, repeats)]
+                for i, n in zip(letters, repeats, strict=True)]
 
 
 def echo_reward(prompt: str, response: str, answer: str) -> float:
     """Share of the answer's positions the response gets right; extra characters cost as much as wrong ones."""
-    hits = sum(1 for got, want in zip(response, answer) if got == want)
+    hits = sum(1 for got, want in zip(response, answer, strict=False) if got == want)
     return hits / max(len(answer), len(response), 1)
 
 

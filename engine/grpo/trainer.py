@@ -20,9 +20,8 @@ import torch.distributed as dist
 
 import accel_backends
 
-from .. import FSDPEngine, checkpoint, launch
-from ..phase import phase
-from ..reduce import sum_over_ranks
+from .. import FSDPEngine, checkpoint, runtime
+from ..runtime import phase, sum_over_ranks
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .config import GRPOConfig, dist_timeout_s, engine_config
 from .loggers import Loggers
@@ -64,7 +63,7 @@ class GRPOTrainer:
         self.run_dir = run_dir
         self.backend = accel_backends.get_backend()
         world_size = self.backend.init_distributed(timeout=dist_timeout_s(config)).world_size
-        launch.stop_at_safe_point(config.run.save_on_interrupt)
+        runtime.stop_at_safe_point(config.run.save_on_interrupt)
         self.tokenizer, factory = build_model(config.model)
         self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
         self.rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
@@ -219,7 +218,7 @@ class GRPOTrainer:
             rollout_done = time.perf_counter()
             update = self.update(data)
             finished = time.perf_counter()
-            totals = self._global({**stats, "stop_requested": float(launch.stop_requested() > 0)})
+            totals = self._global({**stats, "stop_requested": float(runtime.stop_requested() > 0)})
             count = totals["sequences"]
             mean = totals["reward_sum"] / count
             last = {

@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from ..reduce import sum_over_ranks
+from ..runtime import sum_over_ranks
 from .rewards import score_all
 from .rollout import rollout
 

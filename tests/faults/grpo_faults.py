@@ -30,7 +30,7 @@ def _mark(variable):
 
 
 def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
-    import engine.checkpoint
+    import engine.checkpoint.store
     import engine.grpo.trainer as trainer_module
     from engine.grpo.config import GRPOConfig
 
@@ -67,7 +67,7 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
         trainer_module.score_all = raising_rewards
     elif kind == "kill-save":
-        write_extra_state = engine.checkpoint.write_extra_state
+        write_extra_state = engine.checkpoint.store.write_extra_state
 
         def dying_write(engine_, directory):
             if now():
@@ -75,7 +75,7 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
                 os.kill(os.getpid(), signal.SIGKILL)
             write_extra_state(engine_, directory)
 
-        engine.checkpoint.write_extra_state = dying_write
+        engine.checkpoint.store.write_extra_state = dying_write
     elif kind == "pause-rollout":
         rollout = trainer_module.rollout
 

@@ -29,8 +29,9 @@ def _raise(message):
 
 def train_with_fault(fault: str, dist_timeout_s: float) -> str:
     import torch
-    from engine import EngineConfig, FSDPEngine
     from tiny import make_micro_batches, tiny_qwen2, token_loss
+
+    from engine import EngineConfig, FSDPEngine
 
     rank = int(os.environ["RANK"])
     engine = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2, dist_timeout_s=dist_timeout_s))
@@ -67,6 +68,6 @@ def wait_forever(marker_dir: str) -> None:
 if __name__ == "__main__":  # a launcher for the test to kill: python rank_faults.py MARKER_DIR
     import sys
 
-    from engine.launch import run
+    from engine.runtime import run
 
     run(wait_forever, 2, sys.argv[1])

@@ -84,7 +84,7 @@ def test_ctrl_c_saves_the_step_and_a_rank_killed_while_saving_resumes_like_an_un
     a_rows, b_rows = metrics(checkpoints_a.parent), metrics(checkpoints_b.parent)
     assert [row["step"] for row in b_rows] == [1, 2, 3]
     # Run a took step 2 without a break; run b after its crash and resume from step 1: the same numbers.
-    for a_row, b_row in zip(a_rows, b_rows[:2]):
+    for a_row, b_row in zip(a_rows, b_rows[:2], strict=False):
         for key in ("reward_mean", "loss", "grad_norm", "response_length"):
             assert b_row[key] == pytest.approx(a_row[key], rel=1e-5, abs=1e-7), (a_row["step"], key)
 

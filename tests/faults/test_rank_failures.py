@@ -3,7 +3,7 @@ time, with a message naming the rank, the phase and the original error, and no p
 
 import pytest
 
-from engine.launch import WorkerFailed, run
+from engine.runtime import WorkerFailed, run
 
 CASES = {  # fault -> what the message must say
     "forward": ("rank 1 failed in phase forward", "InjectedFault: forward of layer 1"),

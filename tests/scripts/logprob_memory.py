@@ -40,15 +40,12 @@ def exact_host_peaks():
 def measure(variant, vocab, batch, prompt, response, grad):
     exact_host_peaks()
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from accel_backends.backends.cpu import CPUBackend
     from engine.grpo.logprobs import response_log_probs
+    from engine.tiny_model import tiny_qwen2
 
-    torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=vocab, hidden_size=64, intermediate_size=128,
-                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
-                                         max_position_embeddings=prompt + response, tie_word_embeddings=False))
+    model = tiny_qwen2(seed=0, vocab_size=vocab, layers=1, max_positions=prompt + response)
     ids = torch.randint(0, vocab, (batch, prompt + response))
     mask = torch.ones_like(ids)
     backend = CPUBackend()

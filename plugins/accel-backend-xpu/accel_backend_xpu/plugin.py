@@ -1,7 +1,7 @@
 """Intel GPUs through ``torch.xpu`` (in torch itself since 2.4) and oneCCL's ``xccl`` process group (torch 2.8+).
 
-``torch.xpu`` has the same shape as ``torch.cuda`` (device count, memory statistics, RNG, streams), so the
-``DeviceBackend`` defaults serve almost everything; this class says which names to use and explains, in one
+Devices and memory come from ``torch.accelerator`` (torch runs XPU as its accelerator), RNG from ``torch.xpu``:
+the ``DeviceBackend`` defaults serve everything, so this class says which names to use and explains, in one
 sentence, why the backend cannot run on a machine where it cannot.
 """
 
@@ -21,32 +21,28 @@ class XPUBackend(accel_backends.DeviceBackend):
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16
 
-    def device_module(self):
-        return torch.xpu
-
     def unavailable_reason(self) -> str | None:
         xpu = getattr(torch, "xpu", None)
         if xpu is None:
             return f"this torch ({torch.__version__}) has no torch.xpu module: install torch 2.4 or newer built for XPU"
         try:
-            if not xpu._is_compiled():
-                return (f"this torch ({torch.__version__}) was built without XPU support: install an XPU build, "
-                        "e.g. pip install torch --index-url https://download.pytorch.org/whl/xpu")
-            if not xpu.is_available() or xpu.device_count() == 0:
-                return (f"torch is built for XPU but no Intel GPU is visible{self._visible_devices_hint()}: check "
-                        "the GPU driver and Level Zero runtime (xpu-smi discovery, sycl-ls)")
-        except Exception as exc:  # noqa: BLE001 - a broken driver is a reason, not a crash
+            compiled = xpu._is_compiled()
+        except Exception as exc:  # noqa: BLE001 - a broken build is a reason, not a crash
             return f"probing XPU failed: {type(exc).__name__}: {exc}"
+        if not compiled:
+            return (f"this torch ({torch.__version__}) was built without XPU support: install an XPU build, "
+                    "e.g. pip install torch --index-url https://download.pytorch.org/whl/xpu")
+        no_device = self.no_visible_device(xpu, "torch is built for XPU but no Intel GPU is visible", ": check the GPU "
+                                           "driver and Level Zero runtime (xpu-smi discovery, sycl-ls)", label="XPU")
+        if no_device:
+            return no_device
         if not _xccl_available():
             return (f"this torch ({torch.__version__}) sees an Intel GPU but has no 'xccl' process group: use "
                     "torch 2.8 or newer built for XPU")
         return None
 
     def describe(self) -> dict:
-        info = {"torch": torch.__version__, "xpu": getattr(torch.version, "xpu", None), "xccl": _xccl_available()}
-        if self.is_available():
-            info["devices"] = [torch.xpu.get_device_name(i) for i in range(torch.xpu.device_count())]
-        return info
+        return {**super().describe(), "xpu": getattr(torch.version, "xpu", None), "xccl": _xccl_available()}
 
 
 def _xccl_available() -> bool:

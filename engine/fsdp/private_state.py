@@ -160,7 +160,7 @@ def fsdp1_local_pieces(unit: nn.Module) -> list[tuple[str, int, int]]:
     if handle is None:  # a unit without parameters of its own
         return []
     meta = handle.shard_metadata()
-    return [(name, start, end + 1) for name, (start, end) in zip(meta.param_names, meta.param_offsets)]
+    return [(name, start, end + 1) for name, (start, end) in zip(meta.param_names, meta.param_offsets, strict=True)]
 
 
 def fsdp1_handles(module: nn.Module, include_root: bool = True) -> list:
@@ -219,7 +219,7 @@ def fsdp1_units_kept_gathered(module: nn.Module):
     try:
         yield
     finally:
-        for handle, strategy in zip(handles, saved):
+        for handle, strategy in zip(handles, saved, strict=True):
             handle._sharding_strategy = strategy
             if handle.uses_sharded_strategy and not handle.needs_unshard():  # still gathered: free it
                 handle.reshard(True)

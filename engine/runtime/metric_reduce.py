@@ -37,7 +37,7 @@ def _fingerprint(keys: list[str]) -> list[float]:
 
 def _same_everywhere(summed_header: list[float], world: int) -> bool:
     sums, squares = summed_header[:HASHES], summed_header[HASHES:]
-    return all(world * sq == s * s for s, sq in zip(sums, squares))
+    return all(world * sq == s * s for s, sq in zip(sums, squares, strict=True))
 
 
 def _raise_mismatch(keys: list[str], group) -> None:
@@ -92,10 +92,10 @@ class PendingSum:
         if not _same_everywhere(summed[:2 * HASHES], self.world):
             _raise_mismatch(keys, group)
         if self.inline:
-            return dict(zip(keys, summed[2 * HASHES:]))
+            return dict(zip(keys, summed[2 * HASHES:], strict=False))
         stacked = _stack(values, keys, device)
         dist.all_reduce(stacked, group=group)
-        return dict(zip(keys, stacked.tolist()))
+        return dict(zip(keys, stacked.tolist(), strict=True))
 
 
 def start_sum_over_ranks(values: Mapping[str, torch.Tensor | float], device: torch.device,
@@ -115,4 +115,4 @@ def _sum_in_two_steps(values, keys, device, group) -> dict[str, float]:
         return {}
     stacked = _stack(values, keys, device)
     dist.all_reduce(stacked, group=group)
-    return dict(zip(keys, stacked.tolist()))
+    return dict(zip(keys, stacked.tolist(), strict=True))

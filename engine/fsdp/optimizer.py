@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 
 def build_optimizer(module: nn.Module, config: EngineConfig) -> torch.optim.Optimizer:

@@ -1,31 +1,27 @@
-"""The engine smoke test of the conformance kit: one small training step of the real engine on the backend.
+"""The engine's conformance rules: one small training step of the real engine on the backend under test.
 
-This is the only part of ``accel_backends`` that imports ``engine`` (lazily, inside a rank of the kit's job): the
-kit checks that a backend carries the engine, so it needs one. It records the engine's observer events with a
-plugin to check that every mode enter event is followed by its exit event and that the moves are reported.
+The kit in ``accel_backends.testing`` checks the device contract and knows nothing of engines; this module adds
+``engine-fsdp2`` and ``engine-fsdp1`` to it through the ``register_conformance_rules`` hook (the project's
+``accel_backends.conformance`` entry point, or ``ACCEL_BACKENDS_PLUGINS=engine.conformance`` in a checkout that
+is not installed). Each runs in every rank of the kit's job; the engine's observer events are recorded to check
+that every mode enter event is followed by its exit event and that the moves are reported.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..base import DeviceBackend
-from ..hookspecs import hookimpl
-from ..registry import register_plugin, unregister_plugin
-from .rules import RuleSkipped, raw_bytes, require
+from accel_backends import DeviceBackend, hookimpl, register_plugin, unregister_plugin
+from accel_backends.testing import Rule, RuleSkipped, raw_bytes, require
 
 VOCAB = 64
 
 
 def tiny_causal_lm():
-    """A randomly initialised two-layer Qwen2 built from a config (nothing downloaded), same on every rank."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    """A randomly initialised two-layer Qwen2 (nothing downloaded), the same on every rank."""
+    from .tiny_model import tiny_qwen2
 
-    torch.manual_seed(0)
-    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                         tie_word_embeddings=False)
-    return Qwen2ForCausalLM(config)
+    return tiny_qwen2(seed=0, vocab_size=VOCAB, hidden_size=32, max_positions=32)
 
 
 def token_loss(module, batch):
@@ -53,7 +49,7 @@ class EventRecorder:
 
 
 def _local_state(engine) -> dict[str, torch.Tensor]:
-    from engine.offload import local
+    from .fsdp.offload import local
 
     state = {f"param:{n}": raw_bytes(local(p)) for n, p in engine.module.named_parameters()}
     for i, param_state in enumerate(engine.optimizer.state.values()):
@@ -81,9 +77,10 @@ def check_mode_events(events: list[tuple]) -> None:
 def run_engine_smoke(backend: DeviceBackend, fsdp_version: int) -> str:
     try:
         import transformers  # noqa: F401
-        from engine import EngineConfig, FSDPEngine
     except ImportError as exc:
-        raise RuleSkipped(f"the engine smoke test needs the engine and transformers: {exc}") from None
+        raise RuleSkipped(f"the engine rules need transformers: {exc}") from None
+    from . import EngineConfig, FSDPEngine
+
     config = EngineConfig(fsdp_version=fsdp_version, grad_sync="deferred", lr=1e-2, max_grad_norm=1.0)
     engine = FSDPEngine(tiny_causal_lm, config, backend=backend)
     rank = engine.rank
@@ -97,8 +94,7 @@ def run_engine_smoke(backend: DeviceBackend, fsdp_version: int) -> str:
         with engine.train_mode():
             metrics = engine.forward_backward_batch(micro_batches, token_loss)
             grad_norm = engine.optimizer_step()
-        mode_in_use = getattr(engine, "grad_sync_mode", "deferred")  # engines before "auto" had no such attribute
-        require(mode_in_use == "deferred", f"the engine synced with {mode_in_use!r}, not deferred")
+        require(engine.grad_sync_mode == "deferred", f"the engine synced with {engine.grad_sync_mode!r}, not deferred")
         require(torch.isfinite(torch.tensor(metrics["loss"])) and metrics["micro_batches"] == 2,
                 f"forward_backward_batch gave {metrics}")
         require(grad_norm > 0 and torch.isfinite(torch.tensor(grad_norm)), f"gradient norm {grad_norm}")
@@ -124,3 +120,17 @@ def run_engine_smoke(backend: DeviceBackend, fsdp_version: int) -> str:
     require(all(e[3] > 0 for e in recorder.events if e[0] == "transfer"), "on_transfer reported a move of 0 bytes")
     return (f"loss {metrics['loss']:.3f}, grad norm {grad_norm:.3f}, {len(changed)} parameter shards stepped, "
             f"offload round trip bitwise")
+
+
+def _engine_rule(version: int) -> Rule:
+    def check(backend: DeviceBackend, nproc: int) -> str:
+        return run_engine_smoke(backend, version)
+
+    return Rule(f"engine-fsdp{version}", f"FSDP{version} engine: two micro-batches, deferred sync, one optimizer "
+                "step, one offload round trip", check, multi_process=True)
+
+
+@hookimpl
+def register_conformance_rules(register):
+    register(_engine_rule(2))
+    register(_engine_rule(1))

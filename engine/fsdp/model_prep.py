@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from .config import EngineConfig
+from ..config import EngineConfig
 
 
 def is_peft_model(model: nn.Module) -> bool:

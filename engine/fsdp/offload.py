@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
-from . import compat
+from . import private_state
 
 DEVICE, HOST = "device", "cpu"
 PARTS = ("params", "grads", "optimizer")
@@ -48,7 +48,7 @@ def _mover(backend, destination: str):
 def model_bytes(module: nn.Module, fsdp_version: int) -> tuple[int, int]:
     """Bytes this rank holds in (parameters + buffers, gradients)."""
     if fsdp_version == 1:
-        flats = compat.fsdp1_flat_params(module)
+        flats = private_state.fsdp1_flat_params(module)
         params = sum(_nbytes(f) for f in flats)
         grads = sum(_nbytes(f.grad) for f in flats if f.grad is not None)
     else:
@@ -66,7 +66,7 @@ def move_model(module: nn.Module, fsdp_version: int, backend, destination: str) 
             # (one rank) has nothing to re-point.
             module._apply(apply)
             return
-        compat.fsdp1_move_shards(module, apply)
+        private_state.fsdp1_move_shards(module, apply)
         for sub in module.modules():
             for name, buffer in sub._buffers.items():
                 if buffer is not None:
@@ -78,7 +78,7 @@ def drop_gradients(module: nn.Module, fsdp_version: int) -> None:
     for param in module.parameters():
         param.grad = None
     if fsdp_version == 1:
-        compat.fsdp1_drop_flat_gradients(module)
+        private_state.fsdp1_drop_flat_gradients(module)
 
 
 def optimizer_tensors(optimizer: torch.optim.Optimizer):

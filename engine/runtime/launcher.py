@@ -7,9 +7,10 @@ and the model code (about 2.5 s of start-up), with the same errors and exit stat
 
 What the launcher guarantees (``docs/engine.md``, "When something fails"):
 
-* a worker that raises writes its rank, phase (``engine.phase``) and error to a file; the launcher polls the
-  workers every 0.1 s, kills the others at once (they may be blocked in a collective) and raises ``WorkerFailed``
-  whose message names the rank that failed first, its phase and its error. A worker killed by a signal (SIGKILL,
+* a worker that raises writes its rank, phase (``phase_labels.py``) and error to a file (``accel_backends.spawn``
+  starts and watches the workers); the launcher polls them every 0.1 s, kills the others at once (they may be
+  blocked in a collective) and raises ``WorkerFailed`` whose message names the rank that failed first, its phase
+  and its error. A worker killed by a signal (SIGKILL,
   the out-of-memory killer) is reported the same way;
 * SIGINT / SIGTERM to the launcher are forwarded once to every worker; workers stop (at the next safe point when
   the training loop asked for that with ``stop_at_safe_point()``), the launcher waits up to ``grace_s`` and then
@@ -20,25 +21,19 @@ What the launcher guarantees (``docs/engine.md``, "When something fails"):
 
 from __future__ import annotations
 
-import json
-import multiprocessing
 import os
-import pickle
 import signal
-import socket
-import sys
-import tempfile
 import threading
-import time
 import traceback
-from pathlib import Path
 from typing import Any, Callable
 
 from accel_backends.distributed import LAUNCHER_VARIABLES
+from accel_backends.spawn import LocalJob, QuietExit, RankOutcome, free_port
 
-from .phase import phase_of
+from . import stop
+from .phase_labels import phase_of
+from .stop import install_stop_handlers, stop_requested
 
-POLL_S = 0.1
 DEFAULT_GRACE_S = 60.0  # how long workers get to reach a safe point (and save) after SIGINT/SIGTERM
 
 
@@ -63,34 +58,6 @@ def under_launcher() -> bool:
     return all(key in os.environ for key in LAUNCHER_VARIABLES)
 
 
-# -- inside a worker: stop requests --------------------------------------------------------------------------------
-
-_stop = {"signum": 0, "graceful": False}
-
-
-def _on_stop_signal(signum, frame) -> None:
-    first = not _stop["signum"]
-    _stop["signum"] = _stop["signum"] or signum
-    if not (_stop["graceful"] and first):
-        raise KeyboardInterrupt(f"stopped by {signal.Signals(signum).name}")
-
-
-def install_stop_handlers() -> None:
-    """SIGINT and SIGTERM stop this process: at once, or at the next safe point after ``stop_at_safe_point()``."""
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, _on_stop_signal)
-
-
-def stop_at_safe_point(enabled: bool = True) -> None:
-    """The training loop checks ``stop_requested()`` at safe points; a first signal waits for one, a second does not."""
-    _stop["graceful"] = enabled
-
-
-def stop_requested() -> int:
-    """The signal number that asked this process to stop (0: none). Ranks must agree on it (a collective) before acting."""
-    return _stop["signum"]
-
-
 # -- the launcher --------------------------------------------------------------------------------------------------
 
 
@@ -107,39 +74,31 @@ def run(fn: Callable[..., Any], nproc: int, *args: Any, env: dict[str, str] | No
         raise ValueError(f"nproc must be at least 1, got {nproc}")
     if nproc == 1 and threading.current_thread() is threading.main_thread():
         return _run_here(fn, args, env)
-    with tempfile.TemporaryDirectory(prefix="accel-launch-") as report_dir:
-        context = multiprocessing.get_context("spawn")
-        worker_env = {**os.environ, **(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
-                      "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
-        worker_env.setdefault("OMP_NUM_THREADS", str(threads_per_worker(nproc)))
-        workers = [context.Process(target=_worker_main, name=f"accel-rank{rank}", daemon=False,
-                                   args=(rank, worker_env, report_dir, os.getpid(), fn, args))
-                   for rank in range(nproc)]
-        with _forwarding_signals(workers) as received:
-            for worker in workers:
-                worker.start()
-            try:
-                _watch(workers, received, grace_s)
-                # Exit codes as the workers left them: the ones killed below were stopped, they did not fail.
-                failures = {rank: w.exitcode for rank, w in enumerate(workers) if w.exitcode not in (None, 0)}
-            finally:
-                _kill_all(workers)
-        if received:
-            raise Interrupted(received[0])
-        if failures:
-            raise WorkerFailed(*_describe(failures, Path(report_dir)))
-        return pickle.loads(Path(report_dir, "result.pkl").read_bytes())
+    worker_env = dict(env or {})
+    if "OMP_NUM_THREADS" not in {**os.environ, **worker_env}:
+        worker_env["OMP_NUM_THREADS"] = str(threads_per_worker(nproc))
+    job = LocalJob(_stoppable, (fn, args), nproc, env=worker_env, detach=True, describe=_phase_details)
+    with _forwarding_signals(job) as received, job:
+        job.wait(stop_requested=lambda: bool(received), grace_s=grace_s)
+        # Exit codes as the workers left them: the ones killed on leaving were stopped, they did not fail.
+        exitcodes = job.exitcodes()
+    if received:
+        raise Interrupted(received[0])
+    outcomes = job.outcomes
+    if any(code not in (None, 0) for code in exitcodes):
+        raise WorkerFailed(*_describe(outcomes, exitcodes))
+    return outcomes[0].result
 
 
 def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -> Any:
     """``fn(*args)`` as the only rank, in this process; this process's environment and signal handlers are restored
     after, and a process group ``fn`` left behind is destroyed."""
 
-    variables = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": "1",
+    variables = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "1",
                  "LOCAL_WORLD_SIZE": "1", "RANK": "0", "LOCAL_RANK": "0"}
     saved_env = {key: os.environ.get(key) for key in variables}
     saved_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
-    saved_stop = dict(_stop)
+    saved_stop = stop.state()
     group_before = _has_group()
     os.environ.update(variables)
     install_stop_handlers()
@@ -155,7 +114,7 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
         _end_group_made_since(group_before)
         for signum, handler in saved_handlers.items():
             signal.signal(signum, handler)
-        _stop.update(saved_stop)
+        stop.restore(saved_stop)
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -203,21 +162,15 @@ def threads_per_worker(nproc: int) -> int:
     return max(1, cores // nproc)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 class _forwarding_signals:
     """While active, SIGINT/SIGTERM to the launcher are recorded and sent on to every live worker."""
 
-    def __init__(self, workers) -> None:
-        self.workers, self.received, self.saved = workers, [], {}
+    def __init__(self, job: LocalJob) -> None:
+        self.job, self.received, self.saved = job, [], {}
 
     def _handler(self, signum, frame) -> None:
         self.received.append(signum)
-        for worker in self.workers:
+        for worker in self.job.processes:
             if worker.pid is not None and worker.exitcode is None:
                 try:
                     os.kill(worker.pid, signum)
@@ -235,96 +188,38 @@ class _forwarding_signals:
             signal.signal(signum, handler)
 
 
-def _watch(workers, received: list[int], grace_s: float) -> None:
-    """Return when every worker has exited, or kill them all when one fails or the grace time after a signal ends."""
-    deadline = None
-    while True:
-        codes = [w.exitcode for w in workers]
-        if all(code is not None for code in codes):
-            return
-        if received:
-            deadline = deadline or time.monotonic() + grace_s
-            if time.monotonic() > deadline:
-                return  # the caller kills what is left
-        elif any(code not in (None, 0) for code in codes):
-            return  # one failed: the others may wait in a collective forever, so they are killed now
-        time.sleep(POLL_S)
-
-
-def _kill_all(workers) -> None:
-    for worker in workers:
-        if worker.exitcode is None and worker.pid is not None:
-            try:
-                os.killpg(worker.pid, signal.SIGKILL)  # the worker leads its own group: helpers it forked go too
-            except (ProcessLookupError, PermissionError):
-                worker.kill()
-    for worker in workers:
-        worker.join(timeout=5)
-
-
-# -- what each worker runs ------------------------------------------------------------------------------------------
-
-
-def _worker_main(rank, env, report_dir, launcher_pid, fn, args) -> None:
-    os.setpgrp()  # a terminal's Ctrl-C goes to the launcher only, which forwards it once
-    os.environ.update(env)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
-    if "torch" in sys.modules:  # imported while unpickling ``fn``: the variable alone may come too late
-        sys.modules["torch"].set_num_threads(int(env["OMP_NUM_THREADS"]))
-    threading.Thread(target=_exit_with_launcher, args=(launcher_pid,), daemon=True).start()
+def _stoppable(fn: Callable[..., Any], args: tuple) -> Any:
+    """What every spawned worker runs: ``fn(*args)`` with the stop handlers in place; a requested stop leaves with
+    exit status 128 + the signal number and no error record (it is not a failure)."""
     install_stop_handlers()
-    code = 0
     try:
-        result = fn(*args)
-        if rank == 0:
-            Path(report_dir, "result.pkl").write_bytes(pickle.dumps(result))
-        code = 128 + stop_requested() if stop_requested() else 0
-    except BaseException as exc:  # noqa: BLE001 - the launcher must learn about every way a worker ends
-        code = _report(rank, exc, report_dir)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Leave without tearing down the process group: that can block on peers that are gone, and gloo's exit-time
-    # cleanup sometimes aborts after the work is done.
-    os._exit(code)
+        return _call_stoppable(fn, args)
+    except Interrupted as stopped:
+        raise QuietExit(stopped.exit_code) from None
 
 
-def _report(rank: int, exc: BaseException, report_dir: str) -> int:
-    if isinstance(exc, KeyboardInterrupt) and stop_requested():
-        return 128 + stop_requested()
-    record = {"rank": rank, "phase": phase_of(exc), "error": f"{type(exc).__name__}: {exc}".strip(),
-              "time": time.time(), "traceback": traceback.format_exc()}
-    Path(report_dir, f"failure_rank{rank}.json").write_text(json.dumps(record))
-    if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code:
-        return exc.code
-    return 1
+def _phase_details(exc: BaseException) -> dict:
+    return {"phase": phase_of(exc)}
 
 
-def _exit_with_launcher(launcher_pid: int) -> None:
-    while os.getppid() == launcher_pid:
-        time.sleep(1.0)
-    os._exit(1)  # the launcher is gone (killed): do not linger as an orphan
-
-
-def _describe(exit_codes: dict[int, int], report_dir: Path) -> tuple[str, dict[int, str]]:
+def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str]]:
     """One line that puts the first failure first: a rank killed by a signal, else the earliest reported error."""
-    records = {}
-    for path in report_dir.glob("failure_rank*.json"):
-        record = json.loads(path.read_text())
-        records[record["rank"]] = record
-    killed = sorted(rank for rank, code in exit_codes.items() if code < 0 and rank not in records)
-    lines = [f"rank {rank} failed: killed by {signal.Signals(-exit_codes[rank]).name} (out of memory, or killed "
+    raised = sorted((o for o in outcomes if o.error is not None), key=lambda o: o.raised_at)
+    killed = [rank for rank, code in enumerate(exitcodes) if code is not None and code < 0
+              and outcomes[rank].error is None]
+    lines = [f"rank {rank} failed: killed by {signal.Signals(-exitcodes[rank]).name} (out of memory, or killed "
              "from outside)" for rank in killed]
-    for record in sorted(records.values(), key=lambda r: r["time"]):
-        where = f" in phase {record['phase']}" if record["phase"] else ""
-        error = record["error"]
+    for outcome in raised:
+        phase = outcome.details.get("phase")
+        where = f" in phase {phase}" if phase else ""
+        error = outcome.error
         if lines and len(error) > 160:  # what follows the first failure is mostly its echo (connection reset ...)
             error = error[:160] + " ..."
-        lines.append(f"rank {record['rank']} failed{where}: {error}")
-    for rank, code in sorted(exit_codes.items()):
-        if rank not in records and rank not in killed:
+        lines.append(f"rank {outcome.rank} failed{where}: {error}")
+    for rank, code in enumerate(exitcodes):
+        if code not in (None, 0) and outcomes[rank].error is None and rank not in killed:
             lines.append(f"rank {rank} failed: exited with status {code} without a Python exception (a hard exit "
                          "or a crash in native code: see its output above)")
     if len(lines) > 1:
         lines[1:] = ["then " + line for line in lines[1:]]
-    tracebacks = {rank: record["traceback"] for rank, record in records.items()}
-    return "; ".join(lines), tracebacks
+    return "; ".join(lines), {o.rank: o.traceback for o in raised}

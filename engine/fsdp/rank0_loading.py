@@ -25,6 +25,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from . import private_state
+from .offload import local
+
 ModelSource = nn.Module | Callable[[], nn.Module] | str | os.PathLike
 
 
@@ -163,12 +166,11 @@ def _fsdp1_pieces(module: nn.Module) -> tuple[list[tuple[str, torch.Tensor, int,
     """
     from torch.distributed.fsdp import FullyShardedDataParallel
 
-    from . import compat
 
     pieces = []
     for prefix, unit in module.named_modules():
         if isinstance(unit, FullyShardedDataParallel):
-            for name, start, end in compat.fsdp1_local_pieces(unit):
+            for name, start, end in private_state.fsdp1_local_pieces(unit):
                 key = _clean(f"{prefix}.{name}" if prefix else name)
                 pieces.append((key, unit.module.get_parameter(name).data, start, end))
     return pieces, None
@@ -201,7 +203,6 @@ def _clean(name: str) -> str:
 
 def fingerprint(named_tensors, fsdp1_prefixes: bool = False) -> float:
     """A sharding-independent checksum: summed over ranks' shards it equals the full model's (up to rounding)."""
-    from .offload import local
 
     total = 0.0
     with torch.no_grad():

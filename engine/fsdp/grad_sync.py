@@ -5,7 +5,7 @@ For every micro-batch but the last it turns gradient reduction off (FSDP1 ``no_s
 ``set_requires_gradient_sync(False)``) and, when asked, keeps FSDP2 parameters unsharded after backward
 (``set_reshard_after_backward(False)``). Each unit's previous settings are restored on exit, also when the
 micro-batch raises, so a failure never leaves a model that silently stops reducing gradients. Only FSDP2's public
-setters write settings; reading them back needs private state, which lives in ``compat.py``.
+setters write settings; reading them back needs private state, which lives in ``private_state.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import contextlib
 
 import torch.nn as nn
 
-from . import compat
+from . import private_state
 from .sharding import UNWRAPPED
 
 
@@ -22,8 +22,9 @@ from .sharding import UNWRAPPED
 def _fsdp2_settings(module: nn.Module, units: list, sync: bool, reshard_after_backward: bool | None,
                     is_last: bool):
     # Unit by unit (``recurse=False``) over the given units: the recursive setters walk every submodule.
-    saved = [(unit, compat.requires_gradient_sync(unit), compat.reshard_after_backward(unit)) for unit in units]
-    saved_last = compat.is_last_backward(module)
+    saved = [(unit, private_state.requires_gradient_sync(unit), private_state.reshard_after_backward(unit))
+             for unit in units]
+    saved_last = private_state.is_last_backward(module)
     try:
         for unit in units:
             unit.set_requires_gradient_sync(sync, recurse=False)
@@ -42,14 +43,15 @@ def micro_batch_context(module: nn.Module, fsdp_version: int, index: int, count:
                         keep_unsharded: bool, units: list | None = None):
     """The context one micro-batch's forward and backward run in (see the module docstring).
 
-    ``units``: the FSDP2 units of ``module`` (``compat.fsdp2_units``), when the caller keeps them; else found here.
+    ``units``: the FSDP2 units of ``module`` (``private_state.fsdp2_units``), when the caller keeps them; else
+    found here.
     """
     if fsdp_version == UNWRAPPED:  # one rank: gradients accumulate in ``param.grad``, nothing to reduce
         return contextlib.nullcontext()
     is_last = index == count - 1
     if fsdp_version == 1:
         return module.no_sync() if deferred and not is_last else contextlib.nullcontext()  # no_sync restores itself
-    units = compat.fsdp2_units(module) if units is None else units
+    units = private_state.fsdp2_units(module) if units is None else units
     if not deferred or is_last:
         if keep_unsharded:
             # The last backward reshards again, so parameters are sharded when the optimizer steps.
@@ -64,8 +66,8 @@ def gradient_sync_enabled(module: nn.Module, fsdp_version: int) -> bool:
     if fsdp_version == UNWRAPPED:
         return True  # unwrapped: every backward writes the final gradients
     if fsdp_version == 1:
-        return compat.fsdp1_requires_gradient_sync(module)
-    return all(compat.requires_gradient_sync(unit) for unit in compat.fsdp2_units(module))
+        return private_state.fsdp1_requires_gradient_sync(module)
+    return all(private_state.requires_gradient_sync(unit) for unit in private_state.fsdp2_units(module))
 
 
 def discard_partial_backward(module: nn.Module, fsdp_version: int) -> None:
@@ -75,4 +77,4 @@ def discard_partial_backward(module: nn.Module, fsdp_version: int) -> None:
     be added to the next mini-batch. FSDP1 keeps them in the flat gradient, which ``drop_gradients`` frees.
     """
     if fsdp_version == 2:  # unwrapped (0): the gradients are in ``param.grad``, which the caller clears
-        compat.reset_after_failure(module)
+        private_state.reset_after_failure(module)

@@ -8,8 +8,10 @@ import warnings
 import torch
 import torch.nn as nn
 
-from . import compat
-from .config import EngineConfig
+from ..config import EngineConfig
+from . import private_state
+from .rank0_loading import fingerprint as weights_fingerprint
+from .rank0_loading import fsdp1_materializer
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -44,8 +46,6 @@ def check_same_weights(model: nn.Module, backend) -> None:
     """Fail early if ranks built different weights (FSDP would silently train a mix of them)."""
     import torch.distributed as dist
 
-    from .loading import fingerprint as weights_fingerprint
-
     fingerprint = torch.tensor(weights_fingerprint(model.state_dict().items()), dtype=torch.float64,
                                device=backend.metrics_device())
     extremes = torch.stack([fingerprint, -fingerprint])
@@ -69,7 +69,7 @@ def shard_model(model: nn.Module, config: EngineConfig, backend, world_size: int
                 from_rank0: bool = False) -> tuple[nn.Module, int]:
     """Wrap ``model``; returns the wrapped module and the number of sharded units (layers + root).
 
-    ``from_rank0``: the weights will be sent by rank 0 after sharding (``loading.py``); ranks other than 0 hold
+    ``from_rank0``: the weights will be sent by rank 0 after sharding (``rank0_loading.py``); ranks other than 0 hold
     a meta-device model whose shards are allocated here, uninitialised. An unwrapped model (one rank) is only
     moved to the device and has no sharded units.
     """
@@ -114,8 +114,6 @@ def _shard_fsdp1(model, classes, dtype, backend, from_rank0=False):
         mixed = MixedPrecision(param_dtype=dtype, reduce_dtype=torch.float32, buffer_dtype=torch.float32)
     materialize = None
     if from_rank0 and any(p.is_meta for p in model.parameters()):
-        from .loading import fsdp1_materializer
-
         materialize = fsdp1_materializer(backend.device())
     wrapped = FullyShardedDataParallel(
         model,
@@ -155,8 +153,8 @@ def generation_context(module: nn.Module, fsdp_version: int, gather: str = "once
 def _fsdp2_gathered(module: nn.Module, everything: bool):
     # FSDP2 initialises lazily on the root's first forward; a forward that starts below the root would make a
     # layer claim to be the root. Initialise from the root first (idempotent).
-    compat.lazy_init(module)
-    units = compat.fsdp2_units(module) if everything else [module]
+    private_state.lazy_init(module)
+    units = private_state.fsdp2_units(module) if everything else [module]
     if everything:
         module.set_reshard_after_forward(False, recurse=True)  # layers keep their gathered parameters
     try:
@@ -180,5 +178,5 @@ def _fsdp1_gathered(module: nn.Module, everything: bool):
         if not everything:
             yield
             return
-        with compat.fsdp1_units_kept_gathered(module):
+        with private_state.fsdp1_units_kept_gathered(module):
             yield

@@ -1,0 +1,13 @@
+"""Checkpoints: sharded save/load of the training state, a run's step directories, and Hugging Face export.
+
+``store.py`` writes and reads one checkpoint (atomically, every file checked), ``safe_reader.py`` reads without
+unpickling arbitrary objects, ``run_checkpoints.py`` finds a run's complete ``step_<N>`` checkpoints and
+``hf_export.py`` writes full weights as a Hugging Face model directory.
+"""
+
+from .hf_export import export_hf, merge_lora_weights
+from .run_checkpoints import STEP_DIRECTORY, complete_checkpoints, latest_complete, load_latest, step_of
+from .store import FORMAT, META_FILE, CorruptCheckpoint, load, resolve, save
+
+__all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "complete_checkpoints", "export_hf",
+           "latest_complete", "load", "load_latest", "merge_lora_weights", "resolve", "save", "step_of"]

@@ -1,0 +1,13 @@
+"""The process runtime under the engine: the launcher, stop requests, phase labels and metric reduction.
+
+It knows processes and collectives, never FSDP (``engine/fsdp/``), so a trainer can use it on its own.
+"""
+
+from .launcher import Interrupted, WorkerFailed, run, threads_per_worker, under_launcher
+from .metric_reduce import MetricKeysMismatch, start_sum_over_ranks, sum_over_ranks
+from .phase_labels import labelled, phase, phase_of
+from .stop import install_stop_handlers, stop_at_safe_point, stop_requested
+
+__all__ = ["Interrupted", "MetricKeysMismatch", "WorkerFailed", "install_stop_handlers", "labelled", "phase",
+           "phase_of", "run", "start_sum_over_ranks", "stop_at_safe_point", "stop_requested", "sum_over_ranks",
+           "threads_per_worker", "under_launcher"]

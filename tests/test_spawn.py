@@ -1,0 +1,57 @@
+"""accel_backends/spawn.py, the one spawn-and-collect primitive: results, errors with their details, exit
+statuses, stops on the first failure, timeouts, and ranks that see torchrun's variables."""
+
+import os
+import time
+
+from accel_backends.spawn import LocalJob, QuietExit
+
+
+def _report():
+    return {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "EXTRA")}
+
+
+def _rank1_raises():
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank 1 broke")
+    time.sleep(60)  # waits as a rank blocked in a collective would
+
+
+def _quiet():
+    raise QuietExit(130)
+
+
+def _sleep():
+    time.sleep(60)
+
+
+def _describe(exc):
+    return {"kind": type(exc).__name__}
+
+
+def test_every_rank_returns_with_torchruns_variables():
+    with LocalJob(_report, (), 3, env={"EXTRA": "x"}) as job:
+        assert job.wait(timeout=120) == "done"
+    results = [o.result for o in job.outcomes]
+    assert [r["RANK"] for r in results] == ["0", "1", "2"] == [r["LOCAL_RANK"] for r in results]
+    assert {r["WORLD_SIZE"] for r in results} == {"3"} and {r["EXTRA"] for r in results} == {"x"}
+    assert len({r["MASTER_PORT"] for r in results}) == 1
+    assert all(o.returned and not o.failed and o.exitcode == 0 for o in job.outcomes)
+
+
+def test_a_failure_stops_the_wait_and_carries_its_traceback_and_details():
+    with LocalJob(_rank1_raises, (), 2, describe=_describe) as job:
+        assert job.wait(timeout=120) == "failed"
+    first, second = job.outcomes
+    assert second.failed and second.error == "ValueError: rank 1 broke" and "_rank1_raises" in second.traceback
+    assert second.details == {"kind": "ValueError"} and second.exitcode == 1
+    assert not first.returned and first.error is None  # killed while waiting: no outcome of its own
+
+
+def test_a_quiet_exit_sets_the_status_without_an_error_and_a_timeout_is_said():
+    with LocalJob(_quiet, (), 1) as job:
+        job.wait(timeout=120)
+    assert job.outcomes[0].exitcode == 130 and job.outcomes[0].error is None
+    with LocalJob(_sleep, (), 1) as job:
+        assert job.wait(timeout=0.5) == "timeout"
+    assert job.outcomes[0].exitcode is not None and not job.outcomes[0].returned  # killed on leaving
