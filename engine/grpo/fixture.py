@@ -3,8 +3,10 @@
 It has what real instruction-tuned checkpoints have and the built-in character model does not: a byte-level BPE
 ``tokenizer.json`` with the ``<|im_start|>``/``<|im_end|>``/``<|endoftext|>`` special tokens, a chat template,
 a ``generation_config.json`` with several EOS ids and its own sampling settings (which a rollout must not
-inherit), and ``model.safetensors`` weights. The weights are random except that both EOS tokens are made likely
-(together about 4% per token), so responses end at an EOS as real ones do.
+inherit), and ``model.safetensors`` weights. The weights are random except that the EOS tokens are made likely
+(by default both together about 4% per token), so responses end at an EOS as real ones do. ``eos_bias`` sets how
+likely (lower: longer responses; ``make-tiny-model --eos-bias``), ``single_eos`` keeps ``<|im_end|>`` as the only
+EOS id everywhere (a peer such as TRL stops at the tokenizer's EOS only: a fair comparison needs one id).
 """
 
 from __future__ import annotations
@@ -61,8 +63,13 @@ def build_tokenizer(vocab_size: int = 2048):
 
 
 def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_size: int = 2048,
-                    generation: dict | None = None, chat_template: bool = True, seed: int = 0) -> Path:
-    """Write the model directory and return its path. ``generation`` overrides ``generation_config.json`` keys."""
+                    generation: dict | None = None, chat_template: bool = True, seed: int = 0,
+                    eos_bias: float = 0.5, single_eos: bool = False) -> Path:
+    """Write the model directory and return its path. ``generation`` overrides ``generation_config.json`` keys.
+
+    ``eos_bias``: the weight by which each EOS row of the output layer reads the constant embedding feature, i.e.
+    how far each EOS logit stands above the others (0.5: both EOS ids together about 4% per token; 0: no boost).
+    """
     import torch
 
     from ..tiny_model import tiny_qwen2
@@ -73,7 +80,8 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
     if not chat_template:
         tokenizer.chat_template = None
     tokenizer.save_pretrained(directory)
-    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in ("<|im_end|>", "<|endoftext|>")]
+    eos_tokens = ("<|im_end|>",) if single_eos else ("<|im_end|>", "<|endoftext|>")
+    eos_ids = [tokenizer.convert_tokens_to_ids(t) for t in eos_tokens]
 
     model = tiny_qwen2(seed=seed, vocab_size=len(tokenizer), hidden_size=hidden_size, layers=layers,
                        max_positions=1024, bos_token_id=None, eos_token_id=eos_ids,
@@ -83,7 +91,7 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
         # of the output layer read it, so each EOS gets a logit a few units above the others at every position.
         model.model.embed_tokens.weight[:, 0] = 1.0
         for eos in eos_ids:
-            model.lm_head.weight[eos, 0] = 0.5
+            model.lm_head.weight[eos, 0] = eos_bias
     model.save_pretrained(directory, safe_serialization=True)
     # Written as JSON, as found in model repositories (HF's own writer refuses some combinations, e.g. greedy
     # decoding with sampling settings, which real repositories nevertheless ship).
