@@ -14,11 +14,9 @@ from accel_backends.backends.cuda import CUDABackend
 LAUNCHER = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29999"}
 
 
-@pytest.fixture
-def patched_cuda(monkeypatch):
-    """Pretend torch was built for CUDA 12.8 and sees two GPUs; record every call."""
-    calls = []
-    state = {"current": 0}
+def recorder(calls: list):
+    """``recorded(name, result)``: a stand-in function that appends ``(name, args)`` to ``calls`` and returns
+    ``result`` (called with the arguments when it is callable)."""
 
     def recorded(name, result=None):
         def fn(*args, **kwargs):
@@ -27,6 +25,15 @@ def patched_cuda(monkeypatch):
 
         return fn
 
+    return recorded
+
+
+@pytest.fixture
+def patched_cuda(monkeypatch):
+    """Pretend torch was built for CUDA 12.8 and sees two GPUs; record every call."""
+    calls = []
+    state = {"current": 0}
+    recorded = recorder(calls)
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(torch.version, "hip", None)
     fakes = {
@@ -91,14 +98,7 @@ def accelerator_stand_in(monkeypatch):
     ``cuda`` as the accelerator, answers with its own figures and records every call."""
     calls = []
     state = {"current": 0}
-
-    def recorded(name, result=None):
-        def fn(*args):
-            calls.append((name, args))
-            return result(*args) if callable(result) else result
-
-        return fn
-
+    recorded = recorder(calls)
     fakes = {
         "current_accelerator": lambda *args: torch.device("cuda"),
         "device_count": recorded("device_count", 3),
