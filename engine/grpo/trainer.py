@@ -70,7 +70,6 @@ class GRPOTrainer:
         self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
         self.rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
         self.reward_names = metric_names(self.rewards)
-        self.loss = resolve(config.algorithm, config.rollout.max_new_tokens)  # loss_type's recipe, made concrete
         actor_config = engine_config(config, world_size)
         self.actor = FSDPEngine(factory, actor_config, self.backend)
         # With LoRA the reference is the actor's own base model, adapters disabled: no second copy of the weights.
@@ -86,6 +85,11 @@ class GRPOTrainer:
         # token-sum multiplies by the micro-batches of a mini-batch over all ranks; update() sets it per call.
         self.global_micro_batches = train.mini_batch_size // train.micro_batch_size * world_size
         self.start_step = self._resume() if resume else 0
+
+    @property
+    def loss(self):
+        """``algorithm.loss_type``'s recipe with the keys set explicitly, as concrete settings (``loss_types.py``)."""
+        return resolve(self.config.algorithm, self.config.rollout.max_new_tokens)
 
     # -- checkpoints --------------------------------------------------------------------------------------------
 
