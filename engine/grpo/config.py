@@ -11,7 +11,7 @@ from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
 from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
-from .loss_types import LOSS_TYPES
+from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
 
 
@@ -53,7 +53,7 @@ class RolloutConfig:
 class AlgorithmConfig:
     # A named recipe (engine/grpo/loss_types.py): grpo, dapo, dr_grpo, bnpo, gspo or cispo. It fills the four keys
     # below that are left null; a value given explicitly wins.
-    loss_type: str = "dapo"
+    loss_type: str = DEFAULT_LOSS_TYPE
     scale_rewards: str | None = None  # advantages divided by the std of the group, of the batch, or none
     loss_agg: str | None = None  # aggregation mode (algorithms.AGGREGATION_MODES)
     clip_low: float | None = None
