@@ -41,3 +41,16 @@ def short_reply(prompt, response, answer):
 
 def wrong_signature(text):
     return 0.0
+
+
+_calls = 0
+
+
+def flat_first_draw_on_rank1(prompt, response, answer):
+    """Simple style: on rank 1 the first GRPO_FLAT_CALLS responses all score 0.0 (every group of its first draw is
+    filtered by dynamic sampling); otherwise a score that differs between the responses of a group."""
+    global _calls
+    _calls += 1
+    if os.environ.get("RANK") == "1" and _calls <= int(os.environ.get("GRPO_FLAT_CALLS", "0")):
+        return 0.0
+    return sum(map(ord, response)) % 7 / 7

@@ -81,18 +81,20 @@ EXPECTED = {
     "token-sum": 10.0,  # 6 + 4 + 0
     "seq-mean-token-sum": 10.0 / 3,  # (6 + 4 + 0) / 3 = 3.3333333
     "seq-mean-token-mean": 2.0,  # (6/3 + 4/1 + 0/max(0, 1)) / 3 = (2 + 4 + 0) / 3
+    "seq-mean-token-sum-norm": 2.5 / 3,  # norm_length 4: (6/4 + 4/4 + 0/4) / 3 = 0.8333333
+    "micro-batch-token-mean": 2.5,  # within one micro-batch: the token mean
 }
 
 
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 @pytest.mark.parametrize("mask", [MASK, MASK.bool(), MASK.float()], ids=["int", "bool", "float"])
 def test_aggregate_modes(mode, mask):
-    close(aggregate_loss(VALUES, mask, mode), EXPECTED[mode])
+    close(aggregate_loss(VALUES, mask, mode, norm_length=4), EXPECTED[mode])
 
 
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 def test_aggregate_all_padding_is_zero_not_nan(mode):
-    out = aggregate_loss(VALUES, torch.zeros(3, 3), mode)
+    out = aggregate_loss(VALUES, torch.zeros(3, 3), mode, norm_length=4)
     assert out.item() == 0.0
 
 

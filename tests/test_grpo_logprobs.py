@@ -30,6 +30,24 @@ def test_slices_equal_the_full_log_softmax_with_gradients_and_entropy(monkeypatc
     assert torch.allclose(grad_got, grad_want, atol=1e-5)
 
 
+@pytest.mark.parametrize("rows_per_slice", [5, 256], ids=["recomputed-slices", "one-slice"])
+def test_entropy_with_gradient_for_the_entropy_bonus(monkeypatch, rows_per_slice):
+    import engine.grpo.logprobs as logprobs
+
+    monkeypatch.setattr(logprobs, "ROWS_PER_SLICE", rows_per_slice)
+    logits = torch.randn(3, 12, 50, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (3, 12))
+    full = torch.log_softmax(logits / 0.7, -1)
+    want_lp = full.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    want_entropy = -(full.exp() * full).sum(-1)
+    got_lp, got_entropy = token_log_probs(logits, targets, 0.7, with_entropy=True, entropy_grad=True)
+    assert got_entropy.requires_grad and torch.allclose(got_entropy, want_entropy.float(), atol=1e-5)
+    a, b = torch.randn(3, 12), torch.randn(3, 12)
+    (grad_got,) = torch.autograd.grad((got_lp * a + got_entropy * b).sum(), logits)
+    (grad_want,) = torch.autograd.grad((want_lp * a + want_entropy * b).sum(), logits)
+    assert torch.allclose(grad_got, grad_want, atol=1e-5)
+
+
 @pytest.mark.parametrize("grad", [False, True], ids=["forward-only", "policy-with-backward"])
 def test_peak_memory_is_at_most_half_of_the_naive_pass(grad, monkeypatch):
     """A CI-sized version of the documented measurement (tests/scripts/logprob_memory.py, docs/grpo.md).

@@ -124,15 +124,21 @@ def test_real_model_path_end_to_end(tmp_path):
     second = grpo(tmp_path, "train.steps=3", "--resume", *args)
     assert second.returncode == 0, second.stderr[-3000:]
     rows = metrics(tmp_path, "real")
-    assert [r["step"] for r in rows] == [1, 2, 3]
-    assert [("val/accuracy" in r) for r in rows] == [False, True, True]  # every 2 steps and at the end
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the baseline validation (run.val_before_train)
+    assert [("val/accuracy" in r) for r in rows] == [True, False, True, True]  # before, every 2 steps, at the end
     # Random responses earn no accuracy and a length penalty: the validation responses were really scored.
-    assert all(r["val/accuracy"] == 0.0 and -0.5 < r["val/reward_mean"] < 0.0 for r in rows[1:]), rows
-    for row in rows:
+    validated = [r for r in rows if "val/accuracy" in r]
+    assert all(r["val/accuracy"] == 0.0 and -0.5 < r["val/reward_mean"] < 0.0 for r in validated), rows
+    for row in rows[1:]:
         assert 0 < row["response_length"] <= row["response_length_max"] <= 12
         assert 0.0 <= row["response_clip_frac"] < 1.0 and row["entropy"] > 0.0
+        # each reward function's own mean: compute_score is 0 (no right answers), length_penalty in (-0.5, 0)
+        assert row["reward/compute_score"] == 0.0 and -0.5 < row["reward/length_penalty"] < 0.0
+        assert row["reward_mean"] == pytest.approx(0.5 * row["reward/length_penalty"], abs=1e-6)
     samples = [json.loads(line) for line in (tmp_path / "real" / "samples.jsonl").read_text().splitlines()]
-    assert [s["step"] for s in samples] == [1, 2, 3]
+    assert [s["step"] for s in samples] == [1] * 4 + [2] * 4 + [3] * 4  # run.log_samples=1: a prompt's 4 responses
+    assert len({s["prompt"] for s in samples[:4]}) == 1 and set(samples[0]["rewards"]) == {"compute_score",
+                                                                                       "length_penalty"}
     for sample in samples:
         assert sample["prompt"].startswith("<|im_start|>system\n") and "<|im_start|>user\nTom has" in sample["prompt"]
         assert sample["prompt"].endswith("<|im_start|>assistant\n") and "<|im_end|>" not in sample["response"]
@@ -143,4 +149,7 @@ def test_real_model_path_end_to_end(tmp_path):
     events.Reload()
     assert {"reward_mean", "entropy", "val/accuracy", "response_clip_frac"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]
-    print(f"fixture run: {[{k: round(r[k], 4) for k in ('reward_mean', 'entropy', 'response_length')} for r in rows]}")
+    assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2, 3]
+    assert "samples/text_summary" in events.Tags()["tensors"]
+    shown = [{k: round(r[k], 4) for k in ("reward_mean", "entropy", "response_length")} for r in rows[1:]]
+    print(f"fixture run: {shown}")

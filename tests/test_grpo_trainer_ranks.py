@@ -12,7 +12,7 @@ from grpo_data import fixture_model, set_generation_config, verl_rows, write_par
 pytestmark = pytest.mark.slow
 
 BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.mini_batch_size=4", "train.micro_batch_size=2",
-        "rollout.max_new_tokens=10", "rollout.temperature=0.9", "algorithm.kl_coef=0", "run.progress=false",
+        "rollout.max_new_tokens=10", "rollout.temperature=0.9", "algorithm.kl_loss_coef=0", "run.progress=false",
         "data.reward=grpo_rewards:compute_score"]
 
 
@@ -77,6 +77,12 @@ def _hand_reference_grads(trainer, rank_data, mode):
         loss = sum(s.sum() for s in sums) / sum(n.sum() for n in lengths)
     elif mode == "seq-mean-token-sum":
         loss = torch.cat(sums).mean()
+    elif mode == "seq-mean-token-sum-norm":  # Dr. GRPO: divided by rollout.max_new_tokens (10)
+        loss = torch.cat(sums).mean() / trainer.config.rollout.max_new_tokens
+    elif mode == "micro-batch-token-mean":  # bnpo: the mean of the 4 micro-batches' token means (2 per rank)
+        means = [(values[rows] * mask[rows]).sum() / mask[rows].sum().clamp(min=1)
+                 for values, mask in zip(per_token, masks, strict=True) for rows in (slice(0, 2), slice(2, 4))]
+        loss = torch.stack(means).mean()
     else:
         loss = torch.cat([s / n.clamp(min=1) for s, n in zip(sums, lengths, strict=True)]).mean()
     loss.backward()
@@ -148,7 +154,8 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, shared)
     out["agg_max_rel_diff"] = {}
-    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean"):
+    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                 "micro-batch-token-mean"):
         trainer.config.algorithm.loss_agg = mode
         with trainer.actor.train_mode():
             trainer.actor.forward_backward_batch(micro, trainer._step_fn)

@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from .config import PRESETS, build_config, check
+from .config import PRESETS, apply_loss_type, build_config, check
 from .report import read_metrics
 
 
@@ -147,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         config = build_config(args.preset, args.config, args.overrides)
+        for notice in apply_loss_type(config):
+            if os.environ.get("RANK", "0") == "0":
+                print(f"accel-grpo: notice: {notice}", file=sys.stderr)
         if args.print_config:
             print(json.dumps(config.to_dict(), indent=2))
             return 0
@@ -187,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     if not is_rank0:
         return 0
-    rewards = [row["reward_mean"] for row in read_metrics(run_dir / "metrics.jsonl")]
+    rewards = [row["reward_mean"] for row in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in row]
     if rewards:
         first, final = rewards[:10], rewards[-10:]
         print(f"accel-grpo: done in {elapsed:.0f} s; reward mean over the first {len(first)} steps "

@@ -10,7 +10,8 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
-from .algorithms import AGGREGATION_MODES, KL_KINDS
+from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
+from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
 
 
@@ -50,14 +51,26 @@ class RolloutConfig:
 
 @dataclasses.dataclass
 class AlgorithmConfig:
-    norm_by_std: bool = True  # False: Dr. GRPO advantages
-    clip_low: float = 0.2
-    clip_high: float = 0.2
+    # A named recipe (engine/grpo/loss_types.py): grpo, dapo, dr_grpo, bnpo, gspo or cispo. It fills the four keys
+    # below that are left null; a value given explicitly wins.
+    loss_type: str = DEFAULT_LOSS_TYPE
+    scale_rewards: str | None = None  # advantages divided by the std of the group, of the batch, or none
+    loss_agg: str | None = None  # aggregation mode (algorithms.AGGREGATION_MODES)
+    clip_low: float | None = None
+    clip_high: float | None = None
     clip_c: float | None = None  # dual clipping for negative advantages (> 1)
-    loss_agg: str = "token-mean"
-    kl_coef: float = 0.0  # > 0 adds a KL loss to a frozen reference model
+    loss_norm_length: int | None = None  # seq-mean-token-sum-norm's constant; null: rollout.max_new_tokens
+    entropy_coeff: float = 0.0  # > 0 subtracts entropy_coeff x the aggregated token entropy from the loss
+    kl_loss_coef: float = 0.0  # > 0 adds a KL loss to a frozen reference model (verl's kl_loss_coef, TRL's beta)
     kl_kind: str = "k3"
     ref_param_offload: bool = True  # keep the reference model in host memory between uses
+    filter_groups: bool = False  # DAPO dynamic sampling: drop groups whose rewards are all equal, draw more
+    max_gen_batches: int = 10  # with filter_groups: at most this many draws per step
+    mask_truncated: bool = False  # responses cut at rollout.max_new_tokens get no loss
+    overlong_buffer_len: int = 0  # DAPO's soft overlong penalty over the last N tokens allowed (0: off)
+    overlong_penalty_factor: float = 1.0  # the penalty at rollout.max_new_tokens
+    norm_by_std: bool | None = None  # deprecated: scale_rewards (true: group, false: none)
+    kl_coef: float | None = None  # deprecated name of kl_loss_coef
 
 
 @dataclasses.dataclass
@@ -80,6 +93,8 @@ class RunConfig:
     progress: bool = True
     resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
     save_on_interrupt: bool = False  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
+    log_samples: int = 1  # prompts per step written with their responses and rewards to samples.jsonl (0: none)
+    val_before_train: bool | None = None  # a baseline validation before step 1; null: when there is a validation set
 
 
 @dataclasses.dataclass
@@ -111,7 +126,7 @@ PRESETS: dict[str, dict] = {
         "model": {"path": BUILTIN_MODEL},
         "data": {"task": "echo"},
         "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 4},
-        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
+        "algorithm": {"kl_loss_coef": 0.001, "ref_param_offload": True},
         "train": {"steps": 200, "prompts_per_step": 16, "mini_batch_size": 64, "micro_batch_size": 16},
         "engine": {"fsdp_version": 2, "lr": 2e-3, "max_grad_norm": 1.0},
     },
@@ -125,7 +140,7 @@ def _accelerator_preset(micro_batch_size: int) -> dict:
         "model": {"path": None},
         "data": {"task": "gsm8k", "path": None},
         "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
-        "algorithm": {"kl_coef": 0.001, "ref_param_offload": True},
+        "algorithm": {"kl_loss_coef": 0.001, "ref_param_offload": True},
         "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": micro_batch_size},
         "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
     }
@@ -238,6 +253,85 @@ def build_config(preset: str | None, config_file: str | None, overrides: list[st
     return config
 
 
+def apply_loss_type(config: GRPOConfig) -> list[str]:
+    """Fill the keys ``algorithm.loss_type`` decides that were left null, and move deprecated keys to their new
+    names. Returns notices for the user (one sentence each). An unknown loss type is left for ``check``."""
+    a, notices = config.algorithm, []
+    if a.kl_coef is not None:
+        notices.append(f"algorithm.kl_coef is deprecated: it is algorithm.kl_loss_coef (the KL term in the loss: "
+                       f"verl's actor.kl_loss_coef, TRL's beta); using kl_loss_coef={a.kl_coef}")
+        a.kl_loss_coef, a.kl_coef = a.kl_coef, None
+    if a.norm_by_std is not None:
+        implied = "group" if a.norm_by_std else "none"
+        if a.scale_rewards is None or a.scale_rewards == implied:
+            notices.append(f"algorithm.norm_by_std is deprecated: using algorithm.scale_rewards={implied}")
+            a.scale_rewards = implied
+        else:
+            notices.append(f"algorithm.norm_by_std is deprecated and ignored: algorithm.scale_rewards="
+                           f"{a.scale_rewards} is set")
+        a.norm_by_std = None
+    recipe = LOSS_TYPES.get(a.loss_type)
+    if recipe is not None:
+        for key in ("loss_agg", "clip_low", "clip_high", "scale_rewards"):
+            if getattr(a, key) is None:
+                setattr(a, key, getattr(recipe, "agg" if key == "loss_agg" else key))
+    return notices
+
+
+def _check_algorithm(config: GRPOConfig) -> list[str]:
+    """The algorithm.* keys (and run.log_samples / run.val_before_train); safe on values of any type."""
+    a, r, problems = config.algorithm, config.rollout, []
+    if a.loss_type not in LOSS_TYPES:
+        problems.append(f"algorithm.loss_type must be one of {', '.join(LOSS_TYPES)}, got {a.loss_type!r}"
+                        f"{did_you_mean(str(a.loss_type), LOSS_TYPES, 'algorithm.loss_type=')}")
+    if a.scale_rewards is not None and a.scale_rewards not in SCALE_MODES:
+        problems.append(f"algorithm.scale_rewards must be one of {', '.join(SCALE_MODES)}, got {a.scale_rewards!r}")
+    if a.loss_agg is not None and a.loss_agg not in AGGREGATION_MODES:
+        problems.append(f"algorithm.loss_agg must be one of {', '.join(AGGREGATION_MODES)}, got {a.loss_agg!r}")
+    recipe = LOSS_TYPES.get(a.loss_type)
+    agg = a.loss_agg if a.loss_agg is not None else (recipe.agg if recipe else None)
+    if agg == "seq-mean-token-sum-norm":
+        length = a.loss_norm_length if a.loss_norm_length is not None else r.max_new_tokens
+        if not isinstance(length, int) or isinstance(length, bool) or length < 1:
+            problems.append(f"algorithm.loss_type={a.loss_type} (loss_agg seq-mean-token-sum-norm) divides by a length "
+                            f"constant: set rollout.max_new_tokens or algorithm.loss_norm_length to a positive integer "
+                            f"(got {length!r})")
+    if recipe is not None:
+        low = a.clip_low if a.clip_low is not None else recipe.clip_low
+        high = a.clip_high if a.clip_high is not None else recipe.clip_high
+        low_ok = 0 <= low <= 1 if recipe.loss_mode == "cispo" else 0 <= low < 1
+        if not low_ok or high <= 0:
+            problems.append(f"algorithm.clip_low must be in [0, 1) ([0, 1] for cispo) and algorithm.clip_high > 0, "
+                            f"got {low} and {high}")
+        if a.clip_c is not None and recipe.loss_mode != "vanilla":
+            problems.append(f"algorithm.clip_c (dual clipping) does not apply to loss_type {a.loss_type}: set it to "
+                            "null")
+    if a.clip_c is not None and a.clip_c <= 1:
+        problems.append("algorithm.clip_c must be > 1 (or null)")
+    if a.kl_kind not in KL_KINDS:
+        problems.append(f"algorithm.kl_kind must be one of {', '.join(KL_KINDS)}")
+    for name in ("entropy_coeff", "kl_loss_coef", "kl_coef", "overlong_penalty_factor"):
+        value = getattr(a, name)
+        if value is not None and value < 0:
+            problems.append(f"algorithm.{name} must be >= 0, got {value}")
+    if a.filter_groups and (not isinstance(r.n, int) or r.n < 2):
+        problems.append(f"algorithm.filter_groups needs rollout.n >= 2 (the rewards of a group of one are always "
+                        f"all equal), got rollout.n={r.n!r}")
+    if a.max_gen_batches < 1:
+        problems.append(f"algorithm.max_gen_batches must be a positive integer, got {a.max_gen_batches}")
+    if a.overlong_buffer_len < 0:
+        problems.append(f"algorithm.overlong_buffer_len must be >= 0 (0: off), got {a.overlong_buffer_len}")
+    elif a.overlong_buffer_len and isinstance(r.max_new_tokens, int) and a.overlong_buffer_len >= r.max_new_tokens:
+        problems.append(f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be smaller than "
+                        f"rollout.max_new_tokens={r.max_new_tokens} (the penalty starts that many tokens before the "
+                        "limit)")
+    if config.run.log_samples < 0:
+        problems.append(f"run.log_samples must be >= 0, got {config.run.log_samples}")
+    if config.run.val_before_train and not (config.data.val_path or config.data.val_fraction):
+        problems.append("run.val_before_train needs a validation set: data.val_path=... or data.val_fraction=...")
+    return problems
+
+
 def updates_per_step(config: GRPOConfig, world_size: int) -> int:
     """Optimizer steps per GRPO step: PPO epochs x mini-batches in one rank's rollout."""
     per_rank = config.train.prompts_per_step // world_size * config.rollout.n
@@ -273,7 +367,7 @@ def dist_timeout_s(config: GRPOConfig) -> float:
 def check(config: GRPOConfig, world_size: int) -> list[str]:
     """Every problem that can be found before a worker starts (paths, sizes, names), as sentences."""
     problems = []
-    t, r, a = config.train, config.rollout, config.algorithm
+    t, r = config.train, config.rollout
     if config.model.path is None:
         problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
     elif config.model.path != BUILTIN_MODEL:
@@ -315,6 +409,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
                         ("rollout.max_new_tokens", r.max_new_tokens)):
         if not isinstance(value, int) or value < 1:
             problems.append(f"{name} must be a positive integer, got {value!r}")
+    problems += _check_algorithm(config)
     if problems:
         return problems
     if t.prompts_per_step % world_size:
@@ -334,12 +429,6 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
             problems.append(f"run.{name} must be true or false, got {getattr(config.run, name)!r}")
     if not 0 < r.top_p <= 1 or r.temperature <= 0:
         problems.append("rollout.top_p must be in (0, 1] and rollout.temperature > 0")
-    if a.loss_agg not in AGGREGATION_MODES:
-        problems.append(f"algorithm.loss_agg must be one of {', '.join(AGGREGATION_MODES)}")
-    if a.kl_kind not in KL_KINDS:
-        problems.append(f"algorithm.kl_kind must be one of {', '.join(KL_KINDS)}")
-    if a.clip_c is not None and a.clip_c <= 1:
-        problems.append("algorithm.clip_c must be > 1 (or null)")
     if config.data.task not in ("echo", "gsm8k"):
         problems.append(f"data.task must be echo or gsm8k, got {config.data.task!r}")
     try:

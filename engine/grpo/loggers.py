@@ -35,8 +35,28 @@ class TensorBoardLogger:
                 self.writer.add_scalar(key, value, step)
         self.writer.flush()
 
+    def write_samples(self, records: list[dict]) -> None:
+        """A step's sampled responses as one text entry (tag ``samples``): a table per prompt."""
+        if not records:
+            return
+        lines, prompt = [], None
+        for record in records:
+            if record["prompt"] != prompt:
+                prompt = record["prompt"]
+                lines += ["", f"**prompt:** `{_cell(prompt)}`", "", "| reward | advantage | response |",
+                          "|---|---|---|"]
+            response = _cell(record["response"])
+            lines.append(f"| {record['reward']:.4g} | {record['advantage']:.4g} | `{response}` |")
+        self.writer.add_text("samples", "\n".join(lines).strip(), int(records[0]["step"]))
+        self.writer.flush()
+
     def close(self) -> None:
         self.writer.close()
+
+
+def _cell(text: str) -> str:
+    """Text that stays inside one Markdown table cell."""
+    return text.replace("|", "\\|").replace("`", "'").replace("\n", " ")
 
 
 class Loggers:
@@ -44,7 +64,7 @@ class Loggers:
 
     def __init__(self, names: list[str], run_dir: Path, resume_step: int) -> None:
         self.loggers = [MetricsLog(run_dir / "metrics.jsonl", resume_step)]
-        self.samples = MetricsLog(run_dir / "samples.jsonl", resume_step)  # one rollout per step, to read
+        self.samples = MetricsLog(run_dir / "samples.jsonl", resume_step)  # run.log_samples prompts per step
         if "tensorboard" in names:
             self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))
 
@@ -52,8 +72,11 @@ class Loggers:
         for logger in self.loggers:
             logger.write(metrics)
 
-    def write_sample(self, record: dict) -> None:
-        self.samples.write(record)
+    def write_samples(self, records: list[dict]) -> None:
+        for record in records:
+            self.samples.write(record)
+        for logger in self.loggers:
+            getattr(logger, "write_samples", lambda _: None)(records)
 
     def close(self) -> None:
         for logger in self.loggers:

@@ -26,8 +26,10 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
 
 
-def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool):
-    """Chosen-token log-probs of one slice of logits and, when asked, their entropy (no grad), from one softmax."""
+def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                   entropy_grad: bool = False):
+    """Chosen-token log-probs of one slice of logits and, when asked, their entropy (no grad unless
+    ``entropy_grad``: an entropy bonus in the loss), from one softmax."""
     scaled = logits.float() / temperature
     # Gather, then log-sum-exp: recomputed in the backward pass in this order, a checkpointed slice peaks one
     # slice-sized tensor lower (150 MB with Qwen's vocabulary; tests/scripts/logprob_memory.py --grad).
@@ -36,6 +38,8 @@ def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     chosen = picked - log_z
     if not with_entropy:
         return chosen, None
+    if entropy_grad:
+        return chosen, log_z - (torch.softmax(scaled, dim=-1) * scaled).sum(-1)
     with torch.no_grad():  # one temporary the size of the slice, reused in place
         detached, log_z = scaled.detach(), log_z.detach()
         weighted = (detached - log_z.unsqueeze(-1)).exp_().mul_(detached)
@@ -43,14 +47,17 @@ def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return chosen, entropy
 
 
-def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool):
-    """Run ``compute(inputs_slice, targets_slice, with_entropy)`` over ROWS_PER_SLICE positions at a time.
+def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool,
+               entropy_grad: bool = False):
+    """Run ``compute(inputs_slice, targets_slice, with_entropy, entropy_grad)`` over ROWS_PER_SLICE positions at a
+    time.
 
     With gradients and more than one slice, each slice's log-probs are recomputed in the backward pass instead of
     keeping its logits (activation checkpointing): only the inputs, which exist anyway, are kept; the entropy of
     such a slice is a separate no-grad pass, so the recompute never repeats it. A single slice keeps its logits,
     as checkpointing it would not lower the peak (the slice exists in the forward either way) and would compute it
-    twice; its log-probs and entropy come from one softmax.
+    twice; its log-probs and entropy come from one softmax. With ``entropy_grad`` the entropy is part of the
+    checkpointed computation (recomputed with the log-probs in the backward pass).
     """
     flat_targets = targets.reshape(-1)
     starts = range(0, flat_targets.numel(), ROWS_PER_SLICE)
@@ -58,14 +65,16 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
     pieces, entropies = [], []
     for start in starts:
         part, chosen = inputs[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
-        if recompute:
-            piece = checkpoint(lambda p, c: compute(p, c, False)[0], part, chosen, use_reentrant=False)
+        if recompute and with_entropy and entropy_grad:
+            piece, entropy = checkpoint(lambda p, c: compute(p, c, True, True), part, chosen, use_reentrant=False)
+        elif recompute:
+            piece = checkpoint(lambda p, c: compute(p, c, False, False)[0], part, chosen, use_reentrant=False)
             entropy = None
             if with_entropy:
                 with torch.no_grad():
-                    entropy = compute(part, chosen, True)[1]
+                    entropy = compute(part, chosen, True, False)[1]
         else:
-            piece, entropy = compute(part, chosen, with_entropy)
+            piece, entropy = compute(part, chosen, with_entropy, entropy_grad)
         pieces.append(piece)
         entropies.append(entropy)
     log_probs = torch.cat(pieces).view(targets.shape)
@@ -73,17 +82,18 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
     return log_probs, entropy
 
 
-def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
-                    with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chosen-token log-probs ``[B, R]`` (float32) of ``logits`` ``[B, R, V]``; optionally the entropy (no grad).
+def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = False,
+                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Chosen-token log-probs ``[B, R]`` (float32) of ``logits`` ``[B, R, V]``; optionally the entropy (no grad
+    unless ``entropy_grad``).
 
     Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice over the
     positions of all rows together (not per row: fewer, larger kernels).
     """
-    def compute(chunk, chosen, entropy):
-        return _slice_outputs(chunk, chosen, temperature, entropy)
+    def compute(chunk, chosen, entropy, grad):
+        return _slice_outputs(chunk, chosen, temperature, entropy, grad)
 
-    return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad)
+    return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad, entropy_grad)
 
 
 def _plain_output_layer(module):
@@ -96,20 +106,22 @@ def _plain_output_layer(module):
 
 
 @contextlib.contextmanager
-def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list):
+def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list,
+                        entropy_grad: bool = False):
     """Within the block the output layer returns the chosen tokens' log-probs ``[B, R]`` instead of logits.
 
     It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
     see the result), computing logits for one slice of positions at a time (``_in_slices``).
     """
-    def compute(hidden, chosen, entropy):
+    def compute(hidden, chosen, entropy, grad):
         return _slice_outputs(torch.nn.functional.linear(hidden, head.weight, head.bias), chosen, temperature,
-                              entropy)
+                              entropy, grad)
 
     def forward(hidden):
         # The last position predicts a token after the response.
         needs_grad = hidden.requires_grad or head.weight.requires_grad
-        log_probs, entropy = _in_slices(compute, hidden[:, :-1].flatten(0, 1), targets, with_entropy, needs_grad)
+        log_probs, entropy = _in_slices(compute, hidden[:, :-1].flatten(0, 1), targets, with_entropy, needs_grad,
+                                        entropy_grad)
         if with_entropy:
             entropy_out.append(entropy)
         # A new tensor, not a view: FSDP hooks the model's outputs for backward.
@@ -123,8 +135,9 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
 
 
 def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                       temperature: float, with_entropy: bool = False):
-    """Log-probs ``[B, R]`` of the response tokens under ``module`` (and their entropy when asked).
+                       temperature: float, with_entropy: bool = False, entropy_grad: bool = False):
+    """Log-probs ``[B, R]`` of the response tokens under ``module`` (and their entropy when asked; with gradients
+    when ``entropy_grad``, for an entropy bonus in the loss).
 
     Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
     their logits come from the ``R + 1`` last positions but one: the model computes only those
@@ -137,10 +150,10 @@ def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Te
     head = _plain_output_layer(module)
     if head is not None:
         entropy_out: list = []
-        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out):
+        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out, entropy_grad):
             log_probs = module(**kwargs).logits
         entropy = entropy_out[0] if with_entropy else None
     else:
         logits = module(**kwargs).logits
-        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy)
+        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy, entropy_grad)
     return (log_probs, entropy) if with_entropy else log_probs

@@ -147,9 +147,10 @@ def _failure(reward: Reward, exc: Exception, rows: str, sample: Sample) -> Runti
                         f"{sample.prompt[-200:]!r})")
 
 
-def score_all(rewards: list[Reward], samples: list[Sample], responses: list[str]) -> list[float]:
-    """The weighted sum of every reward for each (sample, response); a reward that raises is named with its row."""
-    totals = [0.0] * len(samples)
+def score_each(rewards: list[Reward], samples: list[Sample], responses: list[str]) -> list[list[float]]:
+    """Every reward function's own (unweighted) value for each (sample, response), one list per function; a reward
+    that raises is named with its row."""
+    scores = []
     for reward in rewards:
         if reward.style == "trl":
             try:
@@ -161,6 +162,23 @@ def score_all(rewards: list[Reward], samples: list[Sample], responses: list[str]
                                if samples[0].where else "", samples[0]) from exc
         else:
             values = _call(reward, samples, responses)
-        for index, value in enumerate(values):
-            totals[index] += reward.weight * _number(value, reward, samples[index], responses[index])
-    return totals
+        scores.append([_number(value, reward, samples[index], responses[index])
+                       for index, value in enumerate(values)])
+    return scores
+
+
+def weighted_sum(rewards: list[Reward], scores: list[list[float]]) -> list[float]:
+    """The reward of each response: the weighted sum of ``score_each``'s values."""
+    return [sum(reward.weight * values[index] for reward, values in zip(rewards, scores, strict=True))
+            for index in range(len(scores[0]) if scores else 0)]
+
+
+def score_all(rewards: list[Reward], samples: list[Sample], responses: list[str]) -> list[float]:
+    """The weighted sum of every reward for each (sample, response); a reward that raises is named with its row."""
+    return weighted_sum(rewards, score_each(rewards, samples, responses)) if rewards else [0.0] * len(samples)
+
+
+def metric_names(rewards: list[Reward]) -> list[str]:
+    """``reward/<function name>`` for each reward function; its full spec where two share a name."""
+    names = [reward.name for reward in rewards]
+    return [f"reward/{reward.name if names.count(reward.name) == 1 else reward.spec}" for reward in rewards]

@@ -22,13 +22,15 @@ import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
 from ..runtime import phase, sum_over_ranks
+from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .config import GRPOConfig, dist_timeout_s, engine_config
 from .loggers import Loggers
 from .logprobs import response_log_probs
+from .loss_types import resolve
 from .model import build_model
 from .report import plot_curves
-from .rewards import load_rewards, score_all
+from .rewards import load_rewards, metric_names
 from .rollout import RolloutBatch, batched_log_probs, rollout
 from .tasks import build_tasks, reward_specs
 from .validation import validate
@@ -67,11 +69,12 @@ class GRPOTrainer:
         self.tokenizer, factory = build_model(config.model)
         self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
         self.rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
+        self.reward_names = metric_names(self.rewards)
         actor_config = engine_config(config, world_size)
         self.actor = FSDPEngine(factory, actor_config, self.backend)
         # With LoRA the reference is the actor's own base model, adapters disabled: no second copy of the weights.
         self.reference = None
-        if config.algorithm.kl_coef > 0 and actor_config.lora_rank == 0:
+        if self.loss.kl_loss_coef > 0 and actor_config.lora_rank == 0:
             self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
         train = config.train
@@ -79,8 +82,14 @@ class GRPOTrainer:
         # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
         self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
-        self.micro_batches_per_update = train.mini_batch_size // train.micro_batch_size
+        # token-sum multiplies by the micro-batches of a mini-batch over all ranks; update() sets it per call.
+        self.global_micro_batches = train.mini_batch_size // train.micro_batch_size * world_size
         self.start_step = self._resume() if resume else 0
+
+    @property
+    def loss(self):
+        """``algorithm.loss_type``'s recipe with the keys set explicitly, as concrete settings (``loss_types.py``)."""
+        return resolve(self.config.algorithm, self.config.rollout.max_new_tokens)
 
     # -- checkpoints --------------------------------------------------------------------------------------------
 
@@ -101,29 +110,46 @@ class GRPOTrainer:
         return torch.Generator().manual_seed(seed)
 
     def collect(self, step: int) -> tuple[StepData, dict]:
-        cfg, roll = self.config, self.config.rollout
+        cfg, roll, algo = self.config, self.config.rollout, self.config.algorithm
         prompts_per_rank = cfg.train.prompts_per_step // self.world_size
-        samples = self.task.sample(prompts_per_rank, self._seed(step))
-        old = None
-        with self.actor.eval_mode(), phase("rollout"):
-            batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
-                            roll.temperature, roll.top_p, roll.top_k)
+        generator = self._seed(step)
+
+        def draw() -> scoring.ScoredRollout:
+            samples = self.task.sample(prompts_per_rank, generator)
+            with phase("rollout"):
+                batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
+                                roll.temperature, roll.top_p, roll.top_k)
+            with phase("reward"):
+                return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
+                                             algo.overlong_buffer_len, algo.overlong_penalty_factor)
+
+        old, sampling = None, {}
+        with self.actor.eval_mode():
+            if algo.filter_groups:  # DAPO dynamic sampling: all ranks draw until every one has its share
+                result = dynamic_sampling.fill_batch(draw, groups_wanted=prompts_per_rank,
+                                                     max_draws=algo.max_gen_batches,
+                                                     min_over_ranks=self._smallest_over_ranks,
+                                                     pad_token_id=self.tokenizer.pad_token_id)
+                scored, drawn, sampling = result.batch, result.drawn, result.metrics()
+            else:
+                scored = draw()
+                drawn = [scored]
+            batch = scored.batch
             if not self.reuse_policy_log_probs:
-                old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
-        ref = self.reference_log_probs(batch) if cfg.algorithm.kl_coef > 0 else None
-        with phase("reward"):
-            scores = torch.tensor(score_all(self.rewards, [samples[i // roll.n] for i in range(len(batch))],
-                                            batch.responses))
+                with phase("rollout"):
+                    old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
+        ref = self.reference_log_probs(batch) if self.loss.kl_loss_coef > 0 else None
         groups = torch.arange(len(batch)) // roll.n
-        advantages = grpo_advantages(scores, groups, norm_by_std=cfg.algorithm.norm_by_std)
-        lengths = batch.response_mask.sum(dim=1)
-        stats = {"reward_sum": scores.sum().item(), "reward_sq_sum": (scores ** 2).sum().item(),
-                 "sequences": float(len(batch)), "response_tokens": lengths.sum().item(),
-                 "clipped": batch.clipped.sum().item()}
-        self._longest_response = float(lengths.max().item())
-        self.sample_record = {"step": step + 1, "prompt": samples[0].prompt, "response": batch.responses[0],
-                              "reward": scores[0].item(), "response_tokens": int(lengths[0]),
-                              "ended_by_eos": not bool(batch.clipped[0]) and int(lengths[0]) > 0}
+        scale = self.loss.scale_rewards
+        advantages = grpo_advantages(scored.rewards, groups, scale=scale,
+                                     batch_std=self._batch_std(scored.rewards) if scale == "batch" else None)
+        if algo.mask_truncated:  # responses cut at max_new_tokens get no loss (their attention is unchanged)
+            keep = (~batch.clipped).unsqueeze(1).to(batch.response_mask.dtype)
+            batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
+        stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling}
+        self._longest_response = max(float(part.lengths.max().item()) for part in drawn)
+        self.sample_records = scoring.sample_records(step + 1, scored, advantages, cfg.run.log_samples,
+                                                     self.reward_names)
         return StepData(batch, advantages, old, ref), stats
 
     def reference_log_probs(self, batch: RolloutBatch) -> torch.Tensor:
@@ -139,23 +165,29 @@ class GRPOTrainer:
             return batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
 
     def _step_fn(self, module, micro: dict):
-        algo, device = self.config.algorithm, self.backend.device()
+        settings, device = self.loss, self.backend.device()
         mask = micro["response_mask"].to(device)
         prompt_length = micro["input_ids"].size(1) - micro["response_mask"].size(1)
+        bonus = settings.entropy_coeff > 0  # the entropy then needs its gradient (else it is a metric only)
         log_probs, entropy = response_log_probs(module, micro["input_ids"].to(device),
                                                 micro["attention_mask"].to(device), prompt_length,
-                                                self.config.rollout.temperature, with_entropy=True)
+                                                self.config.rollout.temperature, with_entropy=True, entropy_grad=bonus)
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
-        loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask, clip_low=algo.clip_low,
-                                    clip_high=algo.clip_high, clip_c=algo.clip_c, agg=algo.loss_agg)
-        scale, weight = micro_batch_scale(mask, algo.loss_agg, self.micro_batches_per_update * self.world_size)
+        agg, norm = settings.agg, settings.norm_length
+        loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask,
+                                    loss_mode=settings.loss_mode, clip_low=settings.clip_low,
+                                    clip_high=settings.clip_high, clip_c=settings.clip_c, agg=agg, norm_length=norm)
+        scale, weight = micro_batch_scale(mask, agg, self.global_micro_batches)
         metrics = {"pg_loss": loss.item() * scale, "clip_frac": metrics["clip_frac"],
-                   "approx_kl": metrics["approx_kl"], "entropy": aggregate_loss(entropy, mask, "token-mean").item()}
+                   "approx_kl": metrics["approx_kl"],
+                   "entropy": aggregate_loss(entropy.detach(), mask, "token-mean").item()}
         if micro["ref_log_probs"] is not None:
-            kl = aggregate_loss(kl_penalty(log_probs, micro["ref_log_probs"].to(device), algo.kl_kind), mask,
-                                algo.loss_agg)
-            loss = loss + algo.kl_coef * kl
+            kl = aggregate_loss(kl_penalty(log_probs, micro["ref_log_probs"].to(device), settings.kl_kind), mask, agg,
+                                norm)
+            loss = loss + settings.kl_loss_coef * kl
             metrics["kl"] = kl.item() * scale
+        if bonus:
+            loss = loss - settings.entropy_coeff * aggregate_loss(entropy, mask, agg, norm)
         return loss * scale, weight, metrics
 
     def update(self, data: StepData) -> dict:
@@ -165,8 +197,10 @@ class GRPOTrainer:
         with self.actor.train_mode():
             for _ in range(train.ppo_epochs):
                 for start in range(0, len(data.batch), train.mini_batch_size):
+                    end = min(start + train.mini_batch_size, len(data.batch))  # dynamic sampling may trim the batch
                     micro_batches = [data.micro_batch(slice(s, s + train.micro_batch_size))
-                                     for s in range(start, start + train.mini_batch_size, train.micro_batch_size)]
+                                     for s in range(start, end, train.micro_batch_size)]
+                    self.global_micro_batches = len(micro_batches) * self.world_size  # the same count on every rank
                     metrics = self.actor.forward_backward_batch(micro_batches, self._step_fn)
                     metrics.pop("peak_memory_gib")  # covered by the step's figure below
                     metrics["grad_norm"] = self.actor.optimizer_step()
@@ -187,15 +221,26 @@ class GRPOTrainer:
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
 
+    def _smallest_over_ranks(self, values: list[float]) -> list[float]:
+        packed = torch.tensor(values, dtype=torch.float64, device=self.backend.metrics_device())
+        dist.all_reduce(packed, op=dist.ReduceOp.MIN)
+        return packed.tolist()
+
+    def _batch_std(self, rewards: torch.Tensor) -> float:
+        """The (unbiased) std of the rewards of the step's whole batch, all ranks together."""
+        t = self._global({"n": float(len(rewards)), "sum": rewards.sum().item(),
+                          "sq": (rewards.double() ** 2).sum().item()})
+        return math.sqrt(max(t["sq"] - t["sum"] ** 2 / t["n"], 0.0) / max(t["n"] - 1.0, 1.0))
+
     def _largest_over_ranks(self, value: float) -> float:
         packed = torch.tensor([value], dtype=torch.float64, device=self.backend.metrics_device())
         dist.all_reduce(packed, op=dist.ReduceOp.MAX)
         return packed.item()
 
-    def _validate(self, step: int) -> dict:
+    def _validate(self, step: int, baseline: bool = False) -> dict:
         cfg = self.config
         every, last_step = cfg.run.val_every, step + 1 == cfg.train.steps
-        if not self.val_samples or not (last_step or (every and (step + 1) % every == 0)):
+        if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
             return {}
         return validate(self.actor, self.tokenizer, self.val_samples, self.rewards, cfg.rollout,
                         batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
@@ -210,6 +255,10 @@ class GRPOTrainer:
             progress = tqdm(total=cfg.train.steps, initial=self.start_step, desc="grpo", file=sys.stderr,
                             dynamic_ncols=True)
         last = {}
+        if self.start_step == 0 and self.val_samples and cfg.run.val_before_train is not False:
+            baseline = {"step": 0, **self._validate(-1, baseline=True)}  # the model before any update
+            if loggers is not None:
+                loggers.write(baseline)
         for step in range(self.start_step, cfg.train.steps):
             started = time.perf_counter()
             self.backend.reset_peak_memory_stats()
@@ -244,10 +293,12 @@ class GRPOTrainer:
                 "step_time_s": finished - started,
                 "peak_memory_gib": self._largest_over_ranks(max(rollout_peak_gib, update["peak_memory_gib"])),
             }
+            last.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
+            last.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
             last.update(self._validate(step))
             if loggers is not None:
                 loggers.write(last)
-                loggers.write_sample(self.sample_record)
+                loggers.write_samples(self.sample_records)
             if progress is not None:
                 shown = {"reward": f"{mean:.3f}", "step_s": f"{last['step_time_s']:.2f}"}
                 if "val/accuracy" in last:

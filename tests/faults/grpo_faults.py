@@ -57,15 +57,15 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
     trainer.collect = counting_collect
     if kind == "reward":
-        score_all = trainer_module.score_all
+        score_each = trainer_module.scoring.score_each
 
         def raising_rewards(*args, **kwargs):
             if now():
                 _mark("FAULT_STAMP")
                 raise InjectedFault("reward function failed on purpose")
-            return score_all(*args, **kwargs)
+            return score_each(*args, **kwargs)
 
-        trainer_module.score_all = raising_rewards
+        trainer_module.scoring.score_each = raising_rewards
     elif kind == "kill-save":
         write_extra_state = engine.checkpoint.store.write_extra_state
 

@@ -50,3 +50,77 @@ def test_apply_sets_typed_fields_and_names_mistakes():
         apply(config, {"train": 3})
     with pytest.raises(ValueError, match="--preset NAME"):
         apply(config, {"preset": "h100"})
+
+
+# ---------------------------------------------------------------- algorithm.* (issue 18)
+
+def _problems(*overrides, world_size=2):
+    from engine.grpo.config import build_config, check
+
+    return check(build_config(None, None, list(overrides)), world_size)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["algorithm.loss_type=grpoo"], "algorithm.loss_type must be one of grpo, dapo, dr_grpo, bnpo, gspo, cispo, got "
+                                    "'grpoo' (did you mean algorithm.loss_type=grpo?)"),
+    (["algorithm.scale_rewards=std"], "algorithm.scale_rewards must be one of group, batch, none, got 'std'"),
+    (["algorithm.loss_type=dr_grpo", "algorithm.loss_norm_length=0"], "rollout.max_new_tokens or "
+                                                                      "algorithm.loss_norm_length"),
+    (["algorithm.filter_groups=true", "rollout.n=1"], "algorithm.filter_groups needs rollout.n >= 2"),
+    (["algorithm.overlong_buffer_len=4"], "algorithm.overlong_buffer_len=4 must be smaller than "
+                                          "rollout.max_new_tokens=4"),
+    (["algorithm.entropy_coeff=-0.01"], "algorithm.entropy_coeff must be >= 0, got -0.01"),
+    (["algorithm.loss_type=cispo", "algorithm.clip_c=3"], "algorithm.clip_c (dual clipping) does not apply"),
+    (["algorithm.clip_low=1.0"], "algorithm.clip_low must be in [0, 1)"),
+    (["algorithm.max_gen_batches=0"], "algorithm.max_gen_batches must be a positive integer"),
+    (["run.val_before_train=true"], "run.val_before_train needs a validation set"),
+    (["run.log_samples=-1"], "run.log_samples must be >= 0"),
+])
+def test_bad_algorithm_settings_are_named(overrides, message):
+    problems = _problems(*overrides)
+    assert any(message in p for p in problems), problems
+
+
+def test_dr_grpo_without_a_length_constant_names_the_keys():
+    from engine.grpo.config import GRPOConfig, check
+
+    config = GRPOConfig()
+    config.algorithm.loss_type, config.rollout.max_new_tokens = "dr_grpo", None
+    assert any("algorithm.loss_type=dr_grpo" in p and "rollout.max_new_tokens" in p for p in check(config, 1))
+
+
+def test_bad_loss_type_stops_the_cli_before_any_worker(capsys, tmp_path):
+    from engine.grpo.cli import main
+
+    assert main(["algorithm.loss_type=ppo", "algorithm.scale_rewards=std", f"run.output_dir={tmp_path}"]) == 2
+    err = capsys.readouterr().err
+    assert "algorithm.loss_type must be one of grpo, dapo, dr_grpo, bnpo, gspo, cispo" in err
+    assert "algorithm.scale_rewards must be one of group, batch, none" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo"])
+def test_every_loss_type_is_valid_with_the_demo_preset(loss_type):
+    assert _problems(f"algorithm.loss_type={loss_type}") == []
+
+
+def test_the_recipe_fills_only_what_is_unset_and_old_names_still_work():
+    from engine.grpo.config import apply_loss_type, build_config
+    from engine.grpo.loss_types import resolve
+
+    config = build_config(None, None, ["algorithm.loss_type=dr_grpo", "algorithm.clip_high=0.3"])
+    assert apply_loss_type(config) == []
+    a = config.algorithm
+    assert (a.loss_agg, a.clip_low, a.clip_high, a.scale_rewards) == ("seq-mean-token-sum-norm", 0.2, 0.3, "none")
+    settings = resolve(a, max_new_tokens=config.rollout.max_new_tokens)
+    assert settings.norm_length == 4 and settings.loss_mode == "vanilla" and settings.kl_loss_coef == 0.001
+
+    config = build_config(None, None, ["algorithm.kl_coef=0.05", "algorithm.norm_by_std=false"])
+    assert resolve(config.algorithm, 4).kl_loss_coef == 0.05  # without apply_loss_type too
+    assert resolve(config.algorithm, 4).scale_rewards == "none"
+    notices = apply_loss_type(config)
+    assert any("algorithm.kl_coef is deprecated" in n and "kl_loss_coef" in n for n in notices), notices
+    assert any("algorithm.norm_by_std is deprecated: using algorithm.scale_rewards=none" in n for n in notices)
+    a = config.algorithm
+    assert (a.kl_loss_coef, a.kl_coef, a.scale_rewards, a.norm_by_std) == (0.05, None, "none", None)
+    assert (a.loss_type, a.loss_agg, a.clip_high) == ("dapo", "token-mean", 0.28)  # the default recipe
