@@ -44,14 +44,12 @@ class CUDABackend(DeviceBackend):
                                       label="CUDA")
 
     def describe(self) -> dict:
-        """torch, the CUDA (or HIP) version it was built with, the driver and NCCL (RCCL) versions, and each GPU's
-        name and memory."""
-        info: dict = {"torch": torch.__version__, "platform": self.platform(), "driver": _driver_version()}
+        """torch, the CUDA (or HIP) version it was built with, the driver and NCCL (RCCL) versions, the GPUs."""
+        info = {**super().describe(), "platform": self.platform(), "driver": _driver_version()}
         if self.platform() != "none":
             info["nccl"] = _nccl_version()
         if self.is_available():
             info["bf16"] = torch.cuda.is_bf16_supported()
-            info["devices"] = [_device_row(i) for i in range(self.device_count())]
         return info
 
 
@@ -85,17 +83,6 @@ def _nccl_version() -> str | None:
     except Exception:  # noqa: BLE001 - a build without NCCL
         return None
     return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
-
-
-def _device_row(index: int) -> dict:
-    properties = torch.cuda.get_device_properties(index)
-    row: dict = {"index": index, "name": properties.name, "memory_total_gib": round(properties.total_memory / 2**30, 1),
-                 "capability": f"{properties.major}.{properties.minor}"}
-    try:
-        row["memory_free_gib"] = round(torch.cuda.mem_get_info(index)[0] / 2**30, 1)
-    except Exception:  # noqa: BLE001
-        pass
-    return row
 
 
 @hookimpl
