@@ -196,6 +196,8 @@ def main(argv: list[str]) -> int:
             found.append("under torchrun, evaluate a model directory: accel-grpo export the checkpoint first")
         if found:
             raise ExportError("cannot evaluate: " + "; ".join(found))
+        if "run" in target:
+            checkpoint.checkpoint_meta(target["checkpoint"])  # complete, every file the size its save recorded
         world_size = worker_count(config, args.nproc)
         accel_backends.get_backend()  # an unknown or unusable backend stops us here
         prompts = load_inputs(config)
