@@ -147,8 +147,9 @@ def main(argv: list[str] | None = None) -> int:
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
         problems = check(config, workers)
-        if problems:
-            raise ValueError("invalid configuration:\n  - " + "\n  - ".join(problems))
+        if problems:  # one line for one problem, a list for several
+            raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
+                             "invalid configuration:\n  - " + "\n  - ".join(problems))
         check_inputs(config, verbose=not args.print_config)  # the printed config stays valid JSON
         if args.print_config:
             print(json.dumps(resolved(config, workers), indent=2))

@@ -133,6 +133,9 @@ def export(source, out, *, step: int | None = None, dtype: str | None = None, lo
     if lora == "adapter" and config.model.path == BUILTIN_MODEL:
         raise ExportError("--lora adapter needs a base model directory to apply it to; the built-in model has none: "
                           "use --lora merged")
+    if config.model.path != BUILTIN_MODEL and not (Path(config.model.path) / "config.json").is_file():
+        raise ExportError(f"the run's model.path {config.model.path} (its model's config and tokenizer) is not there "
+                          "any more: put the model directory back at that path")
     check_output(out, force)
     dtype = dtype or default_dtype(config)
     checkpoint.checkpoint_meta(found)  # complete, and every file has the size its save recorded
@@ -141,21 +144,25 @@ def export(source, out, *, step: int | None = None, dtype: str | None = None, lo
 
     logging.disable_progress_bar()
     model, tokenizer = trained_model(config, checkpoint.read_model_state(found))
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
     if lora_rank and lora == "merged":
         model = model.merge_and_unload()  # W + scale * B @ A in fp32, before any cast
     model.to(DTYPES[dtype])
     if lora == "adapter":
         model.peft_config["default"].base_model_name_or_path = str(Path(config.model.path).resolve())
-    model.save_pretrained(str(partial))
-    tokenizer.save_pretrained(str(partial))
-    if config.model.path != BUILTIN_MODEL:
-        for pattern in MODEL_FILES:  # as the trained model had them (save_pretrained may rewrite or drop keys)
-            for file in Path(config.model.path).glob(pattern):
-                if file.is_file():
-                    shutil.copy2(file, partial / file.name)
+    partial = out.with_name(out.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    partial.mkdir(parents=True)
+    try:
+        model.save_pretrained(str(partial))
+        tokenizer.save_pretrained(str(partial))
+        if config.model.path != BUILTIN_MODEL:
+            for pattern in MODEL_FILES:  # as the trained model had them (save_pretrained may rewrite or drop keys)
+                for file in Path(config.model.path).glob(pattern):
+                    if file.is_file():
+                        shutil.copy2(file, partial / file.name)
+    except BaseException:
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     if out.exists():
         shutil.rmtree(out)
     partial.rename(out)
