@@ -5,6 +5,11 @@
     >>> backend.name, backend.device(), backend.dist_backend
 """
 
+# ruff: noqa: E402 - torch is imported through the guard below before any module of this package imports it
+from .torch_import import import_torch
+
+import_torch()  # before anything imports torch: a broken device-backend autoload gets a diagnosis, not a traceback
+
 from .base import DeviceBackend
 from .distributed import DistributedInfo
 from .errors import (

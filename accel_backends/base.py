@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import sys
 from typing import Any, ClassVar
 
 import torch
@@ -20,6 +21,7 @@ from .errors import BackendUnavailableError, DistributedSetupError
 from .memory import MemoryStats
 
 DEFAULT_DIST_TIMEOUT_S = 1800.0
+_ANNOUNCED: dict[str, bool] = {}  # backend name -> its distributed defaults were printed in this process
 
 
 class DeviceBackend:
@@ -104,6 +106,12 @@ class DeviceBackend:
                 info["devices"] = [self.device_module().get_device_name(i) for i in range(self.device_count())]
         return info
 
+    def explain_autoload_failure(self, failure: dict) -> str | None:
+        """What to do when ``import torch`` fails in torch's device-backend autoload (``failure``: the entry point,
+        its distribution and what it raised; ``accel_backends.torch_import``), if that entry point is this
+        backend's vendor package; else ``None``."""
+        return None
+
     # -- devices ------------------------------------------------------------------------------------------------
 
     def _api(self) -> Any:
@@ -174,6 +182,24 @@ class DeviceBackend:
 
     # -- distributed --------------------------------------------------------------------------------------------
 
+    def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
+        """Environment variables the collective library should have unless the user set them (e.g. its own
+        timeouts), applied by ``init_distributed`` before the process group starts. ``timeout_s``: the group's."""
+        return {}
+
+    def apply_distributed_env_defaults(self, timeout_s: float, announce: bool = True) -> dict[str, str]:
+        """Set each of ``distributed_env_defaults`` that the environment lacks; return those set. With
+        ``announce``, rank 0 says so once per process (on stderr)."""
+        applied = {key: str(value) for key, value in self.distributed_env_defaults(timeout_s).items()
+                   if key not in os.environ}
+        os.environ.update(applied)
+        if applied and announce and os.environ.get("RANK", "0") == "0" and not _ANNOUNCED.get(self.name):
+            _ANNOUNCED[self.name] = True
+            settings = ", ".join(f"{key}={value}" for key, value in applied.items())
+            print(f"accel-backends: {self.name}: {settings} (defaults for its collectives; set them to override)",
+                  file=sys.stderr, flush=True)
+        return applied
+
     def init_distributed(self, timeout: float | datetime.timedelta = DEFAULT_DIST_TIMEOUT_S) -> DistributedInfo:
         """Join the job torchrun started, binding this process to its local device; idempotent.
 
@@ -195,6 +221,7 @@ class DeviceBackend:
         self._bind_local_device(info)
         if not isinstance(timeout, datetime.timedelta):
             timeout = datetime.timedelta(seconds=timeout)
+        self.apply_distributed_env_defaults(timeout.total_seconds())
         kwargs: dict[str, Any] = {"backend": self.dist_backend, "timeout": timeout}
         if info.launched:
             kwargs.update(init_method="env://", rank=info.rank, world_size=info.world_size)

@@ -1,4 +1,9 @@
-"""``accel-backends``: what is registered, what can run here, and why not."""
+"""``accel-backends``: what is registered, what can run here, and why not.
+
+It runs where ``import torch`` itself fails in torch's device-backend autoload (a vendor package that cannot load):
+it then runs again with that autoload off (``accel_backends.torch_import``) and starts its report with what broke
+and how to fix it.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +17,7 @@ import warnings
 
 from .errors import AccelBackendError
 from .registry import BACKEND_ENV, PluginLoadWarning, registry, safe_reason
+from .torch_import import AUTOLOAD_ENV, describe, reported_failure
 
 # The torch minor versions CI tests, oldest and newest (pyproject.toml's range and docs/hardware.md agree).
 TESTED_TORCH = ((2, 10), (2, 13))
@@ -55,6 +61,36 @@ def _selection() -> dict:
     return {"selected": selected, "requested": env_value, "selection_error": error}
 
 
+def autoload_report() -> dict | None:
+    """When this run started because ``import torch`` failed in torch's device-backend autoload: the failure,
+    its description and each backend's advice (``DeviceBackend.explain_autoload_failure``); else ``None``."""
+    failure = reported_failure()
+    if failure is None:
+        return None
+    advice = {}
+    for name, record in registry().records().items():
+        try:
+            text = record.backend.explain_autoload_failure(failure)
+        except Exception as exc:  # noqa: BLE001 - diagnostics report, never crash
+            text = f"(its advice failed: {type(exc).__name__}: {exc})"
+        if text:
+            advice[name] = text
+    if not advice:
+        advice["any"] = ("fix or uninstall the package that declares that entry point; programs importing torch "
+                         f"can run meanwhile with {AUTOLOAD_ENV}=0")
+    return {**failure, "description": describe(failure), "advice": advice}
+
+
+def _print_autoload_report(report: dict | None) -> None:
+    if report is None:
+        return
+    print(f"accel-backends: {report['description']}")
+    for name, text in report["advice"].items():
+        print(f"  fix ({name}): {text}")
+    print(f"  (this report ran with {AUTOLOAD_ENV}=0; until fixed, other programs that import torch here need it "
+          "too)\n")
+
+
 def collect() -> dict:
     """Everything ``list`` prints, as plain data (the ``--json`` document)."""
     reg = registry()
@@ -67,10 +103,12 @@ def collect() -> dict:
         "backends": backends,
         **_selection(),
         "failed_plugins": [dataclasses.asdict(f) for f in reg.failures],
+        "torch_autoload_failure": autoload_report(),
     }
 
 
 def _print_table(doc: dict) -> None:
+    _print_autoload_report(doc["torch_autoload_failure"])
     header = ("NAME", "STATUS", "PRIO", "DEVICE", "COUNT", "DIST", "MEM GiB total/free", "PLUGIN")
     rows = []
     for b in doc["backends"]:
@@ -130,7 +168,25 @@ def _info(name: str | None) -> dict:
         doc["versions"] = backend.describe()
     except Exception as exc:  # noqa: BLE001
         doc["versions"] = {"error": f"{type(exc).__name__}: {exc}"}
+    doc["torch_autoload_failure"] = autoload_report()
     return doc
+
+
+def _print_versions(versions: dict) -> None:
+    """``describe()``'s figures, one per line; a list of devices one device per line."""
+    for key, value in versions.items():
+        if key == "torch":
+            continue  # printed above
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            print(f"{key:24} {len(value)}")
+            for row in value:
+                print(f"{'':24}   " + ", ".join(f"{k} {v}" for k, v in row.items()))
+        elif isinstance(value, dict):
+            print(f"{key:24} {'(none set)' if not value else ''}".rstrip())
+            for name, setting in value.items():
+                print(f"{'':24}   {name}={setting}")
+        else:
+            print(f"{key:24} {value}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,9 +214,12 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 print(json.dumps(doc, indent=2))
             else:
+                _print_autoload_report(doc.pop("torch_autoload_failure"))
                 doc["torch"] = f"{torch_doc['version']} (tested: {torch_doc['tested_range']})"
+                versions = doc.pop("versions")
                 for key, value in doc.items():
                     print(f"{key:24} {value}")
+                _print_versions(versions)
             if "warning" in torch_doc:
                 print(f"accel-backends: warning: {torch_doc['warning']}", file=sys.stderr)
     except AccelBackendError as exc:

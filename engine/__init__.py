@@ -3,5 +3,6 @@ everything device-specific."""
 
 from .config import EngineConfig
 from .engine import FSDPEngine
+from .fsdp.model_prep import apply_lora
 
-__all__ = ["EngineConfig", "FSDPEngine"]
+__all__ = ["EngineConfig", "FSDPEngine", "apply_lora"]

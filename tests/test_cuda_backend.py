@@ -225,3 +225,23 @@ def test_real_gpu_single_process_nccl_group(monkeypatch):
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_describe_reads_the_driver_version_as_the_kernel_module_reports_it():
+    from accel_backends.backends.cuda import driver_from_proc
+
+    assert driver_from_proc("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15  Tue Mar  5 22:23:56 UTC "
+                            "2024\nGCC version:  gcc version 12.2.0") == "550.54.15"
+    assert driver_from_proc("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  570.86.15  Release Build  "
+                            "(dvs-builder@U16-I3-B03-4-3)") == "570.86.15"
+    assert driver_from_proc("") is None
+
+
+def test_info_cuda_shows_driver_cuda_and_nccl_versions(patched_cuda, monkeypatch):
+    import accel_backends.backends.cuda as cuda
+
+    monkeypatch.setattr(cuda, "_driver_version", lambda: "550.54.15")
+    monkeypatch.setattr(torch.cuda.nccl, "version", lambda: (2, 27, 5))
+    described = CUDABackend().describe()
+    assert (described["platform"], described["driver"], described["nccl"]) == ("CUDA 12.8", "550.54.15", "2.27.5")
+    assert described["devices"] == ["Stand-in GPU 0", "Stand-in GPU 1"]

@@ -116,7 +116,12 @@ def test_resume_without_a_checkpoint(capsys, tmp_path):
 def test_preset_is_chosen_with_the_flag_and_flags_mix_with_overrides(capsys):
     code, err = run_cli(capsys, "preset=h100")
     assert code == 2 and "choose the preset with --preset" in err
-    code = main(["train.steps=3", "--preset", "h100", "rollout.n=4", "--print-config"])
+    code = main(["train.steps=3", "--preset", "cpu-demo", "rollout.n=4", "--print-config", "--nproc", "auto",
+                 "train.mini_batch_size=32"])
     printed = json.loads(capsys.readouterr().out)
-    assert code == 0 and printed["preset"] == "h100" and printed["train"]["steps"] == 3
-    assert printed["rollout"]["n"] == 4 and printed["rollout"]["max_new_tokens"] == 512
+    assert code == 0 and printed["preset"] == "cpu-demo" and printed["train"]["steps"] == 3
+    assert printed["rollout"]["n"] == 4 and printed["rollout"]["max_new_tokens"] == 4
+    assert printed["nproc"] == "auto" and printed["derived"]["world_size"] == 2  # auto: 2 on the CPU backend
+    # --print-config checks first: a preset that needs paths says so instead of printing
+    code, err = run_cli(capsys, "--preset", "h100", "--print-config")
+    assert code == 2 and "needs model.path" in err

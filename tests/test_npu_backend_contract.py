@@ -5,6 +5,7 @@ turns every import failure into an unavailable reason, and uses the NPU API and 
 ``hccl``, ``ASCEND_RT_VISIBLE_DEVICES``). What ran on real Ascend hardware is listed in docs/backends.md.
 """
 
+import os
 import sys
 import types
 from pathlib import Path
@@ -192,3 +193,44 @@ def test_torch_npu_built_for_this_torch_passes_the_version_check(standin, tmp_pa
     _torch_npu_metadata(tmp_path, f"{THIS_TORCH}.post1", requirement)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert NPUBackend().unavailable_reason() is None
+
+
+def test_info_npu_shows_cann_driver_socs_memory_and_the_hccl_ascend_variables(standin, monkeypatch):
+    from accel_backends.cli import _info
+
+    monkeypatch.setenv("HCCL_CONNECT_TIMEOUT", "3600")
+    monkeypatch.setenv("ASCEND_TOOLKIT_HOME", "/usr/local/Ascend/ascend-toolkit/latest")
+    monkeypatch.setenv("ACCEL_BACKEND_UNRELATED", "x")
+    versions = _info("npu")["versions"]
+    assert versions["torch_npu"] == "0.0.0-standin" and versions["cann"] == "9.0.RC1"
+    assert versions["driver"] == "25.2.0"
+    assert versions["devices"] == [{"index": i, "soc": "Ascend910B (stand-in)", "memory_total_gib": 64.0,
+                                    "memory_free_gib": 60.0} for i in range(2)]
+    assert {"HCCL_CONNECT_TIMEOUT": "3600", "ASCEND_TOOLKIT_HOME": "/usr/local/Ascend/ascend-toolkit/latest"}.items() \
+        <= versions["environment"].items()
+    assert all(key.startswith(("HCCL_", "ASCEND_")) for key in versions["environment"])
+
+
+def test_init_distributed_sets_hccl_timeouts_the_user_did_not_set_and_says_so_once(standin, monkeypatch, capsys):
+    import accel_backends.base as base
+
+    for key, value in LAUNCHER.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("HCCL_EXEC_TIMEOUT", "7200")  # the user's choice stays
+    monkeypatch.setenv("HCCL_CONNECT_TIMEOUT", "")
+    monkeypatch.delenv("HCCL_CONNECT_TIMEOUT")  # restored to unset after the test
+    monkeypatch.setattr(base, "_ANNOUNCED", {})
+    seen = []
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(dist, "init_process_group", lambda **kwargs: seen.append(
+        {k: v for k, v in os.environ.items() if k.startswith("HCCL_")}))
+    backend = NPUBackend()
+    backend.init_distributed(timeout=60)
+    backend.init_distributed(timeout=60)
+    assert seen == [{"HCCL_CONNECT_TIMEOUT": "1800", "HCCL_EXEC_TIMEOUT": "7200"}] * 2
+    assert capsys.readouterr().err.count("HCCL_CONNECT_TIMEOUT=1800") == 1
+    assert backend.distributed_env_defaults(3600) == {"HCCL_CONNECT_TIMEOUT": "3600", "HCCL_EXEC_TIMEOUT": "3600"}
+    from accel_backends.backends.cpu import CPUBackend
+
+    assert CPUBackend().distributed_env_defaults(60) == {}

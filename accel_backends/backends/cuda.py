@@ -6,6 +6,9 @@ keeps only what is CUDA's own: the names, why it cannot run where it cannot, and
 
 from __future__ import annotations
 
+import re
+import subprocess
+
 import torch
 
 from ..base import DeviceBackend
@@ -41,10 +44,45 @@ class CUDABackend(DeviceBackend):
                                       label="CUDA")
 
     def describe(self) -> dict:
-        info = {**super().describe(), "platform": self.platform()}
+        """torch, the CUDA (or HIP) version it was built with, the driver and NCCL (RCCL) versions, the GPUs."""
+        info = {**super().describe(), "platform": self.platform(), "driver": _driver_version()}
+        if self.platform() != "none":
+            info["nccl"] = _nccl_version()
         if self.is_available():
             info["bf16"] = torch.cuda.is_bf16_supported()
         return info
+
+
+def driver_from_proc(text: str) -> str | None:
+    """The version in ``/proc/driver/nvidia/version`` (``NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15
+    ...``, or ``... Open Kernel Module for x86_64  570.86.15 ...``)."""
+    match = re.search(r"Kernel Module\s+(?:for \S+\s+)?([0-9][0-9.]*)", text)
+    return match[1] if match else None
+
+
+def _driver_version() -> str | None:
+    """The NVIDIA kernel driver's version (from /proc, else ``nvidia-smi``); ``None`` where there is none."""
+    try:
+        with open("/proc/driver/nvidia/version") as handle:
+            found = driver_from_proc(handle.read())
+        if found:
+            return found
+    except OSError:
+        pass
+    try:
+        result = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20, check=True)
+        return result.stdout.splitlines()[0].strip() or None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def _nccl_version() -> str | None:
+    try:
+        version = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return None
+    return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
 
 
 @hookimpl

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import re
 
 import torch
@@ -17,10 +18,10 @@ from ..base import DeviceBackend
 from ..errors import BackendUnavailableError
 from ..hookspecs import hookimpl
 
-_CANN_HINT = (
-    "install Ascend's CANN toolkit matching torch_npu and load its environment "
-    "(source /usr/local/Ascend/ascend-toolkit/set_env.sh)"
-)
+_SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
+_CANN_HINT = f"install Ascend's CANN toolkit matching torch_npu and load its environment (source {_SET_ENV})"
+_DRIVER_VERSION_FILE = "/usr/local/Ascend/driver/version.info"
+HCCL_MIN_TIMEOUT_S = 1800
 _NOT_PROBED = object()
 
 
@@ -58,10 +59,67 @@ class NPUBackend(DeviceBackend):
                                       label="the NPU")
 
     def describe(self) -> dict:
-        info = super().describe()
+        """torch and torch_npu, CANN and driver versions, each device's SoC name and memory, and the ``HCCL_*`` /
+        ``ASCEND_*`` variables set (whether CANN's set_env.sh was sourced shows there)."""
+        info: dict = {"torch": torch.__version__}
         if self._import_torch_npu() is None:
             info["torch_npu"] = getattr(importlib.import_module("torch_npu"), "__version__", "unknown")
+            info["cann"] = _cann_version("CANN") or getattr(torch.version, "cann", None)
+            info["driver"] = _cann_version("DRIVER") or _driver_version_file()
+            if self.is_available():
+                info["devices"] = [_device_row(i) for i in range(self.device_count())]
+        info["environment"] = {key: value for key, value in sorted(os.environ.items())
+                               if key.startswith(("HCCL_", "ASCEND_"))}
         return info
+
+    def explain_autoload_failure(self, failure: dict) -> str | None:
+        names = " ".join(str(failure.get(key) or "") for key in ("extension", "entry_point", "distribution"))
+        if "torch_npu" not in names and "torch-npu" not in names:
+            return None
+        mismatch = _version_mismatch()
+        if mismatch is not None:
+            return mismatch
+        return (f"load CANN's environment in this shell before starting Python: source "
+                f"{_SET_ENV} (or install the CANN toolkit that matches torch_npu if it is missing); "
+                f"otherwise reinstall torch_npu for this torch: {_matching_torch_npu()}")
+
+    def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
+        """HCCL's connect and execution timeouts of at least 1800 s (Ascend's advice for FSDP), or the group's
+        timeout if longer: HCCL's own defaults are shorter than a slow rank-0 load or a long generation."""
+        seconds = str(int(max(HCCL_MIN_TIMEOUT_S, timeout_s)))
+        return {"HCCL_CONNECT_TIMEOUT": seconds, "HCCL_EXEC_TIMEOUT": seconds}
+
+
+def _cann_version(module: str) -> str | None:
+    """torch_npu's report of a CANN component's version (``"CANN"``, ``"DRIVER"``...; CANN 8.1 and later)."""
+    utils = getattr(torch.npu, "utils", None)
+    try:
+        return getattr(utils, "get_cann_version", lambda module: None)(module=module) or None
+    except Exception:  # noqa: BLE001 - diagnostics report, never crash
+        return None
+
+
+def _driver_version_file() -> str | None:
+    """The driver's version from its install record (``Version=24.1.rc2``), where the driver is installed."""
+    try:
+        with open(_DRIVER_VERSION_FILE) as handle:
+            for line in handle:
+                if line.startswith("Version="):
+                    return line.split("=", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def _device_row(index: int) -> dict:
+    """One NPU: its SoC name and memory (GiB)."""
+    row: dict = {"index": index, "soc": torch.npu.get_device_name(index)}
+    try:
+        free, total = torch.npu.mem_get_info(index)
+        row.update(memory_total_gib=round(total / 2**30, 1), memory_free_gib=round(free / 2**30, 1))
+    except Exception as exc:  # noqa: BLE001
+        row["memory"] = f"{type(exc).__name__}: {exc}"
+    return row
 
 
 def _torch_release() -> str:

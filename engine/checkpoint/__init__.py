@@ -2,12 +2,23 @@
 
 ``store.py`` writes and reads one checkpoint (atomically, every file checked), ``safe_reader.py`` reads without
 unpickling arbitrary objects, ``run_checkpoints.py`` finds a run's complete ``step_<N>`` checkpoints and
-``hf_export.py`` writes full weights as a Hugging Face model directory.
+``hf_export.py`` writes full weights as a Hugging Face model directory, ``model_state.py`` reads a checkpoint's full
+weights in one process (no process group) for an export after training.
 """
 
 from .hf_export import export_hf, merge_lora_weights
-from .run_checkpoints import STEP_DIRECTORY, complete_checkpoints, latest_complete, load_latest, step_of
+from .model_state import checkpoint_meta, read_model_state
+from .run_checkpoints import (
+    STEP_DIRECTORY,
+    complete_checkpoints,
+    directory_size,
+    latest_complete,
+    load_latest,
+    prune,
+    step_of,
+)
 from .store import FORMAT, META_FILE, CorruptCheckpoint, load, resolve, save
 
-__all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "complete_checkpoints", "export_hf",
-           "latest_complete", "load", "load_latest", "merge_lora_weights", "resolve", "save", "step_of"]
+__all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "checkpoint_meta", "complete_checkpoints",
+           "directory_size", "export_hf", "latest_complete", "load", "load_latest", "merge_lora_weights", "prune",
+           "read_model_state", "resolve", "save", "step_of"]

@@ -1,8 +1,10 @@
-"""A run's checkpoints: ``step_<N>`` directories, which of them are complete, and loading the newest one."""
+"""A run's checkpoints: ``step_<N>`` directories, which of them are complete, loading the newest one, and keeping
+only the newest few (``prune``)."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -62,3 +64,28 @@ def load_latest(engine, directory, fallback: bool = True) -> Path:
                 raise CorruptCheckpoint(f"{exc}{hint}") from exc
             warnings.warn(f"{exc}; falling back to the previous complete checkpoint {older}", stacklevel=2)
     raise AssertionError("unreachable")
+
+
+def directory_size(path) -> int:
+    """Bytes in the files under ``path`` (what a checkpoint costs on disk)."""
+    return sum(file.stat().st_size for file in Path(path).rglob("*") if file.is_file())
+
+
+def prune(directory, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` complete checkpoints in ``directory``; return what was deleted.
+
+    Only complete checkpoints are counted and deleted, so the newest complete one always stays, and a ``.partial``
+    directory (a save in progress, or one a crash cut short) is never touched. A ``step_N.old`` counts as step N's
+    checkpoint when ``step_N`` is missing (a save died between its two renames); deleting step N deletes both.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"keep must be a positive integer, got {keep!r}: the newest complete checkpoint is never "
+                         "deleted")
+    removed = []
+    for older in complete_checkpoints(directory)[keep:]:
+        name = f"step_{STEP_DIRECTORY.fullmatch(older.name).group(1)}"
+        for twin in (older.with_name(name), older.with_name(name + ".old")):
+            if twin.is_dir():
+                shutil.rmtree(twin)
+                removed.append(twin)
+    return removed

@@ -153,7 +153,7 @@ def resolve(path) -> Path:
     raise FileNotFoundError(f"no checkpoint at {path} (expected {path / META_FILE})")
 
 
-def _verify_files(path: Path, meta: dict) -> None:
+def verify_files(path: Path, meta: dict) -> None:
     """Every file the save recorded is there with its size (checkpoints written before sizes were recorded pass)."""
     for name, size in meta.get("files", {}).items():
         file = path / name
@@ -173,7 +173,7 @@ def load(engine, path) -> None:
         raise CorruptCheckpoint(f"checkpoint file {path / META_FILE} is unreadable: {exc}") from exc
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a checkpoint of this engine (format {meta.get('format')!r})")
-    _verify_files(path, meta)
+    verify_files(path, meta)
     with on_device(engine):
         model_state, optim_state = get_state_dict(engine.module, engine.optimizer)
         state = {"model": model_state, "optimizer": optim_state}

@@ -15,20 +15,25 @@ def is_peft_model(model: nn.Module) -> bool:
     return isinstance(model, PeftModel)
 
 
+def apply_lora(model: nn.Module, config: EngineConfig) -> nn.Module:
+    """``model`` wrapped by PEFT LoRA as ``config`` asks (``lora_rank`` > 0); the same wrapping an export rebuilds."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = config.lora_target_modules
+    lora = LoraConfig(
+        r=config.lora_rank,
+        lora_alpha=config.lora_alpha,
+        lora_dropout=config.lora_dropout,
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        bias="none",
+    )
+    return get_peft_model(model, lora)
+
+
 def prepare_model(model: nn.Module, config: EngineConfig) -> nn.Module:
     """Apply LoRA when asked (unless the model already is a PEFT model) and gradient checkpointing."""
     if config.lora_rank > 0 and not is_peft_model(model):
-        from peft import LoraConfig, get_peft_model
-
-        targets = config.lora_target_modules
-        lora = LoraConfig(
-            r=config.lora_rank,
-            lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout,
-            target_modules=targets if isinstance(targets, str) else list(targets),
-            bias="none",
-        )
-        model = get_peft_model(model, lora)
+        model = apply_lora(model, config)
     if config.gradient_checkpointing:
         enable = getattr(model, "gradient_checkpointing_enable", None)
         if enable is None:

@@ -5,6 +5,8 @@
     accel-grpo --config my.yaml train.steps=100 rollout.n=16
     accel-grpo --resume run.name=cpu-demo-20261129-101500
     accel-grpo make-tiny-model /tmp/tiny-qwen       # a tiny random Qwen2.5-Instruct-like model directory
+    accel-grpo export runs/NAME /models/NAME-hf     # a checkpoint as a Hugging Face model directory
+    accel-grpo eval runs/NAME data.val_path=test.jsonl   # validation alone, of a checkpoint or a model directory
 
 The backend comes from ACCEL_BACKEND or auto-detection. With --nproc N (default: the preset's) it starts N
 workers and watches them (engine/runtime/launcher.py); under torchrun it joins that job instead (multi-node: torchrun).
@@ -21,24 +23,9 @@ import sys
 import time
 from pathlib import Path
 
-from .config import PRESETS, apply_loss_type, build_config, check
+from .config import PRESETS, apply_loss_type, build_config, check, resolved
 from .report import read_metrics
-
-
-def _world_size(config, nproc_arg) -> int:
-    from ..runtime import under_launcher
-
-    if under_launcher():
-        return int(os.environ["WORLD_SIZE"])
-    nproc = nproc_arg if nproc_arg is not None else config.nproc
-    if nproc == "auto":
-        import accel_backends
-
-        backend = accel_backends.get_backend()
-        nproc = 2 if backend.device_type == "cpu" else backend.device_count()
-    if not isinstance(nproc, int) or nproc < 1:
-        raise ValueError(f"nproc must be a positive integer or 'auto', got {nproc!r}")
-    return nproc
+from .workers import parse_nproc, world_size
 
 
 def _run_dir(config, resume: bool) -> Path:
@@ -81,19 +68,18 @@ def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
     return trainer.train()
 
 
-def check_inputs(config) -> None:
+def check_inputs(config, verbose: bool = True) -> None:
     """Load what the workers will load (rewards, tokenizer, every data row) so that bad input fails here."""
-    from .loggers import require_tensorboard
+    from .loggers import require_loggers
     from .model import build_model
     from .rewards import load_rewards
     from .tasks import build_tasks, reward_specs
 
     load_rewards(reward_specs(config.data), config.data.reward_style)
-    if "tensorboard" in config.run.loggers:
-        require_tensorboard()
+    require_loggers(config.run.loggers)
     if config.data.path:
         tokenizer, _ = build_model(config.model)
-        build_tasks(config.data, tokenizer, config.train.seed, verbose=os.environ.get("RANK", "0") == "0")
+        build_tasks(config.data, tokenizer, config.train.seed, verbose=verbose and os.environ.get("RANK", "0") == "0")
 
 
 def make_tiny_model_main(argv: list[str]) -> int:
@@ -130,14 +116,24 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["make-tiny-model"]:
         return make_tiny_model_main(argv[1:])
+    if argv[:1] == ["export"]:
+        from .export import main as export_main
+
+        return export_main(argv[1:])
+    if argv[:1] == ["eval"]:
+        from .evaluate import main as eval_main
+
+        return eval_main(argv[1:])
     parser = argparse.ArgumentParser(prog="accel-grpo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
     parser.add_argument("--config",
                         help="a YAML file of sections (model, data, rollout, algorithm, train, run, engine)")
-    parser.add_argument("--nproc", type=int, help="worker processes on this node (default: the preset's)")
+    parser.add_argument("--nproc", type=parse_nproc,
+                        help="worker processes on this node, or auto: one per visible device (default: the preset's)")
     parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    parser.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    parser.add_argument("--print-config", action="store_true",
+                        help="check the config, print it resolved (engine defaults, derived sizes) and exit")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=10 rollout.n=4")
     args = parser.parse_intermixed_args(argv)
 
@@ -150,14 +146,17 @@ def main(argv: list[str] | None = None) -> int:
         for notice in apply_loss_type(config):
             if os.environ.get("RANK", "0") == "0":
                 print(f"accel-grpo: notice: {notice}", file=sys.stderr)
+        if args.nproc is not None:
+            config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
+        workers = world_size(config, args.nproc)
+        problems = check(config, workers)
+        if problems:  # one line for one problem, a list for several
+            raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
+                             "invalid configuration:\n  - " + "\n  - ".join(problems))
+        check_inputs(config, verbose=not args.print_config)  # the printed config stays valid JSON
         if args.print_config:
-            print(json.dumps(config.to_dict(), indent=2))
+            print(json.dumps(resolved(config, workers), indent=2))
             return 0
-        world_size = _world_size(config, args.nproc)
-        problems = check(config, world_size)
-        if problems:
-            raise ValueError("invalid configuration:\n  - " + "\n  - ".join(problems))
-        check_inputs(config)
         backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
         run_dir = _run_dir(config, args.resume)
         if args.resume:
@@ -166,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
             if latest_checkpoint(run_dir) is None:
                 raise FileNotFoundError(f"--resume: no checkpoint in {run_dir / 'checkpoints'}")
         run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.json").write_text(json.dumps(config.to_dict(), indent=2))
+        (run_dir / "config.json").write_text(json.dumps(resolved(config, workers), indent=2))
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         print(f"accel-grpo: error: {exc}", file=sys.stderr)
         return 2
@@ -174,10 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     is_rank0 = os.environ.get("RANK", "0") == "0"
     if is_rank0:
         print(f"accel-grpo: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), "
-              f"{world_size} process(es), {config.train.steps} steps; run directory {run_dir}", flush=True)
+              f"{workers} process(es), {config.train.steps} steps; run directory {run_dir}", flush=True)
     started = time.perf_counter()
     try:
-        run(worker, world_size, config.to_dict(), str(run_dir), args.resume)
+        run(worker, workers, config.to_dict(), str(run_dir), args.resume)
     except WorkerFailed as exc:
         for rank, trace in exc.tracebacks.items():
             if trace:

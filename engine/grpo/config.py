@@ -11,6 +11,7 @@ from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
 from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
+from .loggers import LOGGERS
 from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
 
@@ -88,8 +89,9 @@ class RunConfig:
     name: str | None = None  # default: <preset>-<date>-<time>
     output_dir: str = "runs"
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    keep_checkpoints: int | None = None  # keep only the newest N complete checkpoints (null: keep every one)
     val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
-    loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard
+    loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard, wandb, mlflow
     progress: bool = True
     resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
     save_on_interrupt: bool = False  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
@@ -114,7 +116,9 @@ class GRPOConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> GRPOConfig:
+        """From ``to_dict()`` or a run's ``config.json`` (its ``derived`` section is computed, not read)."""
         data = dict(data)
+        data.pop("derived", None)
         config = cls(preset=data.pop("preset", "cpu-demo"))
         apply(config, data)
         return config
@@ -330,12 +334,42 @@ def _check_algorithm(config: GRPOConfig) -> list[str]:
     if config.run.val_before_train and not (config.data.val_path or config.data.val_fraction):
         problems.append("run.val_before_train needs a validation set: data.val_path=... or data.val_fraction=...")
     return problems
+def prompts_per_rank(config: GRPOConfig, world_size: int) -> int:
+    """Prompts each rank draws per GRPO step."""
+    return config.train.prompts_per_step // world_size
+
+
+def sequences_per_rank(config: GRPOConfig, world_size: int) -> int:
+    """Sequences each rank rolls out per GRPO step (its prompts x ``rollout.n``)."""
+    return prompts_per_rank(config, world_size) * config.rollout.n
 
 
 def updates_per_step(config: GRPOConfig, world_size: int) -> int:
     """Optimizer steps per GRPO step: PPO epochs x mini-batches in one rank's rollout."""
-    per_rank = config.train.prompts_per_step // world_size * config.rollout.n
+    per_rank = sequences_per_rank(config, world_size)
     return config.train.ppo_epochs * max(1, per_rank // config.train.mini_batch_size)
+
+
+def derived(config: GRPOConfig, world_size: int) -> dict:
+    """The values that follow from the options and the world size (``--print-config``, ``config.json``)."""
+    return {
+        "world_size": world_size,
+        "prompts_per_rank": prompts_per_rank(config, world_size),
+        "sequences_per_rank": sequences_per_rank(config, world_size),
+        "mini_batch_size_per_rank": config.train.mini_batch_size,
+        "micro_batch_size_per_rank": config.train.micro_batch_size,
+        "micro_batches_per_update": config.train.mini_batch_size // config.train.micro_batch_size,
+        "optimizer_steps_per_step": updates_per_step(config, world_size),
+        "total_optimizer_steps": config.train.steps * updates_per_step(config, world_size),
+    }
+
+
+def resolved(config: GRPOConfig, world_size: int) -> dict:
+    """The whole configuration as a run uses it: every option, every engine default, and the derived values."""
+    data = config.to_dict()
+    data["engine"] = dataclasses.asdict(engine_config(config, world_size))
+    data["derived"] = derived(config, world_size)
+    return data
 
 
 def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> EngineConfig:
@@ -394,9 +428,14 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append(f"data.reward_style must be auto, simple, verl or trl, got {d.reward_style!r}")
     if d.max_prompt_tokens is not None and d.max_prompt_tokens < 1:
         problems.append(f"data.max_prompt_tokens must be a positive integer or null, got {d.max_prompt_tokens}")
-    unknown_loggers = [name for name in config.run.loggers if name not in ("jsonl", "tensorboard")]
-    if unknown_loggers or "jsonl" not in config.run.loggers:
-        problems.append(f"run.loggers must list jsonl and optionally tensorboard, got {config.run.loggers}")
+    for name in config.run.loggers:
+        if name not in LOGGERS:
+            problems.append(f"run.loggers: unknown logger {name!r}{did_you_mean(str(name), LOGGERS)}; choose from "
+                            f"{', '.join(LOGGERS)} (metrics.jsonl is always written)")
+    keep = config.run.keep_checkpoints
+    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
+        problems.append(f"run.keep_checkpoints must be a positive integer (keep the newest N complete checkpoints) "
+                        f"or null (keep all), got {keep!r}")
     if r.top_k < 0 or r.val_n < 1 or r.val_temperature < 0 or config.run.val_every < 0:
         problems.append("rollout.top_k and run.val_every must be >= 0, rollout.val_n >= 1, "
                         "rollout.val_temperature >= 0")

@@ -31,6 +31,11 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def panels(rows: list[dict]) -> list[tuple[str, str]]:
+    """The curves that have data: the validation ones only for a run that validated."""
+    return [(key, title) for key, title in CURVES if any(key in row for row in rows)]
+
+
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
     import matplotlib
 
@@ -40,11 +45,14 @@ def plot_curves(metrics_path: Path, png_path: Path) -> None:
     rows = read_metrics(metrics_path)
     if not rows:
         return
-    figure, axes = plt.subplots(3, 3, figsize=(12, 9.5))
-    for axis, (key, title) in zip(axes.flat, CURVES, strict=False):
+    shown = panels(rows)
+    grid_rows = -(-len(shown) // 3)
+    figure, axes = plt.subplots(grid_rows, 3, figsize=(12, 3.2 * grid_rows), squeeze=False)
+    for axis in axes.flat[len(shown):]:
+        axis.remove()
+    for axis, (key, title) in zip(axes.flat, shown, strict=False):
         points = [(row["step"], row[key]) for row in rows if key in row]  # validation rows are sparse
-        if points:
-            axis.plot(*zip(*points, strict=False), lw=1.5, marker="o" if len(points) < 20 else None)
+        axis.plot(*zip(*points, strict=False), lw=1.5, marker="o" if len(points) < 20 else None)
         axis.set_title(title)
         axis.set_xlabel("step")
         axis.grid(alpha=0.3)

@@ -24,12 +24,13 @@ from .. import FSDPEngine, checkpoint, runtime
 from ..runtime import phase, sum_over_ranks
 from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
-from .config import GRPOConfig, dist_timeout_s, engine_config
+from .config import GRPOConfig, dist_timeout_s, engine_config, resolved
 from .loggers import Loggers
 from .logprobs import response_log_probs
 from .loss_types import resolve
 from .model import build_model
 from .report import plot_curves
+from .retention import after_save
 from .rewards import load_rewards, metric_names
 from .rollout import RolloutBatch, batched_log_probs, rollout
 from .tasks import build_tasks, reward_specs
@@ -247,7 +248,9 @@ class GRPOTrainer:
 
     def train(self) -> dict:
         cfg = self.config
-        loggers = Loggers(cfg.run.loggers, self.run_dir, self.start_step) if self.rank == 0 else None
+        loggers = None
+        if self.rank == 0:
+            loggers = Loggers(cfg.run.loggers, self.run_dir, self.start_step, resolved(cfg, self.world_size))
         progress = None
         if self.rank == 0 and cfg.run.progress:
             from tqdm import tqdm
@@ -309,6 +312,8 @@ class GRPOTrainer:
             stopping = totals["stop_requested"] > 0  # summed over ranks: every rank stops at this same step
             if (save_every and (step + 1) % save_every == 0) or step + 1 == cfg.train.steps or stopping:
                 self.actor.save_checkpoint(self.checkpoint_dir(step + 1))
+                if self.rank == 0:
+                    after_save(self.checkpoint_dir(step + 1), cfg.run.keep_checkpoints, progress)
             if stopping:
                 break
         if progress is not None:

@@ -15,8 +15,13 @@ from .rollout import rollout
 CORRECT = 1.0  # a response counts as correct when its reward is at least this
 
 
-def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts: int) -> dict:
-    """``val/reward_mean`` and ``val/accuracy`` over all held-out prompts of all ranks."""
+def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts: int,
+             records: list | None = None) -> dict:
+    """``val/reward_mean`` and ``val/accuracy`` over all held-out prompts of all ranks.
+
+    ``records``: a list to which this rank appends each of its scored responses (``index`` of the prompt in
+    ``samples``, prompt, answer, response, reward).
+    """
     rank, world = engine.rank, engine.world_size
     mine = samples[rank::world]
     calls = math.ceil(math.ceil(len(samples) / world) / batch_prompts)
@@ -34,6 +39,11 @@ def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts:
             if not real:
                 continue  # this rank only kept the others company in generate
             scores = score_all(rewards, [s for s in chunk[:real] for _ in range(n)], batch.responses[:real * n])
+            if records is not None:
+                for row, score in enumerate(scores):
+                    sample = chunk[row // n]
+                    records.append({"index": rank + (call * batch_prompts + row // n) * world, "prompt": sample.prompt,
+                                    "answer": sample.answer, "response": batch.responses[row], "reward": score})
             total += sum(scores)
             correct += sum(1.0 for value in scores if value >= CORRECT)
             count += len(scores)

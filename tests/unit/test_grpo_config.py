@@ -124,3 +124,49 @@ def test_the_recipe_fills_only_what_is_unset_and_old_names_still_work():
     a = config.algorithm
     assert (a.kl_loss_coef, a.kl_coef, a.scale_rewards, a.norm_by_std) == (0.05, None, "none", None)
     assert (a.loss_type, a.loss_agg, a.clip_high) == ("dapo", "token-mean", 0.28)  # the default recipe
+def test_keep_checkpoints_and_loggers_are_checked():
+    from engine.grpo.config import check
+
+    config = GRPOConfig()
+    config.run.keep_checkpoints, config.run.loggers = 0, ["jsonl", "wandbb", "mlflow"]
+    problems = check(config, 2)
+    assert any(p.startswith("run.keep_checkpoints must be a positive integer") and p.endswith("got 0")
+               for p in problems), problems
+    assert any(p.startswith("run.loggers: unknown logger 'wandbb' (did you mean wandb?)") for p in problems)
+    config.run.keep_checkpoints, config.run.loggers = 3, ["wandb", "tensorboard"]
+    assert check(config, 2) == []
+
+
+def test_resolved_config_has_every_engine_default_and_the_derived_sizes():
+    import dataclasses
+
+    from engine import EngineConfig
+    from engine.grpo.config import build_config, resolved
+
+    config = build_config(None, None, ["train.ppo_epochs=2", "train.mini_batch_size=16", "train.steps=10"])
+    data = resolved(config, 4)
+    assert set(data["engine"]) == {f.name for f in dataclasses.fields(EngineConfig)}
+    assert data["engine"]["lr"] == 2e-3 and data["engine"]["grad_sync"] == "auto"  # the preset's and a default
+    assert data["derived"] == {"world_size": 4, "prompts_per_rank": 4, "sequences_per_rank": 32,
+                               "mini_batch_size_per_rank": 16, "micro_batch_size_per_rank": 16,
+                               "micro_batches_per_update": 1, "optimizer_steps_per_step": 4,
+                               "total_optimizer_steps": 40}
+    assert data["engine"]["total_steps"] == 40
+    assert GRPOConfig.from_dict(data).to_dict()["train"] == data["train"]  # config.json reads back
+
+
+@pytest.mark.parametrize(("text", "expected"), [("auto", "auto"), ("3", 3)])
+def test_nproc_on_the_command_line(text, expected):
+    from engine.grpo.workers import parse_nproc
+
+    assert parse_nproc(text) == expected
+
+
+@pytest.mark.parametrize("text", ["0", "two", "-1"])
+def test_bad_nproc_on_the_command_line(text):
+    import argparse
+
+    from engine.grpo.workers import parse_nproc
+
+    with pytest.raises(argparse.ArgumentTypeError, match="must be a positive integer or auto"):
+        parse_nproc(text)

@@ -36,7 +36,14 @@ def _reset_peak():
     _state["peak"] = 0
 
 
+def _get_cann_version(module="CANN"):
+    """``torch_npu.npu.utils.get_cann_version``: a component's version ("" for an unknown component)."""
+    CALLS.append(("get_cann_version", (module,)))
+    return {"CANN": "9.0.RC1", "DRIVER": "25.2.0"}.get(module, "")
+
+
 npu = types.SimpleNamespace(
+    utils=types.SimpleNamespace(get_cann_version=_get_cann_version),
     is_available=_recorded("is_available", lambda: _count() > 0),
     device_count=_recorded("device_count", lambda: _count()),
     current_device=_recorded("current_device", lambda: _state["current"]),

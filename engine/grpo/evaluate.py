@@ -1,0 +1,241 @@
+"""``accel-grpo eval MODEL_DIR|RUN_DIR key=value...``: a run's validation on its own, for a base model or a checkpoint.
+
+The same code as in-run validation (``validation.validate``: ``rollout.val_n`` samples per held-out prompt, greedy
+when ``rollout.val_temperature`` is 0, the run's reward functions, ``val/reward_mean`` and ``val/accuracy``) on
+``nproc`` workers. A run directory is evaluated at its newest complete checkpoint (or ``--step``), with the run's
+own configuration under the overrides; its checkpoint is first exported to a temporary model directory inside the
+output directory. A model directory is evaluated under the preset (default ``cpu-demo``) with ``model.path`` set
+to it. Rank 0 writes ``results.json`` and ``samples.jsonl`` (every scored response).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from .. import checkpoint
+from ..checkpoint import META_FILE
+from .config import GRPOConfig, apply, build_config, dist_timeout_s, engine_config, parse_override, prompts_per_rank
+from .export import ExportError, export, locate, run_config
+from .model import BUILTIN_MODEL, check_model_dir
+from .workers import parse_nproc
+from .workers import world_size as worker_count
+
+
+def validation_samples(config: GRPOConfig, tokenizer, verbose: bool = True):
+    """The held-out prompts as in-run validation reads them: ``data.val_path``, or the ``data.val_fraction`` share
+    of ``data.path``."""
+    from .data import PromptFormatter, drop_long_prompts, load_samples
+    from .tasks import build_tasks, reward_styles
+
+    data = config.data
+    if data.path:
+        return build_tasks(data, tokenizer, config.train.seed, verbose=verbose)[1]
+    formatter = PromptFormatter(tokenizer, data.chat_template, data.system_prompt)
+    need_answer = any(style != "trl" for style in reward_styles(data))
+    samples = load_samples(data.val_path, formatter, data.prompt_key, data.answer_key, need_answer)
+    return drop_long_prompts(samples, tokenizer, data.max_prompt_tokens, data.val_path, verbose)
+
+
+def problems(config: GRPOConfig, check_model: bool = True) -> list[str]:
+    """What would stop an evaluation, as sentences (the training-only rules of ``config.check`` do not apply)."""
+    found = []
+    d, r = config.data, config.rollout
+    if not (d.val_path or (d.path and d.val_fraction)):
+        found.append("no validation data: give data.val_path=FILE (or data.path=FILE with data.val_fraction=F)")
+    for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
+        if path and not Path(path).exists():
+            found.append(f"{key} {path} does not exist")
+    if check_model and config.model.path != BUILTIN_MODEL:
+        found += check_model_dir(config.model.path)
+    if r.val_n < 1 or r.val_temperature < 0 or r.max_new_tokens < 1 or not 0 < r.top_p <= 1 or r.top_k < 0:
+        found.append("rollout.val_n and rollout.max_new_tokens must be >= 1, rollout.val_temperature and "
+                     "rollout.top_k >= 0, rollout.top_p in (0, 1]")
+    if d.chat_template not in ("auto", "none"):
+        found.append(f"data.chat_template must be auto or none, got {d.chat_template!r}")
+    return found
+
+
+def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
+    """What every rank runs: build the model frozen, validate, and (rank 0) write the samples.
+
+    ``weights``: a model directory whose weights replace ``model.path``'s (a run's exported checkpoint); the
+    tokenizer stays the run's own.
+    """
+    import torch.distributed as dist
+    from transformers.utils import logging
+
+    import accel_backends
+
+    from .. import FSDPEngine
+    from .model import build_model
+    from .rewards import load_rewards
+    from .tasks import reward_specs
+    from .validation import validate
+
+    logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
+    config = GRPOConfig.from_dict(config_dict)
+    backend = accel_backends.get_backend()
+    world_size = backend.init_distributed(timeout=dist_timeout_s(config)).world_size
+    tokenizer, source = build_model(config.model)
+    samples = validation_samples(config, tokenizer, verbose=False)
+    rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
+    # An exported checkpoint has its LoRA merged: the model is evaluated as it is.
+    options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0)
+    engine = FSDPEngine(weights or source, options, backend)
+    records: list[dict] = []
+    started = time.perf_counter()
+    metrics = validate(engine, tokenizer, samples, rewards, config.rollout,
+                       batch_prompts=max(1, prompts_per_rank(config, world_size)), records=records)
+    gathered = [None] * world_size if engine.rank == 0 else None
+    dist.gather_object(records, gathered, dst=0)
+    if engine.rank != 0:
+        return metrics
+    responses = sorted((r for part in gathered for r in part), key=lambda r: r["index"])
+    out = Path(out_dir)
+    with (out / "samples.jsonl").open("w") as handle:
+        for record in responses:
+            handle.write(json.dumps(record) + "\n")
+    results = {**metrics, "prompts": len(samples), "responses": len(responses),
+               "samples_per_prompt": config.rollout.val_n, "temperature": config.rollout.val_temperature,
+               "max_new_tokens": config.rollout.max_new_tokens, "world_size": world_size, "backend": backend.name,
+               "time_s": time.perf_counter() - started}
+    return results
+
+
+def _is_run(source: Path) -> bool:
+    return ((source / "config.json").is_file() and (source / "checkpoints").is_dir()) \
+        or (source / ".metadata").exists() or (source / META_FILE).exists() or source.name.startswith("step_")
+
+
+def configure(args) -> tuple[GRPOConfig, dict]:
+    """The configuration to evaluate with (the run's or the preset's, then ``--config``, then the overrides) and
+    what is evaluated (for ``results.json``)."""
+    source = Path(args.source)
+    if _is_run(source):
+        if args.preset:
+            raise ExportError("--preset is for a model directory: a run is evaluated with its own config.json")
+        run_dir, found = locate(source, args.step)
+        config = run_config(run_dir)
+        target = {"run": str(run_dir), "checkpoint": str(found), "step": checkpoint.step_of(found)}
+    else:
+        if args.step is not None:
+            raise ExportError(f"--step chooses a run's checkpoint; {source} is not a run directory")
+        config = build_config(args.preset, None, [])
+        config.model.path = str(source)
+        target = {"model": str(source)}
+    if args.config:
+        config = build_config_on(config, args.config)
+    for override in args.overrides:
+        apply(config, parse_override(override))
+    return config, target
+
+
+def build_config_on(config: GRPOConfig, path: str) -> GRPOConfig:
+    import yaml
+
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"config file {file} does not exist")
+    loaded = yaml.safe_load(file.read_text()) or {}
+    if not isinstance(loaded, dict):
+        raise ValueError(f"config file {file} must hold a mapping of sections")
+    apply(config, loaded)
+    return config
+
+
+def load_inputs(config: GRPOConfig) -> int:
+    """Load what the workers will (rewards, tokenizer, every held-out row) so that bad input fails here; return the
+    number of held-out prompts."""
+    from .model import build_model
+    from .rewards import load_rewards
+    from .tasks import reward_specs
+
+    load_rewards(reward_specs(config.data), config.data.reward_style)
+    tokenizer, _ = build_model(config.model)
+    samples = validation_samples(config, tokenizer, verbose=True)
+    if not samples:
+        raise ValueError("the validation set is empty")
+    return len(samples)
+
+
+def default_output(config: GRPOConfig, target: dict) -> Path:
+    if "run" in target:
+        return Path(target["run"]) / "eval" / f"step_{target['step']:06d}"
+    return Path(config.run.output_dir) / f"eval-{Path(target['model']).resolve().name}"
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="accel-grpo eval", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("source", metavar="MODEL_DIR|RUN_DIR",
+                        help="a Hugging Face model directory, a run directory or one of its checkpoints/step_N")
+    parser.add_argument("--step", type=int, help="a run's checkpoint of this step (default: the newest complete)")
+    parser.add_argument("--preset", help="for a model directory: the preset whose settings apply (default cpu-demo)")
+    parser.add_argument("--config", help="a YAML file of sections, applied before the overrides")
+    parser.add_argument("--nproc", type=parse_nproc, help="worker processes (default: the config's nproc)")
+    parser.add_argument("--out", help="output directory (default: <run>/eval/step_<N> for a run, "
+                                      "<run.output_dir>/eval-<model dir name> for a model)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. data.val_path=test.jsonl")
+    args = parser.parse_intermixed_args(argv)
+
+    import accel_backends
+
+    from ..runtime import Interrupted, WorkerFailed, run, under_launcher
+
+    try:
+        config, target = configure(args)
+        found = problems(config, check_model="model" in target)
+        if "run" in target and under_launcher():
+            found.append("under torchrun, evaluate a model directory: accel-grpo export the checkpoint first")
+        if found:
+            raise ExportError("cannot evaluate: " + "; ".join(found))
+        if "run" in target:
+            checkpoint.checkpoint_meta(target["checkpoint"])  # complete, every file the size its save recorded
+        world_size = worker_count(config, args.nproc)
+        accel_backends.get_backend()  # an unknown or unusable backend stops us here
+        prompts = load_inputs(config)
+        out = Path(args.out) if args.out else default_output(config, target)
+        if out.exists() and not out.is_dir():
+            raise ExportError(f"output {out} is a file: pass a directory with --out")
+    except (ValueError, FileNotFoundError, checkpoint.CorruptCheckpoint, accel_backends.AccelBackendError) as exc:
+        print(f"accel-grpo eval: error: {exc}", file=sys.stderr)
+        return 2
+
+    is_rank0 = os.environ.get("RANK", "0") == "0"
+    if is_rank0:
+        out.mkdir(parents=True, exist_ok=True)
+        print(f"accel-grpo eval: {target.get('checkpoint') or target['model']}: {prompts} prompts x "
+              f"{config.rollout.val_n}, {world_size} process(es)", flush=True)
+    exported = out / "model.tmp"
+    try:
+        weights = None
+        if "run" in target:
+            export(target["checkpoint"], exported, dtype="fp32", force=True)  # its weights, LoRA merged
+            weights = str(exported)
+        results = run(worker, world_size, config.to_dict(), str(out), weights)
+    except WorkerFailed as exc:
+        for rank, trace in exc.tracebacks.items():
+            if trace:
+                print(f"--- rank {rank} ---\n{trace.rstrip()}", file=sys.stderr)
+        print(f"accel-grpo eval: error: {exc}", file=sys.stderr)
+        return 1
+    except Interrupted as exc:
+        print(f"accel-grpo eval: {exc}", file=sys.stderr)
+        return exc.exit_code
+    finally:
+        shutil.rmtree(exported, ignore_errors=True)
+    if not is_rank0:
+        return 0
+    results = {**target, **results, "val_path": config.data.val_path, "reward": config.data.reward or config.data.task}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    print(f"accel-grpo eval: val/accuracy {results['val/accuracy']:.4f}, val/reward_mean "
+          f"{results['val/reward_mean']:.4f} ({results['responses']} responses); results: {out / 'results.json'}, "
+          f"samples: {out / 'samples.jsonl'}")
+    return 0
