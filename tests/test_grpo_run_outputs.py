@@ -30,7 +30,7 @@ def run(tmp_path_factory):
     train, val = _jsonl(root / "train.jsonl", PROMPTS), _jsonl(root / "val.jsonl", PROMPTS)
     args = ["train.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "train.micro_batch_size=4",
             "run.progress=false", f"run.output_dir={root}", "run.name=tracked", "train.steps=2",
-            "algorithm.kl_coef=0", f"data.path={train}", f"data.val_path={val}",
+            "algorithm.kl_loss_coef=0", f"data.path={train}", f"data.val_path={val}",
             "data.reward=engine.grpo.tasks:echo_reward", "run.val_every=2", "run.save_every=1",
             "run.keep_checkpoints=1", "run.loggers=[jsonl,wandb,mlflow]"]
     env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": ""}
@@ -49,11 +49,11 @@ def test_wandb_offline_run_holds_every_metric_and_the_resolved_config(run):
                              capture_output=True, text=True, timeout=120, check=True, cwd=REPO).stdout
     records = [json.loads(line) for line in listing.splitlines() if line.startswith("{")]
     history = {r["history"]["step"]["num"]: r["history"]["item"] for r in records if r["type"] == "history"}
-    assert sorted(history) == [row["step"] for row in rows] == [1, 2]
+    assert sorted(history) == [row["step"] for row in rows] == [0, 1, 2]  # 0: the baseline validation
     for row in rows:
         logged = {k: v for k, v in history[row["step"]].items() if not k.startswith("_")}
         assert logged == pytest.approx(numbers(row), rel=1e-12), row["step"]
-    assert "val/accuracy" in history[2] and "val/accuracy" not in history[1]
+    assert "val/accuracy" in history[0] and "val/accuracy" in history[2] and "val/accuracy" not in history[1]
     (config,) = [r["run"]["config"]["update"] for r in records if r["type"] == "run"]
     config.pop("_wandb", None)
     assert config == json.loads((run_dir / "config.json").read_text())
