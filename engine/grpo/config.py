@@ -46,6 +46,7 @@ class RolloutConfig:
     max_new_tokens: int = 4
     val_n: int = 1  # samples per validation prompt
     val_temperature: float = 0.0  # 0: greedy
+    engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, or one a plugin registers
 
 
 @dataclasses.dataclass
@@ -342,6 +343,9 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append("algorithm.clip_c must be > 1 (or null)")
     if config.data.task not in ("echo", "gsm8k"):
         problems.append(f"data.task must be echo or gsm8k, got {config.data.task!r}")
+    from .rollout_engines import check_engine  # loads the plugins: an engine that fails to import stops us here
+
+    problems += check_engine(r.engine)
     try:
         engine_config(config, world_size)
     except (ValueError, TypeError) as exc:

@@ -29,7 +29,8 @@ from .logprobs import response_log_probs
 from .model import build_model
 from .report import plot_curves
 from .rewards import load_rewards, score_all
-from .rollout import RolloutBatch, batched_log_probs, rollout
+from .rollout import RolloutBatch, batched_log_probs, eos_token_ids, rollout, sampling_configs, sync_weights
+from .rollout_engines import RolloutContext, create_rollout_engine
 from .tasks import build_tasks, reward_specs
 from .validation import validate
 
@@ -80,7 +81,12 @@ class GRPOTrainer:
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
         self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
         self.micro_batches_per_update = train.mini_batch_size // train.micro_batch_size
+        self.sampling, self.val_sampling = sampling_configs(config.rollout, eos_token_ids(self.actor.module,
+                                                                                          self.tokenizer))
+        self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
+            self.actor, self.tokenizer, factory, config.rollout))
         self.start_step = self._resume() if resume else 0
+        sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
 
     # -- checkpoints --------------------------------------------------------------------------------------------
 
@@ -106,8 +112,7 @@ class GRPOTrainer:
         samples = self.task.sample(prompts_per_rank, self._seed(step))
         old = None
         with self.actor.eval_mode(), phase("rollout"):
-            batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
-                            roll.temperature, roll.top_p, roll.top_k)
+            batch = rollout(self.rollout_engine, self.tokenizer, [s.prompt for s in samples], self.sampling)
             if not self.reuse_policy_log_probs:
                 old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
         ref = self.reference_log_probs(batch) if cfg.algorithm.kl_coef > 0 else None
@@ -119,7 +124,7 @@ class GRPOTrainer:
         lengths = batch.response_mask.sum(dim=1)
         stats = {"reward_sum": scores.sum().item(), "reward_sq_sum": (scores ** 2).sum().item(),
                  "sequences": float(len(batch)), "response_tokens": lengths.sum().item(),
-                 "clipped": batch.clipped.sum().item()}
+                 "clipped": batch.clipped.sum().item(), "rollout_tokens_computed": float(batch.tokens_computed)}
         self._longest_response = float(lengths.max().item())
         self.sample_record = {"step": step + 1, "prompt": samples[0].prompt, "response": batch.responses[0],
                               "reward": scores[0].item(), "response_tokens": int(lengths[0]),
@@ -142,9 +147,10 @@ class GRPOTrainer:
         algo, device = self.config.algorithm, self.backend.device()
         mask = micro["response_mask"].to(device)
         prompt_length = micro["input_ids"].size(1) - micro["response_mask"].size(1)
+        roll = self.config.rollout
         log_probs, entropy = response_log_probs(module, micro["input_ids"].to(device),
-                                                micro["attention_mask"].to(device), prompt_length,
-                                                self.config.rollout.temperature, with_entropy=True)
+                                                micro["attention_mask"].to(device), prompt_length, roll.temperature,
+                                                with_entropy=True, top_k=roll.top_k, top_p=roll.top_p)
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
         loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask, clip_low=algo.clip_low,
                                     clip_high=algo.clip_high, clip_c=algo.clip_c, agg=algo.loss_agg)
@@ -197,8 +203,8 @@ class GRPOTrainer:
         every, last_step = cfg.run.val_every, step + 1 == cfg.train.steps
         if not self.val_samples or not (last_step or (every and (step + 1) % every == 0)):
             return {}
-        return validate(self.actor, self.tokenizer, self.val_samples, self.rewards, cfg.rollout,
-                        batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
+        return validate(self.actor, self.rollout_engine, self.tokenizer, self.val_samples, self.rewards,
+                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
 
     def train(self) -> dict:
         cfg = self.config
@@ -217,6 +223,7 @@ class GRPOTrainer:
             rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
             rollout_done = time.perf_counter()
             update = self.update(data)
+            sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
             finished = time.perf_counter()
             totals = self._global({**stats, "stop_requested": float(runtime.stop_requested() > 0)})
             count = totals["sequences"]
@@ -238,6 +245,8 @@ class GRPOTrainer:
                 "response_length": totals["response_tokens"] / count,
                 "response_length_max": self._largest_over_ranks(self._longest_response),
                 "response_clip_frac": totals["clipped"] / count,
+                "rollout_tokens_computed": totals["rollout_tokens_computed"],
+                "rollout_tokens_produced": totals["response_tokens"],
                 "tokens_per_s": totals["response_tokens"] / (finished - started),
                 "rollout_time_s": rollout_done - started,
                 "update_time_s": finished - rollout_done,
