@@ -93,9 +93,9 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, samplin
     position = attention_mask.sum(dim=1) - 1  # of each row's last token
     inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
               "position_ids": (attention_mask.cumsum(dim=1) - 1).clamp(min=0)}
-    computed = 0
-    for step in range(limit):
-        busy = batch_rows.numel() > 0
+    computed = step = 0
+    while True:
+        busy = batch_rows.numel() > 0 and step < limit
         if anyone_busy is not None:
             if not anyone_busy(busy):
                 break
@@ -126,6 +126,7 @@ def decode(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, samplin
         position = position + 1
         inputs = {"input_ids": chosen.unsqueeze(1), "attention_mask": attention_mask,
                   "position_ids": position.unsqueeze(1)}
+        step += 1
     mask = (torch.arange(limit, device=device) < lengths.unsqueeze(1)).long()
     return Responses(token_ids=tokens.cpu(), mask=mask.cpu(), tokens_computed=computed,
                      log_probs=None if log_probs is None else log_probs.cpu())

@@ -40,7 +40,8 @@ def registrations() -> tuple[dict[str, Registration], list[str]]:
     found: dict[str, Registration] = {}
     problems = [f"plugin '{f.plugin}' ({f.distribution}) failed to load: {f.error}"
                 for f in accel_backends.plugin_failures()]
-    for impl in accel_backends.hook().register_rollout_engines.get_hookimpls():
+    impls = accel_backends.hook().register_rollout_engines.get_hookimpls()
+    for impl in sorted(impls, key=lambda impl: impl.plugin_name != BUILTIN_PLUGIN):  # the built-ins first
         def register(name, engine, _plugin=impl.plugin_name):
             if name in found:
                 raise RolloutEngineError(f"rollout engine name {name!r} is registered twice: by plugin "
