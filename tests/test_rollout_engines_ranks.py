@@ -1,9 +1,10 @@
-"""Collectives of one rollout-engine call on 2 ranks (counts, not times).
+"""The engine's side of rollout engines on 2 ranks: collectives per call (counts, not times) and full weights.
 
 With the whole model gathered for the call (``generate_gather="once"``, the default) only the gathers remain: no
 per-token all-reduce, and the ranks decode different numbers of tokens without waiting for each other. Before,
 ``generate(synced_gpus=True)`` paid one all-reduce per new token. With ``"per_layer"`` every forward is a
-collective, and both engines keep the ranks in step. FSDP2, FSDP1 and LoRA (FSDP2); one spawn for all.
+collective, and both engines keep the ranks in step. ``iter_full_weights`` gives every weight, gathered one unit
+at a time (one all-gather per unit), with LoRA merged into plain names. FSDP2, FSDP1 and LoRA; one spawn for all.
 """
 
 import pytest
@@ -49,11 +50,43 @@ def _counts(rank):
                                 max_new_tokens=sampling.max_new_tokens, min_new_tokens=sampling.max_new_tokens,
                                 synced_gpus=True)
             row["generate_synced"] = dict(counter.counts)
+        if label != "fsdp2_per_layer":
+            row["weights"] = _full_weights(policy, tiny_qwen2)
         out[label] = row
     return out
 
 
-def test_only_the_gathers_remain_when_the_model_is_held():
+def _full_weights(policy, build_plain_model):
+    """What iter_full_weights gives, against the weights gathered another way (or, with LoRA, a forward)."""
+    import torch
+    from engine_checks import CollectiveCounter, full_params
+
+    lora = any("lora_B" in name for name, _ in policy.module.named_parameters())
+    if lora:  # B starts at zero, which would make merging a no-op
+        for name, param in policy.module.named_parameters():
+            if "lora_B" in name:
+                with torch.no_grad():
+                    local = param.to_local() if hasattr(param, "to_local") else param
+                    local.normal_(std=0.3, generator=torch.Generator().manual_seed(5))
+    with CollectiveCounter() as counter:
+        weights = {name: tensor.clone() for name, tensor in policy.iter_full_weights()}
+    plain = build_plain_model()
+    result = {"all_gather": counter.counts["all_gather"],
+              "names_are_the_plain_models": set(weights) == set(dict(plain.named_parameters()))}
+    if lora:  # the merged weights in a plain model compute what the PEFT model computes
+        plain.load_state_dict(weights)
+        ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+        with torch.no_grad(), policy.eval_mode():
+            want = policy.module(input_ids=ids).logits
+            result["lora_changes_the_output"] = (want - build_plain_model()(input_ids=ids).logits).abs().max().item()
+            result["merged_max_diff"] = (plain(input_ids=ids).logits - want).abs().max().item()
+    else:
+        gathered = full_params(policy)
+        result["equal"] = set(gathered) == set(weights) and all(torch.equal(gathered[n], weights[n]) for n in weights)
+    return result
+
+
+def test_collectives_per_call_and_full_weights():
     outs = run_ranks(_counts)
     for rank, out in enumerate(outs):
         length = 2 + 5 * rank
@@ -75,5 +108,12 @@ def test_only_the_gathers_remain_when_the_model_is_held():
                     assert counts.get("all_reduce", 0) == 0, (label, name, counts)
                     assert counts["all_gather"] == units, (label, name, counts)  # each unit once per call
             assert row["generate_synced"]["all_reduce"] == 8, (label, row)  # before: one per token + 1
+            if "weights" in row:
+                weights = row["weights"]
+                assert weights["all_gather"] == units and weights["names_are_the_plain_models"], (label, weights)
+                if label == "lora":
+                    assert weights["lora_changes_the_output"] > 1e-2 and weights["merged_max_diff"] < 1e-4, weights
+                else:
+                    assert weights["equal"], label
         # hf keeps every row for every step; hf-continuous computes what it produces.
         assert out["fsdp2"]["hf"]["computed"] == out["fsdp2"]["hf-continuous"]["computed"] == 4 * length
