@@ -275,3 +275,27 @@ def test_weight_sync_refuses_an_engine_that_stops_early():
     drawn.clear()
     sync_weights(Policy(), OwnWeights(None))
     assert drawn == []
+
+
+def test_the_docs_plugin_example_is_under_60_lines_samples_and_takes_the_weights():
+    import re
+    from types import SimpleNamespace
+
+    from conftest import REPO
+
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "grpo.md").read_text(), flags=re.S)
+    (source,) = [block for block in blocks if "class CopyEngine" in block]
+    assert len(source.splitlines()) < 60
+    namespace = {"__name__": "doc_example"}
+    exec(compile(source, "docs/grpo.md (CopyEngine)", "exec"), namespace)
+    registered = {}
+    namespace["register_rollout_engines"](lambda name, engine: registered.update({name: engine}))
+    context = RolloutContext(policy=None, tokenizer=SimpleNamespace(pad_token_id=0), model=tiny_model)
+    engine = registered["copy"](context)
+    sampling = SamplingConfig(n=2, max_new_tokens=6, eos_token_ids=(7,), temperature=0.8, top_k=10)
+    responses = engine.generate([[5, 9], [13, 17, 19]], sampling)
+    check_responses("copy", responses, prompts=2, sampling=sampling)
+    trained = tiny_model(eos=7, eos_bias=1.5)  # different weights, the same names
+    engine.load_weights((name, param.detach()) for name, param in trained.named_parameters())
+    assert all(torch.equal(mine, theirs) for mine, theirs in zip(engine.model.parameters(), trained.parameters(),
+                                                                   strict=True))

@@ -3,7 +3,9 @@
 ``register_rollout_engines`` hook (``hookspecs.py``). See docs/grpo.md, "Rollout engines"."""
 
 from .base import Responses, RolloutContext, RolloutEngine, SamplingConfig, sampling_scores
+from .hf import left_padded, mask_through_first_eos
 from .registry import RolloutEngineError, check_engine, create_rollout_engine, engine_names
 
 __all__ = ["Responses", "RolloutContext", "RolloutEngine", "RolloutEngineError", "SamplingConfig",
-           "check_engine", "create_rollout_engine", "engine_names", "sampling_scores"]
+           "check_engine", "create_rollout_engine", "engine_names", "left_padded", "mask_through_first_eos",
+           "sampling_scores"]
