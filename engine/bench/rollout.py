@@ -65,7 +65,7 @@ def _generate_lengths(options, backend, rank) -> dict:
     return result
 
 
-def _prompts(tokenizer, count: int, rank: int) -> list[list[int]]:
+def question_prompts(tokenizer, count: int, rank: int) -> list[list[int]]:
     """``count`` chat-formatted questions (different on each rank), as token ids."""
     texts = []
     for i in range(count):
@@ -88,7 +88,7 @@ def _compare_engines(options, backend, rank) -> dict:
                                            mixed_precision=options["mixed_precision"]), backend)
     sampling = SamplingConfig(n=options["rollout_n"], max_new_tokens=options["rollout_max_new_tokens"],
                               eos_token_ids=tuple(eos_token_ids(policy.module, tokenizer)))
-    prompts = _prompts(tokenizer, options["rollout_prompts"], rank)
+    prompts = question_prompts(tokenizer, options["rollout_prompts"], rank)
     engines = {name: create_rollout_engine(name, RolloutContext(policy, tokenizer, path)) for name in ENGINES}
     produced = {name: [] for name in ENGINES}
     computed = {name: [] for name in ENGINES}
