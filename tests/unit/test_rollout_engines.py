@@ -110,6 +110,8 @@ def test_greedy_decode_equals_generate_as_rows_leave_the_batch():
 
 
 def test_sampled_tokens_computed_and_produced_and_on_policy(monkeypatch):
+    from transformers import DynamicCache
+
     model, ids, mask = _eos_model_and_prompts()
     sampling = SamplingConfig(n=3, max_new_tokens=16, eos_token_ids=(7, 8), temperature=0.9, top_k=20, top_p=0.95,
                               log_probs=True)
@@ -119,6 +121,11 @@ def test_sampled_tokens_computed_and_produced_and_on_policy(monkeypatch):
         monkeypatch.setattr(hf_continuous, "LEAVE_AT", 0.0)  # every finished row leaves at once
         torch.manual_seed(0)
         eager = hf_continuous.decode(model, ids, mask, sampling, pad_id=0)
+        monkeypatch.setattr(hf_continuous, "_kv_cache", lambda model, capacity: DynamicCache(config=model.config))
+        torch.manual_seed(0)
+        concatenating = hf_continuous.decode(model, ids, mask, sampling, pad_id=0)  # transformers' own cache
+    assert torch.equal(concatenating.token_ids, eager.token_ids) and torch.equal(concatenating.log_probs,
+                                                                                 eager.log_probs)
     produced = int(eager.mask.sum())
     assert eager.tokens_computed == produced
     assert torch.equal(batched.token_ids * batched.mask, eager.token_ids * eager.mask)  # the same draws
