@@ -15,7 +15,7 @@ import dataclasses
 import torch
 
 from .logprobs import response_log_probs
-from .rollout_engines import RolloutEngine, RolloutEngineError, SamplingConfig
+from .rollout_engines import Responses, RolloutEngine, RolloutEngineError, SamplingConfig
 from .rollout_engines.hf import left_padded, mask_through_first_eos
 
 
@@ -69,7 +69,7 @@ def sampling_configs(rollout_config, eos_ids: list[int]) -> tuple[SamplingConfig
 def rollout(engine: RolloutEngine, tokenizer, prompts: list[str], sampling: SamplingConfig) -> RolloutBatch:
     """Sample ``sampling.n`` responses per prompt with ``engine`` (consecutive rows form a group)."""
     prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
-    responses = engine.generate(prompt_ids, sampling)
+    responses = _on_host(engine.generate(prompt_ids, sampling))
     check_responses(engine.name, responses, len(prompts), sampling)
     lengths = responses.mask.sum(dim=1)
     width = max(int(lengths.max()), 1)
@@ -94,7 +94,14 @@ def rollout(engine: RolloutEngine, tokenizer, prompts: list[str], sampling: Samp
     )
 
 
-def check_responses(name: str, responses, prompts: int, sampling: SamplingConfig) -> None:
+def _on_host(responses: Responses) -> Responses:
+    """An engine may answer with tensors on its device; the batch lives on the host."""
+    log_probs = responses.log_probs
+    return dataclasses.replace(responses, token_ids=responses.token_ids.cpu(), mask=responses.mask.cpu(),
+                               log_probs=None if log_probs is None else log_probs.cpu())
+
+
+def check_responses(name: str, responses: Responses, prompts: int, sampling: SamplingConfig) -> None:
     """Refuse what breaks the interface's contract, naming the engine (``rollout_engines/base.py: Responses``)."""
     ids, mask, expected = responses.token_ids, responses.mask, prompts * sampling.n
 

@@ -1,14 +1,14 @@
 """``hf-continuous``: a decode loop on the policy's own sharded model in which finished rows leave the batch.
 
 Hugging Face ``generate`` keeps every row decoding until the longest response ends; with responses of 1 to 128
-tokens about half of that work is spent on rows that already finished. Here a row leaves the batch at its EOS:
-its entry in the KV cache is dropped (``DynamicCache.batch_select_indices``) and the next forward runs on the
-rows still decoding, so the token positions computed equal the tokens produced. Sampling is
-``base.sampling_scores`` and nothing else (the model's generation config is never read).
+tokens about a third of that work is spent on rows that already finished. Here finished rows leave the batch:
+their entries in the KV cache are dropped and the next forwards run on the rows still decoding, so the token
+positions computed are within ``LEAVE_AT`` of the tokens produced. The KV cache is written in place rather than
+concatenated at every step, and tokens are drawn by inverse transform rather than ``torch.multinomial``. Sampling
+is ``base.sampling_scores`` and nothing else (the model's generation config is never read).
 
-(transformers' own continuous batching, ``generate_batch``, runs on the CPU too, but took 1.5 to 2.6 times as long
-as ``generate`` for the same work here: a paged cache and a scheduler thread cost more than they save for a model
-this size; docs/perf.md.)
+transformers' own continuous batching (``generate_batch``) runs on the CPU too, but took 6 times the CPU time of
+``generate`` for the same work here (docs/perf.md): its paged cache and scheduler are built for accelerators.
 """
 
 from __future__ import annotations
