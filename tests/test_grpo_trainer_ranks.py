@@ -1,6 +1,7 @@
-"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling, EOS masking, the loss modes'
-gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA reference and the
-process-group timeout. One spawn runs all the checks (a spawn costs seconds of imports)."""
+"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine (top-k and
+top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
+weights, the loss modes' gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA
+reference and the process-group timeout. One spawn runs all the checks (a spawn costs seconds of imports)."""
 
 import dataclasses
 import shutil
