@@ -18,7 +18,7 @@ import math
 import os
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -31,11 +31,19 @@ from accel_backends.names import did_you_mean
 from . import checkpoint, events
 from .config import EngineConfig
 from .fsdp import offload, private_state, rank0_loading, sync_plan
+from .fsdp.full_weights import unit_weights
 from .fsdp.grad_sync import discard_partial_backward, micro_batch_context
-from .fsdp.model_prep import prepare_model
+from .fsdp.model_prep import lora_adapter, prepare_model
 from .fsdp.offload import DEVICE, HOST
 from .fsdp.optimizer import build_optimizer, build_scheduler, clip_gradients
-from .fsdp.sharding import compute_dtype, generation_context, shard_model, unwrap, wrapper_version
+from .fsdp.sharding import (
+    compute_dtype,
+    generation_context,
+    generation_is_collective,
+    shard_model,
+    unwrap,
+    wrapper_version,
+)
 from .runtime import labelled, phase, start_sum_over_ranks
 
 StepFn = Callable[[nn.Module, Any], Any]
@@ -361,16 +369,55 @@ class FSDPEngine:
 
     # -- generation ---------------------------------------------------------------------------------------------
 
+    @property
+    def generation_is_collective(self) -> bool:
+        """Whether every forward inside ``generation_model()`` is a collective (``generate_gather="per_layer"``
+        with several ranks): then all ranks must make the same number of forwards, and a rank whose rows finished
+        keeps stepping with the others. With the default ``"once"`` ranks decode independently."""
+        return generation_is_collective(self.fsdp_version, self.config.generate_gather, self.world_size)
+
+    @contextlib.contextmanager
+    def generation_model(self):
+        """The model to decode with (the HF or PEFT model given), its sharded units gathered, without gradients.
+
+        Each unit is gathered once for the block and resharded at its end (``generate_gather="once"``), or for
+        every forward (``"per_layer"``, less memory; see ``generation_is_collective``). For decode loops of one's
+        own (a rollout engine); ``generate`` is HF ``generate`` inside this block.
+        """
+        self._require_on_device("generation", ["params"])
+        with torch.no_grad(), generation_context(self.module, self.fsdp_version, self.config.generate_gather):
+            yield unwrap(self.module, self.fsdp_version)
+
     def generate(self, **kwargs: Any) -> torch.Tensor:
         """Hugging Face ``generate`` on the sharded model (FSDP1 or FSDP2), without gradients.
 
         Each sharded unit is gathered once per call and resharded at the end (``generate_gather="once"``), or
-        for every new token (``"per_layer"``, less memory).
+        for every new token (``"per_layer"``, less memory). ``synced_gpus`` (an all-reduce per new token so that
+        ranks step together) defaults to ``generation_is_collective``: off when the whole model is held.
         """
-        self._require_on_device("generate", ["params"])
-        gather = self.config.generate_gather
-        with torch.no_grad(), generation_context(self.module, self.fsdp_version, gather):
-            return unwrap(self.module, self.fsdp_version).generate(**kwargs)
+        kwargs.setdefault("synced_gpus", self.generation_is_collective)
+        with self.generation_model() as model:
+            return model.generate(**kwargs)
+
+    def iter_full_weights(self, merge_lora: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name, full tensor)`` for every parameter, gathered one sharded unit at a time (a collective: every
+        rank must consume the whole iterator).
+
+        What a rollout engine with its own copy of the model loads after an update. Memory stays at one unit: each
+        tensor is valid only until the next one is requested (copy it to keep it). Tensors are in the dtype the
+        forward computes in. With LoRA and ``merge_lora`` (the default) each base weight comes with its adapter
+        folded in (``W + scaling * B @ A``) under the plain model's names (``model.layers.0.mlp.up_proj.weight``),
+        and no adapter tensors; ``merge_lora=False`` gives PEFT's own names, adapters included. Parameters offloaded
+        to the host are brought in for the call and go back after.
+        """
+        dtype = compute_dtype(self.config, self.backend)
+        adapter = lora_adapter(self.module) if merge_lora else None
+        with self.eval_mode():
+            for unit in unit_weights(self.module, self.fsdp_version):
+                if adapter is not None:
+                    unit = checkpoint.merge_lora_weights(unit, *adapter)
+                for name, tensor in unit.items():
+                    yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
 
     def zero_grad(self) -> None:
         """Drop pending gradients without stepping."""

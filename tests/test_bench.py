@@ -73,6 +73,7 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     (["--scenarios", "overhead", "--plot", "x.png"], "--plot draws the grad_accum scenario"),
     (["--grpo-override", "train.stepz=3"], "did you mean train.steps?"),
     (["--grpo-override", "train.mini_batch_size=7"], "train.mini_batch_size=7 does not divide"),
+    (["--rollout-model", "/nonexistent"], "--rollout-model /nonexistent is not a model directory (no config.json)"),
 ])
 def test_bad_input_is_refused_before_any_worker_starts(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

@@ -1,15 +1,21 @@
-"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling, EOS masking, the loss modes'
-gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA reference and the
-process-group timeout. One spawn runs all the checks (a spawn costs seconds of imports)."""
+"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine (top-k and
+top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
+weights, the loss modes' gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA
+reference and the process-group timeout. One spawn runs all the checks (a spawn costs seconds of imports)."""
 
+import dataclasses
 import shutil
 
 import pytest
 import torch
 from distributed import run_ranks
+from engine_checks import full_params
 from grpo_data import fixture_model, set_generation_config, verl_rows, write_parquet
 
 pytestmark = pytest.mark.slow
+
+ENGINES = ("hf", "hf-continuous", "test-copy")  # the built-in engines and tests/rollout_copy_plugin.py's
+TOP_K, TOP_P = 400, 0.9  # both truncate: 400 of the 2,048 tokens at most, then the top 90% of what is left
 
 BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.mini_batch_size=4", "train.micro_batch_size=2",
         "rollout.max_new_tokens=10", "rollout.temperature=0.9", "algorithm.kl_loss_coef=0", "run.progress=false",
@@ -98,27 +104,62 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     group = dist.distributed_c10d._get_default_group()
     out["timeout_s"] = group._get_backend(torch.device("cpu")).options._timeout.total_seconds()
 
-    # -- on-policy: the model's greedy + repetition_penalty=2.0 + min_p config is not inherited -------------------
+    # -- on-policy, every engine: the model's greedy + repetition_penalty=2.0 + min_p + top_k=1 config is not
+    # inherited, and the trainer's log-probs (temperature, top-k, top-p) equal the sampling distribution's --------
     samples = trainer.task.sample(2, torch.Generator().manual_seed(rank))
     from engine.grpo.rollout import batched_log_probs, rollout
+    from engine.grpo.rollout_engines import RolloutContext, create_rollout_engine
 
-    with trainer.actor.eval_mode():
-        batch = rollout(trainer.actor, trainer.tokenizer, [s.prompt for s in samples], 4, 10, 0.9, 1.0,
-                        output_scores=True, return_dict_in_generate=True)
-        old = batched_log_probs(trainer.actor, batch, 2, 0.9)
-    processed = torch.stack(batch.generate_output.scores, dim=1).float()
-    sampled = torch.log_softmax(processed, -1).gather(-1, batch.response_ids.unsqueeze(-1)).squeeze(-1)
-    mask = batch.response_mask.bool()
-    out["on_policy_max_diff"] = (sampled - old)[mask].abs().max().item()
-    out["distinct_in_group"] = min(len({tuple(r.tolist()) for r in batch.response_ids[g * 4:(g + 1) * 4]})
-                                   for g in range(2))
+    sampling = dataclasses.replace(trainer.sampling, n=4, max_new_tokens=10, temperature=0.9, top_k=TOP_K,
+                                   top_p=TOP_P, log_probs=True)
+    context = RolloutContext(trainer.actor, trainer.tokenizer, trainer.config.model.path, trainer.config.rollout)
     eos_ids = set(trainer.tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"]))
-    ends = []
-    for ids, row_mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist(), strict=True):
-        first = next((i for i, t in enumerate(ids) if t in eos_ids), None)
-        ends.append((first, sum(row_mask), len(ids)))
-    out["eos_ends"] = ends  # (index of the first EOS of either id, mask length)
+    out["eos_ids"] = sorted(eos_ids) if sorted(sampling.eos_token_ids) == sorted(eos_ids) else None
+    out["engines"] = {}
+    for name in ENGINES:
+        torch.manual_seed(100 + rank)
+        with trainer.actor.eval_mode():
+            batch = rollout(create_rollout_engine(name, context), trainer.tokenizer, [s.prompt for s in samples],
+                            sampling)
+            old = batched_log_probs(trainer.actor, batch, 2, 0.9)
+        mask = batch.response_mask.bool()
+        ends = []
+        for ids, row_mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist(), strict=True):
+            first = next((i for i, t in enumerate(ids) if t in eos_ids), None)
+            ends.append((first, sum(row_mask), len(ids)))
+        out["engines"][name] = {
+            "on_policy_max_diff": (batch.sampling_log_probs - old)[mask].abs().max().item(),
+            "distinct_in_group": min(len({tuple(r.tolist()) for r in batch.response_ids[g * 4:(g + 1) * 4]})
+                                     for g in range(2)),
+            "eos_ends": ends,  # (index of the first EOS of either id, mask length, width)
+            "eos_kinds": sorted({ids[first] for ids, (first, _, _) in zip(batch.response_ids.tolist(), ends,
+                                                                          strict=True) if first is not None}),
+            "tokens": int(mask.sum()),
+        }
     out["prompt_has_template"] = samples[0].prompt.startswith("<|im_start|>system")
+
+    # -- a plugin engine with its own copy of the model gets exactly the trained weights after each update -------
+    from pathlib import Path
+
+    Path(tmp + "-copy").mkdir(parents=True, exist_ok=True)
+    copy = _trainer(tmp + "-copy", model_dir, data_path, "rollout.engine=test-copy", "train.steps=2",
+                    "engine.lr=0.05", "data.reward=grpo_rewards:length_penalty")  # a reward that always varies
+    import rollout_copy_plugin
+
+    expected = [{n: rollout_copy_plugin.digest(t) for n, t in full_params(copy.actor).items()}]
+    update = copy.update
+
+    def update_and_record(data):
+        result = update(data)
+        expected.append({n: rollout_copy_plugin.digest(t) for n, t in full_params(copy.actor).items()})
+        return result
+
+    copy.update = update_and_record
+    copy.train()
+    plugin = copy.rollout_engine
+    out["copy_engine"] = {"received": plugin.received, "expected": expected,
+                          "own_equals_actor": all(torch.equal(p, full_params(copy.actor)[n])
+                                                  for n, p in plugin.model.named_parameters())}
 
     # -- issue 12: one update per step reuses the policy's own log-probs; the old-log-prob forward is gone -------
     widths, handle = _forward_widths(trainer)
@@ -179,7 +220,8 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
                 local = param.to_local() if hasattr(param, "to_local") else param
                 local.normal_(std=0.5, generator=torch.Generator().manual_seed(3))
     with lora.actor.eval_mode():
-        lora_batch = rollout(lora.actor, lora.tokenizer, [s.prompt for s in samples], 2, 6, 1.0, 1.0)
+        lora_batch = rollout(lora.rollout_engine, lora.tokenizer, [s.prompt for s in samples],
+                             dataclasses.replace(lora.sampling, n=2, max_new_tokens=6, temperature=1.0))
         actor_lp = batched_log_probs(lora.actor, lora_batch, 2, 0.9)
     ref_lp = lora.reference_log_probs(lora_batch)
     from engine.grpo.logprobs import response_log_probs
@@ -206,16 +248,28 @@ def fixture_dirs(tmp_path_factory):
 
 def test_trainer_on_two_ranks(fixture_dirs):
     root, model_dir, greedy_dir, data_path = fixture_dirs
-    for rank, out in enumerate(run_ranks(_checks, str(root / "run"), str(model_dir), str(greedy_dir),
-                                         str(data_path))):
+    outs = run_ranks(_checks, str(root / "run"), str(model_dir), str(greedy_dir), str(data_path),
+                     env={"ACCEL_BACKENDS_PLUGINS": "rollout_copy_plugin"})
+    for rank, out in enumerate(outs):
         assert out["timeout_s"] == 77.0
-        assert out["prompt_has_template"]
-        # The rollout sampled from plain temperature softmax, not the model's greedy / penalised config.
-        assert out["on_policy_max_diff"] < 1e-4, out["on_policy_max_diff"]
-        assert out["distinct_in_group"] >= 2
-        for first_eos, mask_length, width in out["eos_ends"]:
-            assert mask_length == (first_eos + 1 if first_eos is not None else width), out["eos_ends"]
-        assert any(first is not None for first, _, _ in out["eos_ends"]), "the fixture's EOS never came"
+        assert out["prompt_has_template"] and out["eos_ids"]
+        assert set(out["engines"]) == set(ENGINES)
+        for name, engine in out["engines"].items():
+            # Sampled from sampling_scores (temperature, top-k, top-p), not the model's greedy / penalised config,
+            # and the trainer's log-probs are of that same distribution.
+            assert engine["on_policy_max_diff"] < 1e-4, (name, engine["on_policy_max_diff"])
+            assert engine["distinct_in_group"] >= 2, name
+            for first_eos, mask_length, width in engine["eos_ends"]:
+                assert mask_length == (first_eos + 1 if first_eos is not None else width), (name, engine)
+            assert any(first is not None for first, _, _ in engine["eos_ends"]), f"{name}: the EOS never came"
+            assert engine["tokens"] > 2 * 8, (name, "responses too short to say anything")
+        # Over both ranks and every engine, both EOS ids ended responses.
+        assert {kind for o in outs for e in o["engines"].values() for kind in e["eos_kinds"]} == set(out["eos_ids"])
+        copy = out["copy_engine"]
+        # At the start and after each of the 2 updates: every tensor, bit for bit, and the weights did change.
+        assert copy["received"] == copy["expected"] and len(copy["received"]) == 3
+        assert copy["expected"][0] != copy["expected"][1] != copy["expected"][2]
+        assert copy["own_equals_actor"]
         # Old path: one log-prob forward per micro-batch (4 sequences per rank / 2) in collect; new path: none.
         assert out["collect_forwards_False"] == 2 and out["collect_forwards_True"] == 0, out
         assert out["grad_max_diff"] < 1e-5 and out["loss_old_new"][0] == pytest.approx(out["loss_old_new"][1],

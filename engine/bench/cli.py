@@ -6,7 +6,9 @@ Scenarios (``--scenarios``, default all):
   grad_accum   1/2/4/8 micro-batches x FSDP1/FSDP2 x every / deferred / deferred+unsharded: step time,
                all-gathers, reduce-scatters and bytes per step (counted), peak memory; what grad_sync="auto" chose
   overhead     the engine's step against a minimal hand-written FSDP2 loop with the same optimisations
-  rollout      FSDPEngine.generate: tokens per second and all-gathers per call, for two lengths
+  rollout      FSDPEngine.generate: tokens per second and all-gathers per call, for two lengths; with
+               --rollout-model, the rollout engines hf and hf-continuous side by side (time, tokens computed and
+               produced, collectives per call)
   grpo         one GRPO step of a preset (cpu-demo): rollout, old/ref log-probs, update, tokens per second
 
 Variants run interleaved (A, B, A, B...) and are reported as medians and min-max; ratios are the median over
@@ -107,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     work.add_argument("--micro-batches", type=_positive, default=4, help="for overhead")
     work.add_argument("--rollout-tokens", type=_positive_list, default=[8, 32], help="new tokens per generate")
     work.add_argument("--rollout-batch", type=_positive, default=8, help="sequences per generate")
+    work.add_argument("--rollout-model", type=Path, default=None,
+                      help="rollout: also compare the rollout engines (hf, hf-continuous) on this model directory, "
+                           "e.g. from accel-grpo make-tiny-model DIR --hidden-size 128 --layers 4 --eos-bias 0.33 "
+                           "--single-eos")
+    work.add_argument("--rollout-prompts", type=_positive, default=16, help="prompts per rank for --rollout-model")
+    work.add_argument("--rollout-n", type=_positive, default=8, help="responses per prompt for --rollout-model")
+    work.add_argument("--rollout-max-new-tokens", type=_positive, default=128, help="for --rollout-model")
     grpo = parser.add_argument_group("grpo")
     grpo.add_argument("--grpo-preset", default="cpu-demo")
     grpo.add_argument("--grpo-steps", type=_positive, default=5, help="timed GRPO steps (after one warm-up)")
@@ -125,7 +134,11 @@ def main(argv=None) -> int:
         parser.error("--plot draws the grad_accum scenario: add it to --scenarios")
     if "grpo" in args.scenarios:
         _check_grpo_settings(parser, args)
+    if args.rollout_model is not None and not (args.rollout_model / "config.json").is_file():
+        parser.error(f"--rollout-model {args.rollout_model} is not a model directory (no config.json): write one with "
+                     "accel-grpo make-tiny-model DIR")
     options = {k: v for k, v in vars(args).items() if k not in ("nproc", "json", "plot")}
+    options["rollout_model"] = str(args.rollout_model) if args.rollout_model else None
     try:
         result = run(worker, args.nproc, options)
     except WorkerFailed as exc:

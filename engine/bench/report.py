@@ -60,6 +60,18 @@ def print_rollout(s: dict) -> None:
         row = s[key]
         print(f"{row['new_tokens']:4d} new tokens: {_ms(row)}, {row['tokens_per_s_per_rank']:.0f} tokens/s per rank,"
               f" {row['all_gathers_per_call']} all-gathers per call ({row['all_gathers_per_new_token']:.2f} per token)")
+    engines = s.get("engines")
+    if engines:
+        print(f"rollout engines on {engines['model']}: {engines['prompts_per_rank']} prompts x {engines['n']} per "
+              f"rank, up to {engines['max_new_tokens']} new tokens, FSDP{engines['fsdp_version']}")
+        for name in ("hf", "hf-continuous"):
+            row = engines[name]
+            print(f"  {name:14} {_ms(row):>32}, tokens per call: {row['tokens_produced_per_call']:.0f} produced, "
+                  f"{row['tokens_computed_per_call']:.0f} computed ({row['computed_over_produced']:.2f}x)")
+        print(f"  hf-continuous / hf: {engines['continuous_over_hf']:.2f}")
+        for name, counts in engines["collectives_per_call"].items():
+            print(f"  collectives per call, {name}: {counts['all_gather']} all-gathers, {counts['all_reduce']} "
+                  f"all-reduces")
 
 
 def print_grpo(s: dict) -> None:

@@ -1,14 +1,36 @@
-"""Rollout: tokens per second of ``FSDPEngine.generate`` and the all-gathers one call issues, per length."""
+"""Rollout: ``FSDPEngine.generate``'s tokens per second and all-gathers per call; with ``--rollout-model`` the
+rollout engines side by side on a model whose responses end at an EOS.
+
+The engines part answers two questions on real, early-ending responses (a model directory such as ``accel-grpo
+make-tiny-model DIR --hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos``, whose sampled
+responses spread over 1..128 tokens): how long a rollout call takes with ``hf`` (every row decodes until the
+longest ends) and ``hf-continuous`` (finished rows leave the batch), and how many token positions each computes
+for the tokens it produces. Both sample the same prompts from the same seed in each round. It also counts the
+collectives of one call, before (``generate`` with ``synced_gpus``, an all-reduce per new token) and after.
+"""
 
 from __future__ import annotations
 
 import torch
 
 from .. import EngineConfig, FSDPEngine
-from .common import CommCounter, interleave, model_factory, summary, timed
+from .common import CommCounter, interleave, model_factory, ratio, summary, timed
+
+ENGINES = ("hf", "hf-continuous")
+QUESTIONS = ("How many apples does Tom have after he buys {a} more than his {b}?",
+             "Maria reads {a} pages a day for {b} days. How many pages is that?",
+             "A box holds {a} pencils and a bag {b}. How many pencils in all?",
+             "Sam earns {a} dollars and spends {b}. How much is left?")
 
 
 def run(options, backend, rank) -> dict:
+    result = _generate_lengths(options, backend, rank)
+    if options.get("rollout_model"):
+        result["engines"] = _compare_engines(options, backend, rank)
+    return result
+
+
+def _generate_lengths(options, backend, rank) -> dict:
     engine = FSDPEngine(model_factory(options), EngineConfig(fsdp_version=options["fsdp_version"], lr=1e-4,
                                                              mixed_precision=options["mixed_precision"]), backend)
     g = torch.Generator().manual_seed(rank)
@@ -16,8 +38,7 @@ def run(options, backend, rank) -> dict:
 
     def generate(new_tokens: int):
         return engine.generate(input_ids=prompts, attention_mask=torch.ones_like(prompts), do_sample=False,
-                               max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0,
-                               synced_gpus=engine.world_size > 1)
+                               max_new_tokens=new_tokens, min_new_tokens=new_tokens, pad_token_id=0)
 
     counts, lengths = {}, options["rollout_tokens"]
     with engine.eval_mode():
@@ -41,4 +62,70 @@ def run(options, backend, rank) -> dict:
                    all_gathers_per_call=counts[new_tokens]["all_gather"],
                    all_gathers_per_new_token=counts[new_tokens]["all_gather"] / new_tokens)
         result[f"new_tokens_{new_tokens}"] = row
+    return result
+
+
+def question_prompts(tokenizer, count: int, rank: int) -> list[list[int]]:
+    """``count`` chat-formatted questions (different on each rank), as token ids."""
+    texts = []
+    for i in range(count):
+        question = QUESTIONS[i % len(QUESTIONS)].format(a=3 + 7 * i + rank, b=11 + 5 * i)
+        messages = [{"role": "user", "content": question}]
+        texts.append(tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+                     if tokenizer.chat_template else question)
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
+def _compare_engines(options, backend, rank) -> dict:
+    from transformers import AutoTokenizer
+
+    from ..grpo.rollout import eos_token_ids
+    from ..grpo.rollout_engines import RolloutContext, SamplingConfig, create_rollout_engine
+
+    path = options["rollout_model"]
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    policy = FSDPEngine(path, EngineConfig(fsdp_version=options["fsdp_version"], lr=1e-4,
+                                           mixed_precision=options["mixed_precision"]), backend)
+    sampling = SamplingConfig(n=options["rollout_n"], max_new_tokens=options["rollout_max_new_tokens"],
+                              eos_token_ids=tuple(eos_token_ids(policy.module, tokenizer)))
+    prompts = question_prompts(tokenizer, options["rollout_prompts"], rank)
+    engines = {name: create_rollout_engine(name, RolloutContext(policy, tokenizer, path)) for name in ENGINES}
+    produced = {name: [] for name in ENGINES}
+    computed = {name: [] for name in ENGINES}
+    result: dict = {"model": str(path), "prompts_per_rank": len(prompts), "n": sampling.n,
+                    "max_new_tokens": sampling.max_new_tokens, "fsdp_version": policy.fsdp_version,
+                    "sharded_units": policy.num_sharded_units, "collectives_per_call": {}}
+    rounds = iter(range(1 << 30))
+
+    def call(name: str) -> float:
+        torch.manual_seed(1000 * (next(rounds) // len(ENGINES)) + rank)  # a round's engines: the same seed
+        holder = {}
+        seconds = timed(lambda: holder.update(out=engines[name].generate(prompts, sampling)), backend.synchronize)
+        produced[name].append(int(holder["out"].mask.sum()))
+        computed[name].append(int(holder["out"].tokens_computed))
+        return seconds
+
+    with policy.eval_mode():
+        for name in ENGINES:
+            engines[name].generate(prompts, sampling)  # warm-up
+            with CommCounter() as comm:
+                engines[name].generate(prompts, sampling)
+            result["collectives_per_call"][name] = comm.as_dict()
+        with CommCounter() as comm:  # before: every new token paid an all-reduce (synced_gpus) across ranks
+            ids = torch.tensor(prompts[:1] * 2)
+            policy.generate(input_ids=ids.to(backend.device()), attention_mask=torch.ones_like(ids).to(
+                backend.device()), do_sample=False, max_new_tokens=16, min_new_tokens=16,
+                pad_token_id=tokenizer.pad_token_id, synced_gpus=True)
+        result["collectives_per_call"]["hf_synced_16_tokens"] = comm.as_dict()
+        for values in (produced, computed):
+            for name in ENGINES:
+                values[name].clear()
+        samples = interleave({name: (lambda name=name: call(name)) for name in ENGINES}, options["steps"])
+    for name in ENGINES:
+        result[name] = summary(samples[name])
+        result[name].update(tokens_produced_per_call=sum(produced[name]) / len(produced[name]),
+                            tokens_computed_per_call=sum(computed[name]) / len(computed[name]))
+        result[name]["computed_over_produced"] = (result[name]["tokens_computed_per_call"]
+                                                  / result[name]["tokens_produced_per_call"])
+    result["continuous_over_hf"] = ratio(samples["hf-continuous"], samples["hf"])
     return result

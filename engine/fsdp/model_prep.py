@@ -44,3 +44,13 @@ def prepare_model(model: nn.Module, config: EngineConfig) -> nn.Module:
         if is_peft_model(model):
             model.enable_input_require_grads()
     return model
+
+
+def lora_adapter(model: nn.Module) -> tuple[str, float] | None:
+    """The active LoRA adapter's name and scaling (``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA), or None."""
+    for module in model.modules():
+        configs = getattr(module, "peft_config", None)
+        if isinstance(configs, dict) and configs:
+            name, config = next(iter(configs.items()))
+            return name, config.lora_alpha / (config.r ** 0.5 if config.use_rslora else config.r)
+    return None

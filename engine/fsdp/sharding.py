@@ -133,6 +133,16 @@ def unwrap(module: nn.Module, fsdp_version: int) -> nn.Module:
     return module.module if fsdp_version == 1 else module
 
 
+def generation_is_collective(fsdp_version: int, gather: str, world_size: int) -> bool:
+    """Whether forwards inside ``generation_context`` are collectives, so every rank must make as many.
+
+    With ``gather="once"`` every unit is gathered at the start of the call (FSDP2) or by the first forward, which
+    every rank makes (FSDP1), and kept: later forwards communicate nothing and ranks may decode different numbers
+    of tokens. With ``"per_layer"`` each forward gathers its layers: a rank that finished must keep stepping.
+    """
+    return fsdp_version != UNWRAPPED and world_size > 1 and gather == "per_layer"
+
+
 def generation_context(module: nn.Module, fsdp_version: int, gather: str = "once"):
     """What HF ``generate`` needs around it: parameters gathered, each sharded unit once per call by default.
 

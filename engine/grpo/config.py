@@ -48,6 +48,7 @@ class RolloutConfig:
     max_new_tokens: int = 4
     val_n: int = 1  # samples per validation prompt
     val_temperature: float = 0.0  # 0: greedy
+    engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, or one a plugin registers
 
 
 @dataclasses.dataclass
@@ -470,6 +471,9 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append("rollout.top_p must be in (0, 1] and rollout.temperature > 0")
     if config.data.task not in ("echo", "gsm8k"):
         problems.append(f"data.task must be echo or gsm8k, got {config.data.task!r}")
+    from .rollout_engines import check_engine  # loads the plugins: an engine that fails to import stops us here
+
+    problems += check_engine(r.engine)
     try:
         engine_config(config, world_size)
     except (ValueError, TypeError) as exc:

@@ -76,6 +76,8 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     from .. import FSDPEngine
     from .model import build_model
     from .rewards import load_rewards
+    from .rollout import eos_token_ids, sampling_configs, sync_weights
+    from .rollout_engines import RolloutContext, create_rollout_engine
     from .tasks import reward_specs
     from .validation import validate
 
@@ -89,9 +91,14 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is.
     options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0)
     engine = FSDPEngine(weights or source, options, backend)
+    # The same rollout engine and sampling settings as in-run validation (rollout.engine, rollout.val_*).
+    _, val_sampling = sampling_configs(config.rollout, eos_token_ids(engine.module, tokenizer))
+    rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
+        engine, tokenizer, weights or source, config.rollout))
+    sync_weights(engine, rollout_engine)  # an engine holding its own copy starts from the evaluated weights
     records: list[dict] = []
     started = time.perf_counter()
-    metrics = validate(engine, tokenizer, samples, rewards, config.rollout,
+    metrics = validate(engine, rollout_engine, tokenizer, samples, rewards, val_sampling,
                        batch_prompts=max(1, prompts_per_rank(config, world_size)), records=records)
     gathered = [None] * world_size if engine.rank == 0 else None
     dist.gather_object(records, gathered, dst=0)

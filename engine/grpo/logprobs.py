@@ -18,6 +18,8 @@ import contextlib
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from .rollout_engines.base import sampling_scores
+
 ROWS_PER_SLICE = 256  # positions (of all rows together) per log-softmax slice: 256 x 151,936 x 4 B = 156 MB
 
 
@@ -27,10 +29,16 @@ def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
 
 
 def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool,
-                   entropy_grad: bool = False):
+                   entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0):
     """Chosen-token log-probs of one slice of logits and, when asked, their entropy (no grad unless
-    ``entropy_grad``: an entropy bonus in the loss), from one softmax."""
-    scaled = logits.float() / temperature
+    ``entropy_grad``: an entropy bonus in the loss), from one softmax.
+
+    Under the sampling distribution (``sampling_scores``): with top-k / top-p the truncated tokens get the lowest
+    float instead of ``-inf`` (zero probability, and no ``0 * inf`` in the entropy); the chosen token is never
+    truncated.
+    """
+    scaled = sampling_scores(logits, temperature, top_k, top_p, keep=targets,
+                             filter_value=torch.finfo(torch.float32).min)
     # Gather, then log-sum-exp: recomputed in the backward pass in this order, a checkpointed slice peaks one
     # slice-sized tensor lower (150 MB with Qwen's vocabulary; tests/scripts/logprob_memory.py --grad).
     picked = scaled.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
@@ -83,15 +91,16 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = False,
-                    entropy_grad: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chosen-token log-probs ``[B, R]`` (float32) of ``logits`` ``[B, R, V]``; optionally the entropy (no grad
-    unless ``entropy_grad``).
+    unless ``entropy_grad``), under the sampling's top-k / top-p truncation.
 
     Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice over the
     positions of all rows together (not per row: fewer, larger kernels).
     """
     def compute(chunk, chosen, entropy, grad):
-        return _slice_outputs(chunk, chosen, temperature, entropy, grad)
+        return _slice_outputs(chunk, chosen, temperature, entropy, grad, top_k, top_p)
 
     return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad, entropy_grad)
 
@@ -107,7 +116,7 @@ def _plain_output_layer(module):
 
 @contextlib.contextmanager
 def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list,
-                        entropy_grad: bool = False):
+                        entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0):
     """Within the block the output layer returns the chosen tokens' log-probs ``[B, R]`` instead of logits.
 
     It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
@@ -115,7 +124,7 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
     """
     def compute(hidden, chosen, entropy, grad):
         return _slice_outputs(torch.nn.functional.linear(hidden, head.weight, head.bias), chosen, temperature,
-                              entropy, grad)
+                              entropy, grad, top_k, top_p)
 
     def forward(hidden):
         # The last position predicts a token after the response.
@@ -135,9 +144,11 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
 
 
 def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                       temperature: float, with_entropy: bool = False, entropy_grad: bool = False):
+                       temperature: float, with_entropy: bool = False, entropy_grad: bool = False, top_k: int = 0,
+                       top_p: float = 1.0):
     """Log-probs ``[B, R]`` of the response tokens under ``module`` (and their entropy when asked; with gradients
-    when ``entropy_grad``, for an entropy bonus in the loss).
+    when ``entropy_grad``, for an entropy bonus in the loss), at the sampling temperature and with the sampling's
+    top-k / top-p truncation (0 / 1.0: none).
 
     Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
     their logits come from the ``R + 1`` last positions but one: the model computes only those
@@ -150,10 +161,11 @@ def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Te
     head = _plain_output_layer(module)
     if head is not None:
         entropy_out: list = []
-        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out, entropy_grad):
+        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out, entropy_grad, top_k, top_p):
             log_probs = module(**kwargs).logits
         entropy = entropy_out[0] if with_entropy else None
     else:
         logits = module(**kwargs).logits
-        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy, entropy_grad)
+        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy, entropy_grad, top_k,
+                                             top_p)
     return (log_probs, entropy) if with_entropy else log_probs

@@ -1,19 +1,22 @@
-"""Rollouts: sampling responses with HF ``generate`` from exactly the distribution the log-probs assume.
+"""Rollouts: prompts in, a ``RolloutBatch`` out, through the rollout engine chosen by ``rollout.engine``.
 
-A model directory's ``generation_config.json`` (repetition penalties, ``min_p``, ``top_k``, greedy decoding...)
-would change what ``generate`` samples from while the trainer's log-probs assume plain temperature sampling: the
-rollout would silently be off-policy. So the model's own generation config is set aside for the call and the
-sampling settings come only from ``rollout.*``. Every EOS id the model lists ends a response.
+The engine (``rollout_engines/``: ``hf``, ``hf-continuous`` or a plugin's) samples; this module tokenizes the
+prompts, checks what the engine returned against the interface's contract (a broken plugin is named here rather
+than corrupting training), and lays the batch out as the trainer's log-prob forwards expect. The sampling
+distribution is ``rollout_engines.base.sampling_scores`` for every engine, and the log-probs the trainer
+computes use the same definition (temperature, top-k, top-p), so the rollout is on-policy whatever the engine.
+Every EOS id the model lists ends a response.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 
 import torch
 
 from .logprobs import response_log_probs
+from .rollout_engines import Responses, RolloutEngine, RolloutEngineError, SamplingConfig
+from .rollout_engines.hf import left_padded, mask_through_first_eos
 
 
 @dataclasses.dataclass
@@ -26,7 +29,9 @@ class RolloutBatch:
     prompt_length: int
     responses: list[str]
     clipped: torch.Tensor  # [B] bool: the response reached max_new_tokens without an EOS
-    generate_output: object = None  # generate's full output when asked for (return_dict_in_generate=True)
+    sampling: SamplingConfig | None = None  # what the responses were sampled with
+    tokens_computed: int = 0  # token positions the engine decoded (response_mask.sum() were kept)
+    sampling_log_probs: torch.Tensor | None = None  # [B, R], when the sampling config asked the engine for them
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -53,80 +58,114 @@ def eos_token_ids(module, tokenizer) -> list[int]:
     return sorted(set(ids))
 
 
-@contextlib.contextmanager
-def model_generation_defaults_ignored(module):
-    """Within the block, every HF model inside ``module`` has a blank ``GenerationConfig``."""
-    from transformers import GenerationConfig
-
-    saved = [(sub, sub.generation_config) for sub in module.modules()
-             if isinstance(getattr(sub, "generation_config", None), GenerationConfig)]
-    try:
-        for sub, _ in saved:
-            sub.generation_config = GenerationConfig()
-        yield
-    finally:
-        for sub, original in saved:
-            sub.generation_config = original
+def sampling_configs(rollout_config, eos_ids: list[int]) -> tuple[SamplingConfig, SamplingConfig]:
+    """The training rollout's and validation's sampling settings, from the ``rollout`` section."""
+    common = {"max_new_tokens": rollout_config.max_new_tokens, "eos_token_ids": tuple(eos_ids),
+              "top_p": rollout_config.top_p, "top_k": rollout_config.top_k}
+    return (SamplingConfig(n=rollout_config.n, temperature=rollout_config.temperature, **common),
+            SamplingConfig(n=rollout_config.val_n, temperature=rollout_config.val_temperature, **common))
 
 
-def sampling_options(temperature: float, top_p: float, top_k: int, greedy: bool = False) -> dict:
-    """The only logits processors a rollout uses: temperature, then top-k and top-p truncation."""
-    if greedy:
-        return {"do_sample": False, "num_beams": 1, "repetition_penalty": 1.0}
-    return {"do_sample": True, "num_beams": 1, "temperature": temperature, "top_p": top_p, "top_k": top_k,
-            "repetition_penalty": 1.0}
-
-
-def rollout(engine, tokenizer, prompts: list[str], n: int, max_new_tokens: int, temperature: float,
-            top_p: float, top_k: int = 0, greedy: bool = False, **generate_kwargs) -> RolloutBatch:
-    """Sample ``n`` responses per prompt (consecutive rows form a group)."""
-    repeated = [p for p in prompts for _ in range(n)]
-    encoded = tokenizer(repeated, return_tensors="pt", padding=True, add_special_tokens=False)
-    device = engine.backend.device()
-    eos_ids = eos_token_ids(engine.module, tokenizer)
-    with model_generation_defaults_ignored(engine.module):
-        output = engine.generate(
-            input_ids=encoded["input_ids"].to(device),
-            attention_mask=encoded["attention_mask"].to(device),
-            max_new_tokens=max_new_tokens,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=eos_ids,
-            # Sharded forwards are collectives: a rank that finished early must keep stepping with the others.
-            synced_gpus=engine.world_size > 1,
-            **sampling_options(temperature, top_p, top_k, greedy),
-            **generate_kwargs,
-        )
-    sequences = output.sequences if hasattr(output, "sequences") else output
-    sequences = sequences.cpu()
-    prompt_length = encoded["input_ids"].size(1)
-    response = sequences[:, prompt_length:]
-    is_eos = torch.isin(response, torch.tensor(eos_ids))
-    after_eos = (is_eos.long().cumsum(dim=1) - is_eos.long()) > 0  # positions after the first EOS
-    response_mask = (~after_eos).long()
-    texts = [tokenizer.decode(row[mask.bool()], skip_special_tokens=True)
-             for row, mask in zip(response, response_mask, strict=True)]
+def rollout(engine: RolloutEngine, tokenizer, prompts: list[str], sampling: SamplingConfig) -> RolloutBatch:
+    """Sample ``sampling.n`` responses per prompt with ``engine`` (consecutive rows form a group)."""
+    prompt_ids = tokenizer(prompts, add_special_tokens=False)["input_ids"]
+    responses = _on_host(engine.generate(prompt_ids, sampling))
+    check_responses(engine.name, responses, len(prompts), sampling)
+    lengths = responses.mask.sum(dim=1)
+    width = max(int(lengths.max()), 1)
+    mask = responses.mask[:, :width].long()
+    pad_id = tokenizer.pad_token_id
+    response_ids = torch.where(mask.bool(), responses.token_ids[:, :width].long(), pad_id)
+    prompt_tensor, prompt_mask = left_padded(prompt_ids, sampling.n, pad_id)
+    last = response_ids.gather(1, (lengths - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+    ends_at_eos = torch.isin(last, torch.tensor(sampling.eos_token_ids)) & (lengths > 0)
+    log_probs = responses.log_probs
     return RolloutBatch(
-        input_ids=sequences,
-        attention_mask=torch.cat([encoded["attention_mask"], response_mask], dim=1),
-        response_mask=response_mask,
-        prompt_length=prompt_length,
-        responses=texts,
-        clipped=~is_eos.any(dim=1) & (response_mask.sum(dim=1) >= max_new_tokens),
-        generate_output=output if hasattr(output, "sequences") else None,
+        input_ids=torch.cat([prompt_tensor, response_ids], dim=1),
+        attention_mask=torch.cat([prompt_mask, mask], dim=1),
+        response_mask=mask,
+        prompt_length=prompt_tensor.size(1),
+        responses=[tokenizer.decode(row[:length], skip_special_tokens=True)
+                   for row, length in zip(response_ids, lengths, strict=True)],
+        clipped=~ends_at_eos & (lengths >= sampling.max_new_tokens),
+        sampling=sampling,
+        tokens_computed=int(responses.tokens_computed),
+        sampling_log_probs=None if log_probs is None else log_probs[:, :width].float() * mask,
     )
+
+
+def _on_host(responses: Responses) -> Responses:
+    """An engine may answer with tensors on its device; the batch lives on the host."""
+    log_probs = responses.log_probs
+    return dataclasses.replace(responses, token_ids=responses.token_ids.cpu(), mask=responses.mask.cpu(),
+                               log_probs=None if log_probs is None else log_probs.cpu())
+
+
+def check_responses(name: str, responses: Responses, prompts: int, sampling: SamplingConfig) -> None:
+    """Refuse what breaks the interface's contract, naming the engine (``rollout_engines/base.py: Responses``)."""
+    ids, mask, expected = responses.token_ids, responses.mask, prompts * sampling.n
+
+    def fail(problem: str):
+        raise RolloutEngineError(f"rollout engine {name!r} {problem}")
+
+    if ids.dim() != 2 or ids.shape != mask.shape:
+        fail(f"returned token_ids of shape {tuple(ids.shape)} and a mask of shape {tuple(mask.shape)}: both must "
+             "be [responses, tokens]")
+    if ids.size(0) != expected:
+        fail(f"returned {ids.size(0)} responses for {prompts} prompts x rollout.n={sampling.n}: it must return "
+             f"{expected}, the n responses of each prompt in consecutive rows")
+    if bool(((mask != 0) & (mask != 1)).any()) or bool((mask[:, 1:] > mask[:, :-1]).any()):
+        fail("returned a mask that is not 1 for each response's first tokens and 0 after them")
+    longest = int(mask.sum(dim=1).max()) if ids.size(0) else 0
+    if longest > sampling.max_new_tokens:
+        fail(f"returned a response of {longest} tokens, longer than rollout.max_new_tokens="
+             f"{sampling.max_new_tokens}")
+    if ids.size(1) and not torch.equal(mask_through_first_eos(ids, sampling.eos_token_ids) * mask, mask.long()):
+        fail(f"returned a response that goes on after an EOS id: each response must end at its first id of "
+             f"{list(sampling.eos_token_ids)}")
+    if responses.log_probs is not None and responses.log_probs.shape != mask.shape:
+        fail(f"returned log_probs of shape {tuple(responses.log_probs.shape)} for a mask of {tuple(mask.shape)}")
+
+
+def sync_weights(policy, engine: RolloutEngine) -> None:
+    """Send the policy's weights to an engine that holds its own copy of the model (``receives_weights``).
+
+    Every tensor is drawn from the policy even if the engine stops early (each draw is a collective), and an
+    engine that did not take them all is an error: its copy would be part old, part new.
+    """
+    if not engine.receives_weights:
+        return
+    weights = policy.iter_full_weights()
+    taken = 0
+
+    def counted():
+        nonlocal taken
+        for item in weights:
+            taken += 1
+            yield item
+
+    engine.load_weights(counted())
+    left = sum(1 for _ in weights)
+    if left:
+        raise RolloutEngineError(f"rollout engine {engine.name!r} took {taken} of {taken + left} weight tensors in "
+                                 "load_weights(): it must consume them all")
 
 
 def batched_log_probs(engine, batch: RolloutBatch, micro_batch_size: int, temperature: float,
                       with_entropy: bool = False):
-    """Forward-only log-probs ``[B, R]`` of a whole rollout in micro-batches, on the host (and the entropy)."""
+    """Forward-only log-probs ``[B, R]`` of a whole rollout in micro-batches, on the host (and the entropy).
+
+    Under the distribution the batch was sampled from: its top-k / top-p truncation applies (``logprobs.py``).
+    """
     device = engine.backend.device()
+    truncation = {"top_k": batch.sampling.top_k, "top_p": batch.sampling.top_p} if batch.sampling else {}
     log_probs, entropies = [], []
     with torch.no_grad():
         for start in range(0, len(batch), micro_batch_size):
             rows = slice(start, start + micro_batch_size)
             result = response_log_probs(engine.module, batch.input_ids[rows].to(device),
                                         batch.attention_mask[rows].to(device), batch.prompt_length, temperature,
-                                        with_entropy=with_entropy)
+                                        with_entropy=with_entropy, **truncation)
             if with_entropy:
                 log_probs.append(result[0].cpu())
                 entropies.append(result[1].cpu())

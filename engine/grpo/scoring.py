@@ -57,7 +57,8 @@ def select_groups(scored: ScoredRollout, groups: list[int]) -> ScoredRollout:
     b = scored.batch
     batch = dataclasses.replace(b, input_ids=b.input_ids[rows], attention_mask=b.attention_mask[rows],
                                 response_mask=b.response_mask[rows], responses=[b.responses[i] for i in rows.tolist()],
-                                clipped=b.clipped[rows], generate_output=None)
+                                clipped=b.clipped[rows],
+                                sampling_log_probs=None if b.sampling_log_probs is None else b.sampling_log_probs[rows])
     return ScoredRollout([scored.samples[g] for g in groups], batch, scored.n, scored.rewards[rows],
                          scored.by_function[:, rows], scored.overlong[rows])
 
@@ -74,16 +75,21 @@ def concat(parts: list[ScoredRollout], pad_token_id: int) -> ScoredRollout:
         left, right = prompt_width - b.prompt_length, response_width - b.response_mask.size(1)
         ids = torch.nn.functional.pad(b.input_ids, (left, right), value=pad_token_id)
         attention = torch.nn.functional.pad(b.attention_mask, (left, right), value=0)
-        return ids, attention, torch.nn.functional.pad(b.response_mask, (0, right), value=0)
+        sampled = None if b.sampling_log_probs is None else torch.nn.functional.pad(b.sampling_log_probs, (0, right))
+        return ids, attention, torch.nn.functional.pad(b.response_mask, (0, right), value=0), sampled
 
     padded = [pad(p) for p in parts]
+    sampled = [log_probs for *_, log_probs in padded]
     batch = RolloutBatch(
-        input_ids=torch.cat([ids for ids, _, _ in padded]),
-        attention_mask=torch.cat([attention for _, attention, _ in padded]),
-        response_mask=torch.cat([mask for _, _, mask in padded]),
+        input_ids=torch.cat([ids for ids, *_ in padded]),
+        attention_mask=torch.cat([attention for _, attention, *_ in padded]),
+        response_mask=torch.cat([mask for _, _, mask, _ in padded]),
         prompt_length=prompt_width,
         responses=[text for p in parts for text in p.batch.responses],
         clipped=torch.cat([p.batch.clipped for p in parts]),
+        sampling=parts[0].batch.sampling,  # every draw samples alike: its truncation applies to the log-probs
+        tokens_computed=sum(p.batch.tokens_computed for p in parts),
+        sampling_log_probs=None if any(x is None for x in sampled) else torch.cat(sampled),
     )
     return ScoredRollout([s for p in parts for s in p.samples], batch, parts[0].n,
                          torch.cat([p.rewards for p in parts]), torch.cat([p.by_function for p in parts], dim=1),

@@ -32,7 +32,8 @@ from .model import build_model
 from .report import plot_curves
 from .retention import after_save
 from .rewards import load_rewards, metric_names
-from .rollout import RolloutBatch, batched_log_probs, rollout
+from .rollout import RolloutBatch, batched_log_probs, eos_token_ids, rollout, sampling_configs, sync_weights
+from .rollout_engines import RolloutContext, create_rollout_engine
 from .tasks import build_tasks, reward_specs
 from .validation import validate
 
@@ -85,7 +86,12 @@ class GRPOTrainer:
         self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
         # token-sum multiplies by the micro-batches of a mini-batch over all ranks; update() sets it per call.
         self.global_micro_batches = train.mini_batch_size // train.micro_batch_size * world_size
+        self.sampling, self.val_sampling = sampling_configs(config.rollout, eos_token_ids(self.actor.module,
+                                                                                          self.tokenizer))
+        self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
+            self.actor, self.tokenizer, factory, config.rollout))
         self.start_step = self._resume() if resume else 0
+        sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
 
     @property
     def loss(self):
@@ -118,8 +124,7 @@ class GRPOTrainer:
         def draw() -> scoring.ScoredRollout:
             samples = self.task.sample(prompts_per_rank, generator)
             with phase("rollout"):
-                batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
-                                roll.temperature, roll.top_p, roll.top_k)
+                batch = rollout(self.rollout_engine, self.tokenizer, [s.prompt for s in samples], self.sampling)
             with phase("reward"):
                 return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
                                              algo.overlong_buffer_len, algo.overlong_penalty_factor)
@@ -147,7 +152,8 @@ class GRPOTrainer:
         if algo.mask_truncated:  # responses cut at max_new_tokens get no loss (their attention is unchanged)
             keep = (~batch.clipped).unsqueeze(1).to(batch.response_mask.dtype)
             batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
-        stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling}
+        stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
+                 "rollout_tokens_computed": float(sum(part.batch.tokens_computed for part in drawn))}
         self._longest_response = max(float(part.lengths.max().item()) for part in drawn)
         self.sample_records = scoring.sample_records(step + 1, scored, advantages, cfg.run.log_samples,
                                                      self.reward_names)
@@ -170,9 +176,11 @@ class GRPOTrainer:
         mask = micro["response_mask"].to(device)
         prompt_length = micro["input_ids"].size(1) - micro["response_mask"].size(1)
         bonus = settings.entropy_coeff > 0  # the entropy then needs its gradient (else it is a metric only)
+        roll = self.config.rollout
         log_probs, entropy = response_log_probs(module, micro["input_ids"].to(device),
-                                                micro["attention_mask"].to(device), prompt_length,
-                                                self.config.rollout.temperature, with_entropy=True, entropy_grad=bonus)
+                                                micro["attention_mask"].to(device), prompt_length, roll.temperature,
+                                                with_entropy=True, entropy_grad=bonus, top_k=roll.top_k,
+                                                top_p=roll.top_p)
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
         agg, norm = settings.agg, settings.norm_length
         loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask,
@@ -243,8 +251,8 @@ class GRPOTrainer:
         every, last_step = cfg.run.val_every, step + 1 == cfg.train.steps
         if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
             return {}
-        return validate(self.actor, self.tokenizer, self.val_samples, self.rewards, cfg.rollout,
-                        batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
+        return validate(self.actor, self.rollout_engine, self.tokenizer, self.val_samples, self.rewards,
+                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
 
     def train(self) -> dict:
         cfg = self.config
@@ -269,6 +277,7 @@ class GRPOTrainer:
             rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
             rollout_done = time.perf_counter()
             update = self.update(data)
+            sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
             finished = time.perf_counter()
             totals = self._global({**stats, "stop_requested": float(runtime.stop_requested() > 0)})
             count = totals["sequences"]
@@ -290,6 +299,8 @@ class GRPOTrainer:
                 "response_length": totals["response_tokens"] / count,
                 "response_length_max": self._largest_over_ranks(self._longest_response),
                 "response_clip_frac": totals["clipped"] / count,
+                "rollout_tokens_computed": totals["rollout_tokens_computed"],
+                "rollout_tokens_produced": totals["response_tokens"],
                 "tokens_per_s": totals["response_tokens"] / (finished - started),
                 "rollout_time_s": rollout_done - started,
                 "update_time_s": finished - rollout_done,

@@ -1,7 +1,8 @@
 """Held-out validation: ``rollout.val_n`` samples per prompt (greedy by default), scored by the rewards.
 
-Every rank takes every ``world_size``-th prompt; ranks make the same number of ``generate`` calls (sharded
-forwards are collectives), so a rank with fewer prompts repeats its last one and does not count it.
+Sampling goes through the same rollout engine as training. Every rank takes every ``world_size``-th prompt;
+ranks make the same number of engine calls (the built-in engines gather the sharded model for each call, a
+collective), so a rank with fewer prompts repeats its last one and does not count it.
 """
 
 from __future__ import annotations
@@ -11,31 +12,30 @@ import math
 from ..runtime import sum_over_ranks
 from .rewards import score_all
 from .rollout import rollout
+from .rollout_engines import RolloutEngine, SamplingConfig
 
 CORRECT = 1.0  # a response counts as correct when its reward is at least this
 
 
-def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts: int,
-             records: list | None = None) -> dict:
-    """``val/reward_mean`` and ``val/accuracy`` over all held-out prompts of all ranks.
+def validate(policy, rollout_engine: RolloutEngine, tokenizer, samples, rewards, sampling: SamplingConfig,
+             batch_prompts: int, records: list | None = None) -> dict:
+    """``val/reward_mean`` and ``val/accuracy`` over all held-out prompts of all ranks (``policy``: the actor's
+    ``FSDPEngine``, for ranks and the metric reduction).
 
     ``records``: a list to which this rank appends each of its scored responses (``index`` of the prompt in
     ``samples``, prompt, answer, response, reward).
     """
-    rank, world = engine.rank, engine.world_size
+    rank, world = policy.rank, policy.world_size
     mine = samples[rank::world]
     calls = math.ceil(math.ceil(len(samples) / world) / batch_prompts)
-    greedy = rollout_config.val_temperature == 0
-    n = rollout_config.val_n
+    n = sampling.n
     total = correct = count = 0.0
-    with engine.eval_mode():
+    with policy.eval_mode():
         for call in range(calls):
             chunk = mine[call * batch_prompts:(call + 1) * batch_prompts]
             real = len(chunk)
             chunk = chunk + [(mine or samples)[-1]] * (batch_prompts - real)  # same shape on every rank
-            batch = rollout(engine, tokenizer, [s.prompt for s in chunk], n, rollout_config.max_new_tokens,
-                            rollout_config.val_temperature or 1.0, rollout_config.top_p, rollout_config.top_k,
-                            greedy=greedy)
+            batch = rollout(rollout_engine, tokenizer, [s.prompt for s in chunk], sampling)
             if not real:
                 continue  # this rank only kept the others company in generate
             scores = score_all(rewards, [s for s in chunk[:real] for _ in range(n)], batch.responses[:real * n])
@@ -47,6 +47,6 @@ def validate(engine, tokenizer, samples, rewards, rollout_config, batch_prompts:
             total += sum(scores)
             correct += sum(1.0 for value in scores if value >= CORRECT)
             count += len(scores)
-    summed = sum_over_ranks({"total": total, "correct": correct, "count": count}, engine.backend.metrics_device())
+    summed = sum_over_ranks({"total": total, "correct": correct, "count": count}, policy.backend.metrics_device())
     total, correct, count = summed["total"], summed["correct"], summed["count"]
     return {"val/reward_mean": total / max(count, 1.0), "val/accuracy": correct / max(count, 1.0)}
