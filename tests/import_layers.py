@@ -10,8 +10,8 @@ from pathlib import Path
 PACKAGES = ("accel_backends", "engine")
 
 # What engine/grpo may use of the engine: its public API, not the mechanics under it.
-GRPO_MAY_IMPORT = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.tiny_model",
-                   "engine.hookspecs")
+GRPO_MAY_IMPORT = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing",
+                   "engine.tiny_model", "engine.hookspecs")
 
 
 def module_name(path: Path, root: Path) -> str:

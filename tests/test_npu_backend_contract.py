@@ -192,3 +192,10 @@ def test_torch_npu_built_for_this_torch_passes_the_version_check(standin, tmp_pa
     _torch_npu_metadata(tmp_path, f"{THIS_TORCH}.post1", requirement)
     monkeypatch.syspath_prepend(str(tmp_path))
     assert NPUBackend().unavailable_reason() is None
+
+
+def test_attention_choice_is_the_ascend_flash_attention_when_torch_npu_works(standin, fake_torch_npu):
+    # transformers calls its Ascend integration "flash_attention_2" and routes it to torch_npu's fused attention.
+    assert NPUBackend().attention_implementation(packed=True) == "flash_attention_2"
+    fake_torch_npu('raise ImportError("libhccl.so: cannot open shared object file")\n')
+    assert NPUBackend().attention_implementation(packed=True) == "sdpa"

@@ -6,6 +6,8 @@ keeps only what is CUDA's own: the names, why it cannot run where it cannot, and
 
 from __future__ import annotations
 
+import importlib
+
 import torch
 
 from ..base import DeviceBackend
@@ -40,11 +42,24 @@ class CUDABackend(DeviceBackend):
                                       ": check the driver (nvidia-smi or rocm-smi) and the visible-devices variable",
                                       label="CUDA")
 
+    def attention_implementation(self, packed: bool = True) -> str:
+        """``flash_attention_2`` when the ``flash_attn`` package imports (variable-length kernels: packed input costs
+        no mask), else ``sdpa``."""
+        return "flash_attention_2" if _flash_attn_importable() else "sdpa"
+
     def describe(self) -> dict:
         info = {**super().describe(), "platform": self.platform()}
         if self.is_available():
             info["bf16"] = torch.cuda.is_bf16_supported()
         return info
+
+
+def _flash_attn_importable() -> bool:
+    try:
+        importlib.import_module("flash_attn")
+    except Exception:  # noqa: BLE001 - a broken build (wrong CUDA or torch ABI) counts as absent
+        return False
+    return True
 
 
 @hookimpl

@@ -8,7 +8,8 @@ them to the chosen token's log-probability (and entropy, from the same logits): 
 all. With gradients and several slices, each slice is recomputed in the backward pass instead of being kept
 (activation checkpointing of the slice).
 Models whose logits are not a plain linear layer of the hidden states (soft-capping, scaling) get their logits at
-the response positions only (``logits_to_keep``) and the same slice-by-slice reduction.
+the response positions only (``logits_to_keep``) and the same slice-by-slice reduction. The same code serves
+packed micro-batches (``engine.packing``: several sequences in one row) and left-padded batches.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float,
                     with_entropy: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chosen-token log-probs ``[B, R]`` (float32) of ``logits`` ``[B, R, V]``; optionally the entropy (no grad).
+    """Chosen-token log-probs (float32, shaped as ``targets``) of ``logits`` ``[..., V]``; optionally the entropy
+    (no grad).
 
     Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice over the
     positions of all rows together (not per row: fewer, larger kernels).
@@ -83,7 +85,7 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     def compute(chunk, chosen, entropy):
         return _slice_outputs(chunk, chosen, temperature, entropy)
 
-    return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad)
+    return _in_slices(compute, logits.reshape(-1, logits.size(-1)), targets, with_entropy, logits.requires_grad)
 
 
 def _plain_output_layer(module):
@@ -96,20 +98,22 @@ def _plain_output_layer(module):
 
 
 @contextlib.contextmanager
-def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list):
-    """Within the block the output layer returns the chosen tokens' log-probs ``[B, R]`` instead of logits.
+def _fused_output_layer(head, select, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                        entropy_out: list):
+    """Within the block the output layer returns the chosen tokens' log-probs (shaped as ``targets``) instead of
+    logits.
 
     It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
-    see the result), computing logits for one slice of positions at a time (``_in_slices``).
+    see the result), on the hidden states of the kept positions, of which ``select`` picks the scored ones (one
+    row each, in ``targets`` order), computing logits for one slice of them at a time (``_in_slices``).
     """
     def compute(hidden, chosen, entropy):
         return _slice_outputs(torch.nn.functional.linear(hidden, head.weight, head.bias), chosen, temperature,
                               entropy)
 
     def forward(hidden):
-        # The last position predicts a token after the response.
         needs_grad = hidden.requires_grad or head.weight.requires_grad
-        log_probs, entropy = _in_slices(compute, hidden[:, :-1].flatten(0, 1), targets, with_entropy, needs_grad)
+        log_probs, entropy = _in_slices(compute, select(hidden), targets, with_entropy, needs_grad)
         if with_entropy:
             entropy_out.append(entropy)
         # A new tensor, not a view: FSDP hooks the model's outputs for backward.
@@ -122,25 +126,84 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
         del head.forward  # back to the class's forward
 
 
-def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                       temperature: float, with_entropy: bool = False):
-    """Log-probs ``[B, R]`` of the response tokens under ``module`` (and their entropy when asked).
-
-    Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
-    their logits come from the ``R + 1`` last positions but one: the model computes only those
-    (``logits_to_keep``), and a plain linear output layer computes them slice by slice.
-    """
-    response_length = input_ids.size(1) - prompt_length
-    targets = input_ids[:, prompt_length:]
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask),
-              "logits_to_keep": response_length + 1}
+def _scored_log_probs(module, inputs: dict, logits_to_keep: torch.Tensor, select, targets: torch.Tensor,
+                      temperature: float, with_entropy: bool):
+    """One forward of ``module``: log-probs (and entropy) of ``targets``, predicted at the positions ``select``
+    picks out of the kept ones; logits exist only for the kept positions, and only slice by slice when the output
+    layer is a plain linear one."""
+    kwargs = {**inputs, "logits_to_keep": logits_to_keep, "use_cache": False}
     head = _plain_output_layer(module)
     if head is not None:
         entropy_out: list = []
-        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out):
+        with _fused_output_layer(head, select, targets, temperature, with_entropy, entropy_out):
             log_probs = module(**kwargs).logits
-        entropy = entropy_out[0] if with_entropy else None
-    else:
-        logits = module(**kwargs).logits
-        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy)
+        return log_probs, (entropy_out[0] if with_entropy else None)
+    logits = select(module(**kwargs).logits)
+    return token_log_probs(logits, targets, temperature, with_entropy)
+
+
+def sequence_log_probs(module, layout, temperature: float, with_entropy: bool = False):
+    """Log-probs ``[n, R]`` of each sequence's scored tokens under ``module`` (and their entropy when asked).
+
+    ``layout`` is an ``engine.packing.Layout`` on the module's device, packed or padded: either way the values come
+    back per sequence, ``R`` the longest scored part, zeros past each sequence's end (``layout.scored_mask``).
+    """
+    log_probs, entropy = _scored_log_probs(module, layout.inputs, layout.logits_to_keep, layout.select,
+                                           layout.targets, temperature, with_entropy)
+    log_probs = layout.to_rows(log_probs)
+    return (log_probs, layout.to_rows(entropy)) if with_entropy else log_probs
+
+
+def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                       temperature: float, with_entropy: bool = False):
+    """Log-probs ``[B, R]`` of the response tokens of a left-padded batch (and their entropy when asked).
+
+    Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
+    their logits come from the ``R`` positions before them: the model computes only those (``logits_to_keep``).
+    """
+    response_length = input_ids.size(1) - prompt_length
+    targets = input_ids[:, prompt_length:]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask)}
+    keep = torch.arange(prompt_length - 1, prompt_length - 1 + response_length, device=input_ids.device)
+    log_probs, entropy = _scored_log_probs(module, inputs, keep, lambda kept: kept.reshape(-1, kept.size(-1)),
+                                           targets, temperature, with_entropy)
     return (log_probs, entropy) if with_entropy else log_probs
+
+
+def batched_log_probs(engine, batch, micro_batch_size: int, temperature: float, with_entropy: bool = False):
+    """Forward-only log-probs ``[B, R]`` of a whole left-padded rollout in micro-batches of ``micro_batch_size``
+    rows, on the host (and the entropy)."""
+    device = engine.backend.device()
+    log_probs, entropies = [], []
+    with torch.no_grad():
+        for start in range(0, len(batch), micro_batch_size):
+            rows = slice(start, start + micro_batch_size)
+            result = response_log_probs(engine.module, batch.input_ids[rows].to(device),
+                                        batch.attention_mask[rows].to(device), batch.prompt_length, temperature,
+                                        with_entropy=with_entropy)
+            if with_entropy:
+                log_probs.append(result[0].cpu())
+                entropies.append(result[1].cpu())
+            else:
+                log_probs.append(result.cpu())
+    if with_entropy:
+        return torch.cat(log_probs), torch.cat(entropies)
+    return torch.cat(log_probs)
+
+
+def planned_log_probs(engine, data, temperature: float, what: str) -> torch.Tensor:
+    """Forward-only log-probs of this rank's share of a step's sequences, on the host: ``[N, R]`` for the step's
+    ``N`` sequences (rows of other ranks' shares stay 0); the pad tokens computed are counted as ``what``.
+
+    ``data`` is the step's ``StepData``: its micro-batches are those of the update (same plan, same budget), so
+    each rank computes exactly the rows it will train on and nothing moves between ranks afterwards.
+    """
+    device = engine.backend.device()
+    out = torch.zeros(len(data.sequences), data.width)
+    with torch.no_grad():
+        for indices, micro in data.rank_layouts():
+            data.count_pad_tokens(what, micro)
+            values = sequence_log_probs(engine.module, micro.to(device), temperature).cpu()
+            if indices:
+                out[list(indices), :values.size(1)] = values
+    return out

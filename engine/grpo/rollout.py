@@ -13,7 +13,7 @@ import dataclasses
 
 import torch
 
-from .logprobs import response_log_probs
+from .logprobs import batched_log_probs  # noqa: F401 - moved to logprobs.py; importable from here one release
 
 
 @dataclasses.dataclass
@@ -114,24 +114,3 @@ def rollout(engine, tokenizer, prompts: list[str], n: int, max_new_tokens: int, 
         clipped=~is_eos.any(dim=1) & (response_mask.sum(dim=1) >= max_new_tokens),
         generate_output=output if hasattr(output, "sequences") else None,
     )
-
-
-def batched_log_probs(engine, batch: RolloutBatch, micro_batch_size: int, temperature: float,
-                      with_entropy: bool = False):
-    """Forward-only log-probs ``[B, R]`` of a whole rollout in micro-batches, on the host (and the entropy)."""
-    device = engine.backend.device()
-    log_probs, entropies = [], []
-    with torch.no_grad():
-        for start in range(0, len(batch), micro_batch_size):
-            rows = slice(start, start + micro_batch_size)
-            result = response_log_probs(engine.module, batch.input_ids[rows].to(device),
-                                        batch.attention_mask[rows].to(device), batch.prompt_length, temperature,
-                                        with_entropy=with_entropy)
-            if with_entropy:
-                log_probs.append(result[0].cpu())
-                entropies.append(result[1].cpu())
-            else:
-                log_probs.append(result.cpu())
-    if with_entropy:
-        return torch.cat(log_probs), torch.cat(entropies)
-    return torch.cat(log_probs)

@@ -2,14 +2,16 @@
 validation -> metrics.
 
 Each rank samples its own prompts and all ``n`` responses of each, so whole groups stay on one rank and group
-advantages need no communication. Updates go through ``FSDPEngine.forward_backward_batch`` (deferred gradient
-sync) and ``optimizer_step``; metrics are averaged over ranks through the backend. Data files, reward styles,
-sampling, log-probs, validation and loggers live in their own modules (see ``docs/grpo.md``).
+advantages need no communication. Then every rank receives the whole step's batch once (``batches.py``):
+mini-batches are global, and each is planned into micro-batches (packed, within a token budget, ranks balanced by
+tokens) that the old/ref log-prob passes and the update share. Updates go through
+``FSDPEngine.forward_backward_batch`` (deferred gradient sync) and ``optimizer_step``; metrics are averaged over
+ranks through the backend. Data files, reward styles, sampling, log-probs, validation and loggers live in their
+own modules (see ``docs/grpo.md``).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import sys
 import time
@@ -23,13 +25,14 @@ import accel_backends
 from .. import FSDPEngine, checkpoint, runtime
 from ..runtime import phase, sum_over_ranks
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
-from .config import GRPOConfig, dist_timeout_s, engine_config
+from .batches import StepData, batching_for, gather_step_data, rank_sequences
+from .config import GRPOConfig, deprecation_notices, dist_timeout_s, engine_config, updates_per_step
 from .loggers import Loggers
-from .logprobs import response_log_probs
+from .logprobs import planned_log_probs, sequence_log_probs
 from .model import build_model
 from .report import plot_curves
 from .rewards import load_rewards, score_all
-from .rollout import RolloutBatch, batched_log_probs, rollout
+from .rollout import rollout
 from .tasks import build_tasks, reward_specs
 from .validation import validate
 
@@ -37,24 +40,6 @@ from .validation import validate
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run (directories are named step_NNNNNN)."""
     return checkpoint.latest_complete(run_dir / "checkpoints")
-
-
-@dataclasses.dataclass
-class StepData:
-    """One rank's training data for a step (host tensors, sliced into micro-batches by ``rows``)."""
-
-    batch: RolloutBatch
-    advantages: torch.Tensor
-    old_log_probs: torch.Tensor | None  # None: one update per step, the policy's own log-probs are the old ones
-    ref_log_probs: torch.Tensor | None
-
-    def micro_batch(self, rows: slice) -> dict:
-        def part(tensor):
-            return None if tensor is None else tensor[rows]
-
-        return {"input_ids": self.batch.input_ids[rows], "attention_mask": self.batch.attention_mask[rows],
-                "response_mask": self.batch.response_mask[rows], "advantages": self.advantages[rows],
-                "old_log_probs": part(self.old_log_probs), "ref_log_probs": part(self.ref_log_probs)}
 
 
 class GRPOTrainer:
@@ -75,11 +60,15 @@ class GRPOTrainer:
             self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
         train = config.train
-        per_rank = train.prompts_per_step // world_size * config.rollout.n
         # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
-        self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
-        self.micro_batches_per_update = train.mini_batch_size // train.micro_batch_size
+        self.reuse_policy_log_probs = updates_per_step(config, world_size) == 1
+        # Packed micro-batches when asked for and the model's attention keeps packed sequences apart (a probe).
+        self.packed = train.padding_free and self.actor.packed_input_supported()
+        self.batching = batching_for(config, world_size, self.packed)
+        if self.rank == 0:
+            for notice in deprecation_notices(config, world_size):
+                print(f"accel-grpo: note: {notice}", file=sys.stderr, flush=True)
         self.start_step = self._resume() if resume else 0
 
     # -- checkpoints --------------------------------------------------------------------------------------------
@@ -104,18 +93,22 @@ class GRPOTrainer:
         cfg, roll = self.config, self.config.rollout
         prompts_per_rank = cfg.train.prompts_per_step // self.world_size
         samples = self.task.sample(prompts_per_rank, self._seed(step))
-        old = None
         with self.actor.eval_mode(), phase("rollout"):
             batch = rollout(self.actor, self.tokenizer, [s.prompt for s in samples], roll.n, roll.max_new_tokens,
                             roll.temperature, roll.top_p, roll.top_k)
-            if not self.reuse_policy_log_probs:
-                old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
-        ref = self.reference_log_probs(batch) if cfg.algorithm.kl_coef > 0 else None
         with phase("reward"):
             scores = torch.tensor(score_all(self.rewards, [samples[i // roll.n] for i in range(len(batch))],
                                             batch.responses))
         groups = torch.arange(len(batch)) // roll.n
         advantages = grpo_advantages(scores, groups, norm_by_std=cfg.algorithm.norm_by_std)
+        # Every rank's sequences, on every rank: global mini-batches, each planned into every rank's micro-batches.
+        data = gather_step_data(rank_sequences(batch, advantages), self.batching, self.rank, self.world_size,
+                                self.backend.metrics_device())
+        if not self.reuse_policy_log_probs:
+            with self.actor.eval_mode():
+                data.old_log_probs = planned_log_probs(self.actor, data, roll.temperature, "old")
+        if cfg.algorithm.kl_coef > 0:
+            data.ref_log_probs = self.reference_log_probs(data)
         lengths = batch.response_mask.sum(dim=1)
         stats = {"reward_sum": scores.sum().item(), "reward_sq_sum": (scores ** 2).sum().item(),
                  "sequences": float(len(batch)), "response_tokens": lengths.sum().item(),
@@ -124,31 +117,32 @@ class GRPOTrainer:
         self.sample_record = {"step": step + 1, "prompt": samples[0].prompt, "response": batch.responses[0],
                               "reward": scores[0].item(), "response_tokens": int(lengths[0]),
                               "ended_by_eos": not bool(batch.clipped[0]) and int(lengths[0]) > 0}
-        return StepData(batch, advantages, old, ref), stats
+        return data, stats
 
-    def reference_log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+    def reference_log_probs(self, data: StepData) -> torch.Tensor:
         """Log-probs under the frozen reference: its own engine, or (LoRA) the actor with adapters disabled."""
-        cfg = self.config
+        temperature = self.config.rollout.temperature
         if self.reference is not None:
             with self.reference.eval_mode():
-                return batched_log_probs(self.reference, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
+                return planned_log_probs(self.reference, data, temperature, "ref")
         from peft import PeftModel
 
         peft_model = next(m for m in self.actor.module.modules() if isinstance(m, PeftModel))
         with self.actor.eval_mode(), peft_model.disable_adapter():
-            return batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
+            return planned_log_probs(self.actor, data, temperature, "ref")
 
     def _step_fn(self, module, micro: dict):
         algo, device = self.config.algorithm, self.backend.device()
-        mask = micro["response_mask"].to(device)
-        prompt_length = micro["input_ids"].size(1) - micro["response_mask"].size(1)
-        log_probs, entropy = response_log_probs(module, micro["input_ids"].to(device),
-                                                micro["attention_mask"].to(device), prompt_length,
-                                                self.config.rollout.temperature, with_entropy=True)
+        layout = micro["layout"].to(device)
+        mask = micro["loss_mask"].to(device)
+        log_probs, entropy = sequence_log_probs(module, layout, self.config.rollout.temperature, with_entropy=True)
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
         loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask, clip_low=algo.clip_low,
                                     clip_high=algo.clip_high, clip_c=algo.clip_c, agg=algo.loss_agg)
-        scale, weight = micro_batch_scale(mask, algo.loss_agg, self.micro_batches_per_update * self.world_size)
+        # Normalisers over the whole mini-batch: every micro-batch of every rank; a filler counts for nothing.
+        scale, weight = micro_batch_scale(mask, algo.loss_agg, micro["micro_batches"])
+        if layout.filler:
+            weight = weight * 0.0
         metrics = {"pg_loss": loss.item() * scale, "clip_frac": metrics["clip_frac"],
                    "approx_kl": metrics["approx_kl"], "entropy": aggregate_loss(entropy, mask, "token-mean").item()}
         if micro["ref_log_probs"] is not None:
@@ -164,10 +158,8 @@ class GRPOTrainer:
         updates, peak_gib = 0, 0.0
         with self.actor.train_mode():
             for _ in range(train.ppo_epochs):
-                for start in range(0, len(data.batch), train.mini_batch_size):
-                    micro_batches = [data.micro_batch(slice(s, s + train.micro_batch_size))
-                                     for s in range(start, start + train.mini_batch_size, train.micro_batch_size)]
-                    metrics = self.actor.forward_backward_batch(micro_batches, self._step_fn)
+                for mini in data.mini_batches:
+                    metrics = self.actor.forward_backward_batch(data.micro_batches(mini), self._step_fn)
                     metrics.pop("peak_memory_gib")  # covered by the step's figure below
                     metrics["grad_norm"] = self.actor.optimizer_step()
                     # The step's peak covers the whole update (onload, forward/backward, the step); each update
@@ -186,6 +178,12 @@ class GRPOTrainer:
 
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
+
+    def _packing_metrics(self, data: StepData) -> dict:
+        """The path that ran, micro-batches per update, token imbalance; pad tokens computed, summed over ranks."""
+        pads = self._global({f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0))
+                             for what in ("update", "ref", "old")})
+        return {**data.plan_metrics(), **pads}
 
     def _largest_over_ranks(self, value: float) -> float:
         packed = torch.tensor([value], dtype=torch.float64, device=self.backend.metrics_device())
@@ -244,6 +242,7 @@ class GRPOTrainer:
                 "step_time_s": finished - started,
                 "peak_memory_gib": self._largest_over_ranks(max(rollout_peak_gib, update["peak_memory_gib"])),
             }
+            last.update(self._packing_metrics(data))
             last.update(self._validate(step))
             if loggers is not None:
                 loggers.write(last)
