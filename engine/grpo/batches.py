@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from ..packing import Layout, Plan, SequenceBatch, layout, plan_micro_batches
+from ..packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
 from ..runtime import all_gather_rows
 from .config import GRPOConfig, mini_batch_sequences
 
@@ -65,7 +65,7 @@ class StepData:
 
     def layouts(self, mini: MiniBatch) -> list[tuple[tuple[int, ...], Layout]]:
         """This rank's micro-batches of ``mini``: (sequence indices, model inputs) each."""
-        return [(indices, layout(self.sequences, indices, self.packed)) for indices in mini.plan.ranks[self.rank]]
+        return [(indices, build_layout(self.sequences, indices, self.packed)) for indices in mini.plan.ranks[self.rank]]
 
     def rank_layouts(self):
         """This rank's micro-batches of every mini-batch, in update order (for the log-prob passes)."""

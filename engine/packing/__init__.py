@@ -6,9 +6,9 @@ padded, and hands per-token results back per sequence; ``probe.py`` tells whethe
 sequences apart (``FSDPEngine.packed_input_supported()`` runs it). See ``docs/engine.md``.
 """
 
-from .layout import Layout, SequenceBatch, layout
+from .layout import Layout, SequenceBatch, build_layout
 from .planner import Plan, SequenceTooLong, micro_batch_load, plan_micro_batches
 from .probe import ProbeResult, probe_packed_input
 
-__all__ = ["Layout", "Plan", "ProbeResult", "SequenceBatch", "SequenceTooLong", "layout", "micro_batch_load",
+__all__ = ["Layout", "Plan", "ProbeResult", "SequenceBatch", "SequenceTooLong", "build_layout", "micro_batch_load",
            "plan_micro_batches", "probe_packed_input"]

@@ -1,7 +1,7 @@
 """Model inputs for a micro-batch of variable-length sequences: packed in one row, or padded.
 
 A ``SequenceBatch`` holds sequences right-padded in storage; each has a ``start``: the tokens from there on are
-the scored ones (a response after its prompt), each predicted by the position before it. ``layout()`` turns some
+the scored ones (a response after its prompt), each predicted by the position before it. ``build_layout()`` turns some
 of them into what the model's forward takes:
 
 * packed: the sequences end to end in ONE row, ``position_ids`` restarting at 0 for each, and no attention mask.
@@ -115,7 +115,7 @@ class Layout:
                                    targets=self.targets.to(device))
 
 
-def layout(batch: SequenceBatch, indices: list[int] | tuple[int, ...], packed: bool) -> Layout:
+def build_layout(batch: SequenceBatch, indices: list[int] | tuple[int, ...], packed: bool) -> Layout:
     """The model inputs for sequences ``indices`` of ``batch`` (see the module docstring); none: a filler."""
     indices = list(indices)
     filler = not indices

@@ -19,7 +19,7 @@ import dataclasses
 
 import torch
 
-from .layout import SequenceBatch, layout
+from .layout import SequenceBatch, build_layout
 
 PROMPT_TOKENS, SCORED_TOKENS = (3, 2), (3, 8)  # two sequences of 6 and 10 tokens
 MARGIN = 4.0
@@ -54,8 +54,8 @@ def probe_packed_input(module, device: torch.device, vocab_size: int) -> ProbeRe
         pieces.append(ids[cursor:cursor + size])
         cursor += size
     batch = SequenceBatch.from_parts(pieces[:2], pieces[2:])
-    padded = layout(batch, [0, 1], packed=False).to(device)
-    packed = layout(batch, [0, 1], packed=True).to(device)
+    padded = build_layout(batch, [0, 1], packed=False).to(device)
+    packed = build_layout(batch, [0, 1], packed=True).to(device)
     leaked_inputs = {**packed.inputs, "attention_mask": torch.ones_like(packed.inputs["input_ids"])}
     with torch.no_grad():
         reference = _scored_log_probs(module, padded.inputs, padded)

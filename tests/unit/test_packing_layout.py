@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.grpo.logprobs import response_log_probs, sequence_log_probs
-from engine.packing import SequenceBatch, layout, probe_packed_input
+from engine.packing import SequenceBatch, build_layout, probe_packed_input
 from engine.tiny_model import tiny_qwen2
 
 VOCAB = 96
@@ -33,7 +33,7 @@ def _alone(model, batch, i):
 
 def test_packed_layout_is_one_row_with_restarting_positions_and_no_padding():
     batch = _batch()
-    packed = layout(batch, [2, 0], packed=True)
+    packed = build_layout(batch, [2, 0], packed=True)
     lengths = [PROMPTS[2] + RESPONSES[2], PROMPTS[0] + RESPONSES[0]]
     assert set(packed.inputs) == {"input_ids", "position_ids"}  # no attention mask
     assert packed.inputs["input_ids"].shape == (1, sum(lengths)) and packed.pad_tokens == 0
@@ -42,10 +42,10 @@ def test_packed_layout_is_one_row_with_restarting_positions_and_no_padding():
     assert packed.logits_to_keep.tolist() == list(range(0, 7)) + [lengths[0] + p for p in range(2, 6)]
     assert torch.equal(packed.targets, torch.cat([batch.tokens[2, 1:8], batch.tokens[0, 3:7]]))
     assert packed.scored_mask.tolist() == [[1] * 7, [1] * 4 + [0] * 3]
-    padded = layout(batch, [2, 0], packed=False)
+    padded = build_layout(batch, [2, 0], packed=False)
     assert padded.inputs["input_ids"].shape == (2, 8) and padded.pad_tokens == 1
     assert padded.inputs["attention_mask"].tolist() == [[1] * 8, [1] * 7 + [0]]
-    filler = layout(batch, [], packed=True)
+    filler = build_layout(batch, [], packed=True)
     assert filler.filler and filler.pad_tokens == 2 and filler.scored_mask.tolist() == [[0]]
 
 
@@ -59,7 +59,7 @@ def test_packed_and_padded_log_probs_and_gradients_equal_each_sequence_alone(att
     want_grads = [p.grad.clone() for p in model.parameters()]
     for packed in (True, False):
         model.zero_grad()
-        micro = layout(batch, [0, 1, 2, 3], packed=packed)
+        micro = build_layout(batch, [0, 1, 2, 3], packed=packed)
         got, entropy = sequence_log_probs(model, micro, 1.0, with_entropy=True)
         assert got.shape == entropy.shape == (4, max(RESPONSES))
         for i, expected in enumerate(want):
@@ -74,9 +74,9 @@ def test_models_without_a_plain_output_layer_and_the_left_padded_api_agree():
     batch = _batch()
     with torch.no_grad():
         model = _model()
-        fused = sequence_log_probs(model, layout(batch, [0, 1, 2, 3], packed=True), 0.7)
+        fused = sequence_log_probs(model, build_layout(batch, [0, 1, 2, 3], packed=True), 0.7)
         model.config.logit_scale = 1.0  # not a plain linear head as far as logprobs.py knows: full logits path
-        unfused = sequence_log_probs(model, layout(batch, [0, 1, 2, 3], packed=True), 0.7)
+        unfused = sequence_log_probs(model, build_layout(batch, [0, 1, 2, 3], packed=True), 0.7)
         del model.config.logit_scale
         assert torch.allclose(fused, unfused, atol=1e-5)
         # The left-padded rollout layout: sequence 0 alone, prompt left-padded by one.
