@@ -93,7 +93,7 @@ class FSDPEngine:
         self._mode_stack: list[bool] = []  # the open train_mode (True) / eval_mode (False) contexts
         self._module_training: bool | None = None  # the mode the engine last set on every submodule
         self._update_peak_open = False  # the peak-memory figure already covers this update's onload
-        self._packed_probe: packing.ProbeResult | None = None
+        self.packed_input_probe: packing.ProbeResult | None = None  # set by packed_input_supported()
         if self.config.param_offload:
             self.to(HOST, model=True, optimizer=False)
         if self.config.optimizer_offload:
@@ -130,7 +130,7 @@ class FSDPEngine:
         ``engine.packing.probe_packed_input`` in ``eval_mode`` and the ranks agree on the verdict; a "no" is
         warned about once (rank 0), and a trainer then falls back to padded micro-batches.
         """
-        if self._packed_probe is None:
+        if self.packed_input_probe is None:
             vocab_size = getattr(self.model_config, "vocab_size", None)
             if not vocab_size:
                 result = packing.ProbeResult(False, float("inf"), 0.0, "the model has no config.vocab_size to probe")
@@ -141,11 +141,11 @@ class FSDPEngine:
             dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
             if result.works and not verdict.item():
                 result = dataclasses.replace(result, works=False, error="another rank's probe failed")
-            self._packed_probe = result
+            self.packed_input_probe = result
             if not result.works and self.rank == 0:
                 warnings.warn(f"attention implementation {self.attn_implementation!r} cannot take packed sequences "
                               f"({result.describe()}): using padded micro-batches instead", stacklevel=2)
-        return self._packed_probe.works
+        return self.packed_input_probe.works
 
     # -- residency ----------------------------------------------------------------------------------------------
 

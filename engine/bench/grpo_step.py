@@ -107,7 +107,7 @@ def run(options, backend, rank) -> dict:
                     parts[name].append(timer.seconds[name])
                 calls = dict(timer.calls)
         result = {"preset": options["grpo_preset"], "overrides": overrides, "world_size": trainer.world_size,
-                  "sequences_per_rank": len(data.batch), "step": summary(steps),
+                  "sequences_per_rank": int(stats["sequences"]), "step": summary(steps),
                   "parts": {name: summary(values) for name, values in parts.items()},
                   "calls_per_step": calls}
         other = [s - sum(parts[name][i] for name in PARTS) for i, s in enumerate(steps)]

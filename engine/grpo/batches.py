@@ -124,11 +124,8 @@ def mini_batch_ranges(total: int, size: int, group_size: int) -> list[range]:
     return [range(start, end) for start, end in zip(bounds, bounds[1:], strict=False) if end > start]
 
 
-def gather_step_data(local: dict[str, torch.Tensor], batching: Batching, rank: int, world_size: int,
-                     device: torch.device) -> StepData:
-    """Exchange every rank's ``rank_sequences`` once and plan the step's updates (the same plans on every rank)."""
-    everyone = all_gather_rows(local, device)
-    sequences = SequenceBatch(everyone["tokens"], everyone["lengths"], everyone["starts"])
+def plan_updates(sequences: SequenceBatch, batching: Batching, world_size: int) -> list[MiniBatch]:
+    """The step's mini-batches, each planned into every rank's micro-batches (indices into the global batch)."""
     lengths = sequences.lengths.tolist()
     mini_batches = []
     for indices in mini_batch_ranges(len(sequences), batching.mini_batch_sequences, batching.group_size):
@@ -137,4 +134,13 @@ def gather_step_data(local: dict[str, torch.Tensor], batching: Batching, rank: i
                                   padded=not batching.packed)
         shifted = tuple(tuple(tuple(indices.start + i for i in micro) for micro in ranks) for ranks in plan.ranks)
         mini_batches.append(MiniBatch(indices, dataclasses.replace(plan, ranks=shifted)))
-    return StepData(sequences, everyone["loss_mask"], everyone["advantages"], mini_batches, rank, batching.packed)
+    return mini_batches
+
+
+def gather_step_data(local: dict[str, torch.Tensor], batching: Batching, rank: int, world_size: int,
+                     device: torch.device) -> StepData:
+    """Exchange every rank's ``rank_sequences`` once and plan the step's updates (the same plans on every rank)."""
+    everyone = all_gather_rows(local, device)
+    sequences = SequenceBatch(everyone["tokens"], everyone["lengths"], everyone["starts"])
+    return StepData(sequences, everyone["loss_mask"], everyone["advantages"],
+                    plan_updates(sequences, batching, world_size), rank, batching.packed)
