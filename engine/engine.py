@@ -113,12 +113,17 @@ class FSDPEngine:
         return decision
 
     def _attention_choice(self) -> str:
-        """The configured attention implementation, else the backend's (flash kernels need half precision)."""
-        if self.config.attn_implementation is not None:
-            return self.config.attn_implementation
-        chosen = self.backend.attention_implementation(packed=True)
-        if chosen.startswith("flash_attention") and compute_dtype(self.config, self.backend) == torch.float32:
-            return "sdpa"
+        """The configured attention implementation, else the backend's (flash kernels need half precision), with
+        ``sdpa`` run as ``packed_sdpa`` (the same, but a packed row costs what its sequences cost)."""
+        chosen = self.config.attn_implementation
+        if chosen is None:
+            chosen = self.backend.attention_implementation(packed=True)
+            if chosen.startswith("flash_attention") and compute_dtype(self.config, self.backend) == torch.float32:
+                chosen = "sdpa"
+            if chosen == "sdpa":
+                chosen = packing.PACKED_SDPA
+        if chosen == packing.PACKED_SDPA:
+            packing.register_packed_sdpa()
         return chosen
 
     # -- packed input -------------------------------------------------------------------------------------------

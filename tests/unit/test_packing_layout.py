@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.grpo.logprobs import response_log_probs, sequence_log_probs
-from engine.packing import SequenceBatch, build_layout, probe_packed_input
+from engine.packing import SequenceBatch, build_layout, probe_packed_input, register_packed_sdpa
 from engine.tiny_model import tiny_qwen2
 
 VOCAB = 96
@@ -49,8 +49,9 @@ def test_packed_layout_is_one_row_with_restarting_positions_and_no_padding():
     assert filler.filler and filler.pad_tokens == 2 and filler.scored_mask.tolist() == [[0]]
 
 
-@pytest.mark.parametrize("attention", ["sdpa", "eager"])
+@pytest.mark.parametrize("attention", ["packed_sdpa", "sdpa", "eager"])
 def test_packed_and_padded_log_probs_and_gradients_equal_each_sequence_alone(attention):
+    register_packed_sdpa()
     torch.manual_seed(0)
     model, batch = _model(attn_implementation=attention), _batch()
     weights = torch.randn(4, max(RESPONSES))
@@ -95,9 +96,30 @@ def test_the_probe_passes_sdpa_and_eager_and_catches_an_attention_that_ignores_t
         return sdpa_attention_forward(module, query, key, value, None, is_causal=True, **kwargs)
 
     AttentionInterface.register("test_whole_row_causal", whole_row_causal)
-    for attention in ("sdpa", "eager"):
+    for attention in (register_packed_sdpa(), "sdpa", "eager"):
         result = probe_packed_input(_model(attn_implementation=attention), torch.device("cpu"), VOCAB)
         assert result.works and result.packed_error < 1e-5 < result.leak_error, (attention, result)
     broken = probe_packed_input(_model(attn_implementation="test_whole_row_causal"), torch.device("cpu"), VOCAB)
     assert not broken.works and broken.leak_error < 1e-5 < broken.packed_error, broken
     assert "differ from padded ones" in broken.describe()
+
+
+def test_packed_sdpa_is_sdpa_except_on_packed_rows():
+    """Generation (left padding, a cache) and padded rows go to transformers' sdpa unchanged; a packed row's
+    sequences are attended one by one, without the row-sized mask (none is built: the mask function's marker)."""
+    from transformers.masking_utils import create_causal_mask
+
+    plain, packed = _model(attn_implementation="sdpa"), _model(attn_implementation=register_packed_sdpa())
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])
+    attention_mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        options = {"max_new_tokens": 6, "do_sample": False}
+        assert torch.equal(plain.generate(input_ids=prompts, attention_mask=attention_mask, **options),
+                           packed.generate(input_ids=prompts, attention_mask=attention_mask, **options))
+        padded = build_layout(_batch(), [0, 1, 2, 3], packed=False)
+        assert torch.equal(plain(**padded.inputs).logits, packed(**padded.inputs).logits)
+    row = build_layout(_batch(), [0, 1, 2, 3], packed=True).inputs
+    embeddings = torch.zeros(1, row["input_ids"].size(1), 32)
+    marker = create_causal_mask(config=packed.config, inputs_embeds=embeddings, attention_mask=None, cache=None,
+                                position_ids=row["position_ids"])
+    assert marker.numel() == 0  # sdpa would build a [1, 1, 29, 29] block-diagonal mask here
