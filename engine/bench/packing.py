@@ -11,9 +11,11 @@ sequences; the same update then runs in turn (packed, padded, rollout, packed, .
   rollout, prompts left-padded and responses right-padded to the rank's longest.
 
 A sample is one update: the forward and backward of every micro-batch and the optimizer step. Pad tokens are
-counted from the inputs each variant built. Then one packed update per token budget of ``--packing-budgets``, and
-one ``rollout`` update, each with its peak memory: a budget bounds the peak, where padded micro-batches are sized
-by their longest sequence.
+counted from the inputs each variant built. Memory is measured as the bytes autograd keeps for the backward pass
+(activations, parameters left out), largest over a variant's micro-batches: a count, the same on any machine, and
+the part of an update's peak that micro-batching decides (the backend's peak, noisy on a CPU where it is the
+process's resident memory, is in the JSON too). Then one packed update per token budget of ``--packing-budgets``:
+a budget bounds the activations, where padded micro-batches are sized by their longest sequence.
 """
 
 from __future__ import annotations
@@ -27,6 +29,42 @@ import torch
 from .common import interleave, ratio, summary
 
 VARIANTS = ("packed", "padded", "rollout")
+
+
+class SavedActivations:
+    """Counts the bytes autograd saves for backward while open (each storage once; parameters left out)."""
+
+    def __init__(self, module) -> None:
+        self.parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.bytes = 0
+        self._seen: set[int] = set()
+
+    def _pack(self, tensor):
+        storage = tensor.untyped_storage()
+        pointer = storage.data_ptr()
+        if pointer not in self._seen and pointer not in self.parameters:
+            self._seen.add(pointer)
+            self.bytes += storage.nbytes()
+        return tensor
+
+    def __enter__(self):
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._hooks.__exit__(*exc)
+
+
+def _measuring(step_fn, sizes: list):
+    """``step_fn`` that appends the activation bytes of each micro-batch's forward to ``sizes``."""
+    def measured(module, micro):
+        with SavedActivations(module) as saved:
+            result = step_fn(module, micro)
+        sizes.append(saved.bytes)
+        return result
+
+    return measured
 
 
 def _rollout_micro_batches(data, rank: int, rows_per_rank: int, size: int) -> list[dict]:
@@ -105,9 +143,11 @@ def run(options, backend, rank) -> dict:
             batches.plan_updates(data.sequences, padded_limits, world_size), rank, packed=False)}
         rows_per_rank = len(data.sequences) // world_size
         legacy = _rollout_micro_batches(data, rank, rows_per_rank, train.micro_batch_size)
-        legacy_step = _rollout_step_fn(trainer, len(legacy) * world_size)
+        activations = {name: [] for name in VARIANTS}
+        legacy_step = _measuring(_rollout_step_fn(trainer, len(legacy) * world_size), activations["rollout"])
         pad_tokens = {"rollout": sum(m["pad_tokens"] for m in legacy)}
         peaks = {name: [] for name in VARIANTS}
+        step_fn = trainer._step_fn
 
         def update(name):
             def run_once():
@@ -118,7 +158,11 @@ def run(options, backend, rank) -> dict:
                 else:
                     variant = variants_data[name]
                     variant.pad_tokens.clear()
-                    trainer.update(variant)
+                    trainer._step_fn = _measuring(step_fn, activations[name])
+                    try:
+                        trainer.update(variant)
+                    finally:
+                        del trainer._step_fn  # the class's method again
                     pad_tokens[name] = variant.pad_tokens.get("update", 0)
 
             def sample():
@@ -141,6 +185,7 @@ def run(options, backend, rank) -> dict:
                   "pad_tokens_per_update": pad_tokens,
                   "update": {name: summary(values) for name, values in samples.items()},
                   "peak_gib_above_start": {name: max(values) for name, values in peaks.items()},
+                  "activation_mib": {name: max(values) / 2**20 for name, values in activations.items()},
                   "packed_over_padded": ratio(samples["packed"], samples["padded"]),
                   "packed_over_rollout": ratio(samples["packed"], samples["rollout"])}
         budgets = {}
@@ -152,8 +197,14 @@ def run(options, backend, rank) -> dict:
                                        True)
             variant = batches.StepData(data.sequences, data.loss_mask, data.advantages,
                                        batches.plan_updates(data.sequences, planned, world_size), rank, packed=True)
-            seconds, peak = _timed_update(trainer, lambda v=variant: trainer.update(v))
-            budgets[str(budget)] = {"peak_gib_above_start": peak, "seconds": seconds,
+            sizes: list[int] = []
+            trainer._step_fn = _measuring(step_fn, sizes)
+            try:
+                seconds, peak = _timed_update(trainer, lambda v=variant: trainer.update(v))
+            finally:
+                del trainer._step_fn
+            budgets[str(budget)] = {"activation_mib": max(sizes) / 2**20, "peak_gib_above_start": peak,
+                                    "seconds": seconds,
                                     "micro_batches_per_rank": variant.mini_batches[0].plan.micro_batches}
         result["peak_by_budget"] = budgets
     return result

@@ -60,9 +60,11 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, **kwargs):
         raise RuntimeError("packed_sdpa: a packed row needs its position_ids and no cache")
     starts = sequence_starts(position_ids) or [0]
     kwargs.pop("is_causal", None)
-    ends = [*starts[1:], query.size(2)]
-    pieces = [sdpa_attention_forward(module, query[:, :, s:e], key[:, :, s:e], value[:, :, s:e], None,
-                                     is_causal=True, **kwargs)[0] for s, e in zip(starts, ends, strict=True)]
+    sizes = [end - start for start, end in zip(starts, [*starts[1:], query.size(2)], strict=True)]
+    # split, not slicing: the backward of one split is one concatenation, where each slice's backward would fill a
+    # row-sized zero gradient and add into it (work that grows with sequences x row length).
+    pieces = [sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]
+              for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True)]
     return torch.cat(pieces, dim=1), None
 
 
