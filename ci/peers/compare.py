@@ -67,7 +67,7 @@ def run_ours(python: str, args, run_dir: Path) -> dict:
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step_time_s"] for r in rows]
     return {"steps": steps, "rewards": [r["reward_mean"] for r in rows], "wall_s": wall,
-            "outside_steps_s": wall - sum(steps)}
+            "outside_steps_s": wall - sum(steps), "response_lengths": [r["response_length"] for r in rows]}
 
 
 def run_trl(python: str, args, out: Path) -> dict:
@@ -84,6 +84,7 @@ def run_trl(python: str, args, out: Path) -> dict:
     steps = [r["step_time_s"] for r in rows]
     return {"steps": steps, "rewards": [r["reward_mean"] for r in rows], "wall_s": wall,
             "outside_steps_s": wall - sum(steps), "startup_s": start["startup_s"],
+            "response_lengths": [r.get("response_length") for r in rows],
             "dropped_settings": start["dropped_settings"]}
 
 
@@ -91,6 +92,12 @@ def _env() -> dict:
     threads = os.environ.get("PEERS_THREADS", "2")
     return {**os.environ, "PYTHONPATH": str(ROOT), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": threads,
             "MKL_NUM_THREADS": threads, "TOKENIZERS_PARALLELISM": "false"}
+
+
+def _mean(values: list) -> str:
+    """The mean of the numbers in ``values`` as text (TRL versions that do not log a length give None)."""
+    numbers = [v for v in values if v is not None]
+    return f"{statistics.mean(numbers):.1f}" if numbers else "n/a"
 
 
 def _median_after_warmup(steps: list[float]) -> float:
@@ -134,7 +141,8 @@ def main() -> int:
         runs.append(pair)
         print(f"round {index + 1}: median s/step ours {pair['ours_s']:.3f}, TRL {pair['trl_s']:.3f} "
               f"(ours / TRL {pair['ours_over_trl']:.2f}); outside the steps ours {ours['outside_steps_s']:.1f} s, "
-              f"TRL {trl['outside_steps_s']:.1f} s", flush=True)
+              f"TRL {trl['outside_steps_s']:.1f} s; mean response tokens ours {_mean(ours['response_lengths'])}, "
+              f"TRL {_mean(trl['response_lengths'])}", flush=True)
     ratios = [p["ours_over_trl"] for p in runs]
     print(f"\nours / TRL seconds per step: median {statistics.median(ratios):.2f} "
           f"[{min(ratios):.2f}-{max(ratios):.2f}] over {len(runs)} interleaved pair(s); one process each, "

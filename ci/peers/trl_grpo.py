@@ -96,7 +96,8 @@ def main() -> None:
 
         def on_log(self, args_, state, control, logs=None, **k):
             if self.pending and logs and "reward" in logs:
-                self.out.write(json.dumps({**self.pending, "reward_mean": logs["reward"]}) + "\n")
+                lengths = {"response_length": logs.get("completions/mean_length")}
+                self.out.write(json.dumps({**self.pending, "reward_mean": logs["reward"], **lengths}) + "\n")
                 self.out.flush()
                 self.pending = None
 
