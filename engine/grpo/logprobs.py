@@ -19,7 +19,14 @@ import contextlib
 import torch
 from torch.utils.checkpoint import checkpoint
 
-ROWS_PER_SLICE = 256  # positions (of all rows together) per log-softmax slice: 256 x 151,936 x 4 B = 156 MB
+SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32
+ROWS_PER_SLICE: int | None = None  # positions per slice; None: as many as SLICE_LOGITS allows for the vocabulary
+
+
+def rows_per_slice(vocab_size: int) -> int:
+    """Positions per slice: ``ROWS_PER_SLICE`` if set, else ``SLICE_LOGITS // vocab_size`` (256 with Qwen's
+    151,936 tokens, 18,992 with 2,048): the slice's memory is bounded, and a small vocabulary needs few slices."""
+    return ROWS_PER_SLICE or max(1, SLICE_LOGITS // vocab_size)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -44,8 +51,10 @@ def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     return chosen, entropy
 
 
-def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool):
-    """Run ``compute(inputs_slice, targets_slice, with_entropy)`` over ROWS_PER_SLICE positions at a time.
+def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool,
+               vocab_size: int):
+    """Run ``compute(inputs_slice, targets_slice, with_entropy)`` over ``rows_per_slice(vocab_size)`` positions at a
+    time.
 
     With gradients and more than one slice, each slice's log-probs are recomputed in the backward pass instead of
     keeping its logits (activation checkpointing): only the inputs, which exist anyway, are kept; the entropy of
@@ -54,11 +63,12 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
     twice; its log-probs and entropy come from one softmax.
     """
     flat_targets = targets.reshape(-1)
-    starts = range(0, flat_targets.numel(), ROWS_PER_SLICE)
+    rows = rows_per_slice(vocab_size)
+    starts = range(0, flat_targets.numel(), rows)
     recompute = needs_grad and torch.is_grad_enabled() and len(starts) > 1
     pieces, entropies = [], []
     for start in starts:
-        part, chosen = inputs[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
+        part, chosen = inputs[start:start + rows], flat_targets[start:start + rows]
         if recompute:
             piece = checkpoint(lambda p, c: compute(p, c, False)[0], part, chosen, use_reentrant=False)
             entropy = None
@@ -85,7 +95,8 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
     def compute(chunk, chosen, entropy):
         return _slice_outputs(chunk, chosen, temperature, entropy)
 
-    return _in_slices(compute, logits.reshape(-1, logits.size(-1)), targets, with_entropy, logits.requires_grad)
+    return _in_slices(compute, logits.reshape(-1, logits.size(-1)), targets, with_entropy, logits.requires_grad,
+                      logits.size(-1))
 
 
 def _plain_output_layer(module):
@@ -113,7 +124,8 @@ def _fused_output_layer(head, select, targets: torch.Tensor, temperature: float,
 
     def forward(hidden):
         needs_grad = hidden.requires_grad or head.weight.requires_grad
-        log_probs, entropy = _in_slices(compute, select(hidden), targets, with_entropy, needs_grad)
+        log_probs, entropy = _in_slices(compute, select(hidden), targets, with_entropy, needs_grad,
+                                        head.weight.size(0))
         if with_entropy:
             entropy_out.append(entropy)
         # A new tensor, not a view: FSDP hooks the model's outputs for backward.
