@@ -31,20 +31,30 @@ from .common import interleave, ratio, summary
 VARIANTS = ("packed", "padded", "rollout")
 
 
+def _storage(tensor) -> tuple[int | None, int]:
+    """(address, bytes) of a tensor's storage; ``(None, 0)`` where there is none to read (FSDP frees and swaps the
+    storage of parameters it reshards: those are parameters, not activations)."""
+    local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
+    try:
+        storage = local.untyped_storage()
+        return storage.data_ptr(), storage.nbytes()
+    except RuntimeError:
+        return None, 0
+
+
 class SavedActivations:
     """Counts the bytes autograd saves for backward while open (each storage once; parameters left out)."""
 
     def __init__(self, module) -> None:
-        self.parameters = {p.untyped_storage().data_ptr() for p in module.parameters()}
+        self.parameters = {_storage(p)[0] for p in module.parameters()}
         self.bytes = 0
         self._seen: set[int] = set()
 
     def _pack(self, tensor):
-        storage = tensor.untyped_storage()
-        pointer = storage.data_ptr()
-        if pointer not in self._seen and pointer not in self.parameters:
+        pointer, size = _storage(tensor)
+        if pointer is not None and pointer not in self._seen and pointer not in self.parameters:
             self._seen.add(pointer)
-            self.bytes += storage.nbytes()
+            self.bytes += size
         return tensor
 
     def __enter__(self):
