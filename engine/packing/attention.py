@@ -8,9 +8,11 @@ and takes 0.7 s per forward. Flash-attention kernels take the sequence boundarie
 
 ``packed_sdpa`` behaves exactly as ``sdpa`` (same masks, same kernel) for every input but a packed row: there its
 mask function builds no mask but an empty marker, and the attention function, seeing the marker, finds the
-sequences from ``position_ids`` and runs causal sdpa on each. Anything else (padding masks, generation with a
-cache, a plain row, sliding-window layers, which keep their mask) goes to transformers' sdpa as it is. The engine
-loads models with it where the backend prefers ``sdpa``.
+sequences from ``position_ids`` and runs causal sdpa on them, in groups of similar length padded to the group's
+longest (one kernel call per group; a group's attention work stays within twice what its sequences need, so many
+short sequences cost a few calls, and a long one is not padded with short ones). Anything else (padding masks,
+generation with a cache, a plain row, sliding-window layers, which keep their mask) goes to transformers' sdpa as
+it is. The engine loads models with it where the backend prefers ``sdpa``.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import torch
 
 PACKED_SDPA = "packed_sdpa"
+PADDED_WORK = 2.0  # a group's attention work (sequences x longest^2) at most this times its sequences' own
 
 
 def _is_marker(mask) -> bool:
@@ -49,6 +52,22 @@ def sequence_starts(position_ids: torch.Tensor) -> list[int] | None:
     return [0, *(resets + 1).tolist()]
 
 
+def length_groups(sizes: list[int]) -> list[list[int]]:
+    """Sequences (indices into ``sizes``) grouped longest first; a sequence joins the current group while the
+    group's padded attention work stays within ``PADDED_WORK`` times its sequences' own."""
+    groups: list[list[int]] = []
+    work = 0
+    for index in sorted(range(len(sizes)), key=lambda i: (-sizes[i], i)):
+        size = sizes[index]
+        if groups and (len(groups[-1]) + 1) * sizes[groups[-1][0]] ** 2 <= PADDED_WORK * (work + size * size):
+            groups[-1].append(index)
+            work += size * size
+        else:
+            groups.append([index])
+            work = size * size
+    return groups
+
+
 def packed_sdpa_forward(module, query, key, value, attention_mask, **kwargs):
     """sdpa; on a packed row (the marker mask), causal sdpa on each sequence (its queries, keys and values only)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -61,11 +80,24 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, **kwargs):
     starts = sequence_starts(position_ids) or [0]
     kwargs.pop("is_causal", None)
     sizes = [end - start for start, end in zip(starts, [*starts[1:], query.size(2)], strict=True)]
-    # split, not slicing: the backward of one split is one concatenation, where each slice's backward would fill a
-    # row-sized zero gradient and add into it (work that grows with sequences x row length).
-    pieces = [sdpa_attention_forward(module, q, k, v, None, is_causal=True, **kwargs)[0]
-              for q, k, v in zip(query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2), strict=True)]
-    return torch.cat(pieces, dim=1), None
+    # [T, heads, dim]: index_select / index_copy along tokens are single gathers and scatters, forward and backward
+    tokens = [x[0].transpose(0, 1) for x in (query, key, value)]
+    outputs, rows = [], []
+    for group in length_groups(sizes):
+        longest = sizes[group[0]]
+        row_index = torch.cat([torch.arange(starts[i], starts[i] + sizes[i]) for i in group]).to(query.device)
+        slot_index = torch.cat([torch.arange(sizes[i]) + j * longest for j, i in enumerate(group)]).to(query.device)
+
+        def padded(x, group=group, longest=longest, row_index=row_index, slot_index=slot_index):
+            empty = x.new_zeros(len(group) * longest, x.size(1), x.size(2))
+            filled = empty.index_copy(0, slot_index, x.index_select(0, row_index))
+            return filled.view(len(group), longest, x.size(1), x.size(2)).transpose(1, 2)
+
+        # Right-padded and causal: every real query sees only its own sequence's earlier keys.
+        out = sdpa_attention_forward(module, *(padded(x) for x in tokens), None, is_causal=True, **kwargs)[0]
+        outputs.append(out.reshape(len(group) * longest, out.size(2), out.size(3)).index_select(0, slot_index))
+        rows.append(row_index)
+    return torch.cat(outputs).index_select(0, torch.cat(rows).argsort()).unsqueeze(0), None
 
 
 def register_packed_sdpa() -> str:

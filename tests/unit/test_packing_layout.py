@@ -123,3 +123,22 @@ def test_packed_sdpa_is_sdpa_except_on_packed_rows():
     marker = create_causal_mask(config=packed.config, inputs_embeds=embeddings, attention_mask=None, cache=None,
                                 position_ids=row["position_ids"])
     assert marker.numel() == 0  # sdpa would build a [1, 1, 29, 29] block-diagonal mask here
+
+
+def test_packed_sdpa_groups_sequences_of_similar_length_and_keeps_gradients_exact():
+    from engine.packing.attention import length_groups
+
+    assert length_groups([9, 8, 9, 7]) == [[0, 2, 1, 3]]  # similar lengths: one kernel call
+    assert length_groups([5, 130, 5, 5, 5]) == [[1, 0], [2, 3, 4]]  # at most 2x the work: not one group
+    g = torch.Generator().manual_seed(1)
+    sizes = [(30, 12), (2, 1), (3, 2), (1, 40)]  # (prompt, response): three groups of very different lengths
+    batch = SequenceBatch.from_parts([torch.randint(0, VOCAB, (p,), generator=g) for p, _ in sizes],
+                                     [torch.randint(0, VOCAB, (r,), generator=g) for _, r in sizes])
+    packed_model, plain = _model(attn_implementation=register_packed_sdpa()), _model(attn_implementation="eager")
+    grads = []
+    for model, packed in ((packed_model, True), (plain, False)):
+        micro = build_layout(batch, [0, 1, 2, 3], packed=packed)
+        (sequence_log_probs(model, micro, 1.0) * micro.scored_mask).sum().backward()
+        grads.append([p.grad for p in model.parameters()])
+    for a, b in zip(*grads, strict=True):
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
