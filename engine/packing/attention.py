@@ -17,6 +17,8 @@ it is. The engine loads models with it where the backend prefers ``sdpa``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 PACKED_SDPA = "packed_sdpa"
@@ -79,25 +81,45 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, **kwargs):
         raise RuntimeError("packed_sdpa: a packed row needs its position_ids and no cache")
     starts = sequence_starts(position_ids) or [0]
     kwargs.pop("is_causal", None)
-    sizes = [end - start for start, end in zip(starts, [*starts[1:], query.size(2)], strict=True)]
+    sizes = tuple(end - start for start, end in zip(starts, [*starts[1:], query.size(2)], strict=True))
     # [T, heads, dim]: index_select / index_copy along tokens are single gathers and scatters, forward and backward
     tokens = [x[0].transpose(0, 1) for x in (query, key, value)]
-    outputs, rows = [], []
-    for group in length_groups(sizes):
-        longest = sizes[group[0]]
-        row_index = torch.cat([torch.arange(starts[i], starts[i] + sizes[i]) for i in group]).to(query.device)
-        slot_index = torch.cat([torch.arange(sizes[i]) + j * longest for j, i in enumerate(group)]).to(query.device)
-
-        def padded(x, group=group, longest=longest, row_index=row_index, slot_index=slot_index):
-            empty = x.new_zeros(len(group) * longest, x.size(1), x.size(2))
+    outputs = []
+    plan = _group_plan(sizes, query.device)
+    for count, longest, row_index, slot_index in plan.groups:
+        def padded(x, count=count, longest=longest, row_index=row_index, slot_index=slot_index):
+            empty = x.new_zeros(count * longest, x.size(1), x.size(2))
             filled = empty.index_copy(0, slot_index, x.index_select(0, row_index))
-            return filled.view(len(group), longest, x.size(1), x.size(2)).transpose(1, 2)
+            return filled.view(count, longest, x.size(1), x.size(2)).transpose(1, 2)
 
         # Right-padded and causal: every real query sees only its own sequence's earlier keys.
         out = sdpa_attention_forward(module, *(padded(x) for x in tokens), None, is_causal=True, **kwargs)[0]
-        outputs.append(out.reshape(len(group) * longest, out.size(2), out.size(3)).index_select(0, slot_index))
-        rows.append(row_index)
-    return torch.cat(outputs).index_select(0, torch.cat(rows).argsort()).unsqueeze(0), None
+        outputs.append(out.reshape(count * longest, out.size(2), out.size(3)).index_select(0, slot_index))
+    return torch.cat(outputs).index_select(0, plan.order).unsqueeze(0), None
+
+
+class _GroupPlan:
+    """The index tensors of one packed row's groups, built once for all the layers of a forward."""
+
+    def __init__(self, sizes: tuple[int, ...], device: torch.device) -> None:
+        from .layout import ranges
+
+        starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
+        lengths = torch.tensor(sizes)
+        self.groups, rows = [], []
+        for group in length_groups(list(sizes)):
+            members = torch.tensor(group)
+            longest = sizes[group[0]]
+            row_index = ranges(starts[members], lengths[members])
+            slot_index = ranges(torch.arange(len(group)) * longest, lengths[members])
+            self.groups.append((len(group), longest, row_index.to(device), slot_index.to(device)))
+            rows.append(row_index)
+        self.order = torch.cat(rows).argsort().to(device)
+
+
+@functools.lru_cache(maxsize=8)
+def _group_plan(sizes: tuple[int, ...], device: torch.device) -> _GroupPlan:
+    return _GroupPlan(sizes, device)
 
 
 def register_packed_sdpa() -> str:

@@ -115,6 +115,12 @@ class Layout:
                                    targets=self.targets.to(device))
 
 
+def ranges(begins: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
+    """``cat(arange(b, b + s) for b, s in zip(begins, sizes))`` in a few tensor operations, not one per range."""
+    offsets = torch.cumsum(sizes, 0) - sizes
+    return torch.arange(int(sizes.sum()), device=sizes.device) + torch.repeat_interleave(begins - offsets, sizes)
+
+
 def build_layout(batch: SequenceBatch, indices: list[int] | tuple[int, ...], packed: bool) -> Layout:
     """The model inputs for sequences ``indices`` of ``batch`` (see the module docstring); none: a filler."""
     indices = list(indices)
@@ -123,32 +129,29 @@ def build_layout(batch: SequenceBatch, indices: list[int] | tuple[int, ...], pac
         batch = SequenceBatch(torch.full((1, 2), FILLER_TOKEN, dtype=torch.long), torch.tensor([2]),
                               torch.tensor([1]))
         indices = [0]
-    lengths = batch.lengths[indices].tolist()
-    starts = batch.starts[indices].tolist()
-    scored = [n - s for n, s in zip(lengths, starts, strict=True)]
-    if min(starts) < 1 or min(scored) < 1:
+    lengths, starts = batch.lengths[indices], batch.starts[indices]
+    scored = lengths - starts
+    if int(starts.min()) < 1 or int(scored.min()) < 1:
         raise ValueError("every sequence needs a first token before its scored part and at least one scored token "
-                         f"(starts {starts}, lengths {lengths})")
-    rows = torch.cat([torch.full((r,), i, dtype=torch.long) for i, r in enumerate(scored)])
-    columns = torch.cat([torch.arange(r) for r in scored])
-    targets = torch.cat([batch.tokens[i, s:n] for i, s, n in zip(indices, starts, lengths, strict=True)])
+                         f"(starts {starts.tolist()}, lengths {lengths.tolist()})")
+    count, width = len(indices), int(lengths.max())
+    rows = torch.repeat_interleave(torch.arange(count), scored)
+    columns = ranges(torch.zeros_like(scored), scored)
+    tokens = batch.tokens[indices, :width]
+    targets = tokens[rows, starts[rows] + columns]
+    columns_all = torch.arange(width).unsqueeze(0).expand(count, -1)
+    real = columns_all < lengths.unsqueeze(1)
     if packed:
-        ids = torch.cat([batch.tokens[i, :n] for i, n in zip(indices, lengths, strict=True)]).unsqueeze(0)
-        positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
-        offsets = torch.tensor([0, *lengths[:-1]]).cumsum(0).tolist()
-        keep = torch.cat([torch.arange(o + s - 1, o + n - 1) for o, s, n in zip(offsets, starts, lengths,
-                                                                                   strict=True)])
-        inputs = {"input_ids": ids, "position_ids": positions}
+        inputs = {"input_ids": tokens[real].unsqueeze(0), "position_ids": columns_all[real].unsqueeze(0)}
+        offsets = torch.cumsum(lengths, 0) - lengths
+        keep = offsets[rows] + starts[rows] - 1 + columns
         kept_index = None
     else:
-        width, first = max(lengths), min(starts) - 1
-        ids = batch.tokens[indices, :width].clone()
-        positions = torch.arange(width).unsqueeze(0).expand(len(indices), -1)
-        attention = (positions < torch.tensor(lengths).unsqueeze(1)).long()
-        ids[attention == 0] = FILLER_TOKEN
+        first = int(starts.min()) - 1
+        ids = tokens.masked_fill(~real, FILLER_TOKEN)
         keep = torch.arange(first, width - 1)
-        kept_index = rows * len(keep) + torch.tensor(starts)[rows] - 1 - first + columns
-        inputs = {"input_ids": ids, "attention_mask": attention, "position_ids": positions.clone()}
+        kept_index = rows * len(keep) + starts[rows] - 1 - first + columns
+        inputs = {"input_ids": ids, "attention_mask": real.long(), "position_ids": columns_all.clone()}
     return Layout(inputs=inputs, logits_to_keep=keep, kept_index=kept_index, targets=targets, rows=rows,
-                  columns=columns, scored_lengths=scored, real_tokens=0 if filler else sum(lengths), packed=packed,
-                  filler=filler)
+                  columns=columns, scored_lengths=scored.tolist(), real_tokens=0 if filler else int(lengths.sum()),
+                  packed=packed, filler=filler)
