@@ -89,12 +89,14 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, **kwargs):
     for count, longest, row_index, slot_index in plan.groups:
         def padded(x, count=count, longest=longest, row_index=row_index, slot_index=slot_index):
             empty = x.new_zeros(count * longest, x.size(1), x.size(2))
-            filled = empty.index_copy(0, slot_index, x.index_select(0, row_index))
-            return filled.view(count, longest, x.size(1), x.size(2)).transpose(1, 2)
+            rows = x if row_index is None else x.index_select(0, row_index)
+            return empty.index_copy(0, slot_index, rows).view(count, longest, x.size(1), x.size(2)).transpose(1, 2)
 
         # Right-padded and causal: every real query sees only its own sequence's earlier keys.
         out = sdpa_attention_forward(module, *(padded(x) for x in tokens), None, is_causal=True, **kwargs)[0]
         outputs.append(out.reshape(count * longest, out.size(2), out.size(3)).index_select(0, slot_index))
+    if plan.order is None:  # one group, in row order
+        return outputs[0].unsqueeze(0), None
     return torch.cat(outputs).index_select(0, plan.order).unsqueeze(0), None
 
 
@@ -106,15 +108,17 @@ class _GroupPlan:
 
         starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
         lengths = torch.tensor(sizes)
+        groups = length_groups(list(sizes))
         self.groups, rows = [], []
-        for group in length_groups(list(sizes)):
-            members = torch.tensor(group)
-            longest = sizes[group[0]]
+        for group in groups:
+            members = torch.tensor(sorted(group))  # in row order: one group needs no reordering at all
+            longest = max(sizes[i] for i in group)
             row_index = ranges(starts[members], lengths[members])
             slot_index = ranges(torch.arange(len(group)) * longest, lengths[members])
-            self.groups.append((len(group), longest, row_index.to(device), slot_index.to(device)))
+            gather = None if len(groups) == 1 else row_index.to(device)  # the whole row: taken as it is
+            self.groups.append((len(group), longest, gather, slot_index.to(device)))
             rows.append(row_index)
-        self.order = torch.cat(rows).argsort().to(device)
+        self.order = None if len(groups) == 1 else torch.cat(rows).argsort().to(device)
 
 
 @functools.lru_cache(maxsize=8)
