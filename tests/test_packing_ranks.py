@@ -55,33 +55,39 @@ def _full_grads(module):
             for p in module.parameters() if p.grad is not None]
 
 
-def _step_data(trainer, local, packed, rank, world_size, mini_batch_sequences=8):
+def _step_data(trainer, local, packed, rank, world_size, mini_batch_sequences=8, budget=None):
+    """Packed micro-batches within the budget, or padded ones of 2 sequences (or within ``budget``, padded)."""
     from engine.grpo.batches import Batching, gather_step_data
 
-    batching = Batching(mini_batch_sequences, 4, BUDGET if packed else None, 2, packed)
+    budget = BUDGET if packed else budget
+    batching = Batching(mini_batch_sequences, 4, budget, 2, packed)
     return gather_step_data(local, batching, rank, world_size, torch.device("cpu"))
 
 
 def _gradients_packed_and_padded(trainer, rank):
-    """Gradients of every loss mode: packed within the budget, and padded 2 sequences at a time (another split)."""
+    """Gradients of every loss mode: packed within the budget; padded 2 sequences at a time (another split) and
+    padded within the budget (rows x longest, ``train.padding_free=false`` with a budget)."""
     grads, plans = {}, {}
-    for packed in (True, False):
-        data = _step_data(trainer, _local_sequences(rank), packed, rank, 2)
+    for variant, packed, budget in (("packed", True, None), ("padded", False, None),
+                                    ("padded_budget", False, BUDGET)):
+        data = _step_data(trainer, _local_sequences(rank), packed, rank, 2, budget=budget)
         if trainer.config.algorithm.kl_coef > 0:
             data.ref_log_probs = trainer.reference_log_probs(data)
         (mini,) = data.mini_batches
-        plans[packed] = mini.plan
+        plans[variant] = mini.plan
         for mode in MODES:
             trainer.config.algorithm.loss_agg = mode
             with trainer.actor.train_mode():
                 trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
-                grads[packed, mode] = _full_grads(trainer.actor.module)
+                grads[variant, mode] = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
     worst = {}
     for mode in MODES:
-        got, want = grads[True, mode], grads[False, mode]
-        scale = max(w.abs().max().item() for w in want)
-        worst[mode] = max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
+        for variant in ("padded", "padded_budget"):
+            got, want = grads["packed", mode], grads[variant, mode]
+            scale = max(w.abs().max().item() for w in want)
+            error = max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
+            worst[mode] = max(worst.get(mode, 0.0), error)
     return worst, plans, data
 
 
@@ -137,7 +143,7 @@ def _two_ranks(rank, tmp):
                         local.normal_(std=0.3, generator=torch.Generator().manual_seed(5))
         worst, plans, _ = _gradients_packed_and_padded(variant, rank)
         out["parity"][name] = worst
-        out["plans"][name] = {packed: (plan.ranks, plan.imbalance) for packed, plan in plans.items()}
+        out["plans"][name] = {variant: (plan.ranks, plan.imbalance, plan.loads) for variant, plan in plans.items()}
         if name == "lora":
             # A real step end to end (rollout, exchange, reference pass, update): the path and pad counts.
             step_data, _ = variant.collect(step=0)
@@ -196,9 +202,13 @@ def test_packed_equals_padded_on_two_ranks_and_updates_do_not_depend_on_the_worl
             assert out[f"{name}_packed"], name
             for mode, error in worst.items():
                 assert error <= 1e-5, (rank, name, mode, error)
-        packed_plan, imbalance = out["plans"]["fsdp2"][True]
+        packed_plan, imbalance, _ = out["plans"]["fsdp2"]["packed"]
         assert len(packed_plan[0]) == len(packed_plan[1]) and imbalance >= 1.0  # same count on both ranks
         assert (1,) in [micro for ranks in packed_plan for micro in ranks]  # the 24-token sequence runs alone
+        padded_plan, _, _ = out["plans"]["fsdp2"]["padded_budget"]
+        lengths = out["global_lengths"]
+        for micro in (m for ranks in padded_plan for m in ranks if m):  # rows x longest within the budget
+            assert len(micro) * max(lengths[i] for i in micro) <= BUDGET
         step = out["lora_step"]
         assert step["packed"] == 1.0 and step["pad_tokens_update"] == 0 and step["pad_tokens_ref"] == 0, step
         assert step["micro_batches"] >= 1 and step["token_imbalance"] >= 1.0
