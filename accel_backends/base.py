@@ -180,6 +180,18 @@ class DeviceBackend:
         host.copy_(tensor, non_blocking=non_blocking)
         return host
 
+    # -- models -------------------------------------------------------------------------------------------------
+
+    def attention_implementation(self, packed: bool = True) -> str:
+        """The transformers ``attn_implementation`` models should use here, for packed input or for padded input.
+
+        Packed input is several sequences end to end in one row, ``position_ids`` restarting at 0 for each, no
+        attention mask; the engine loads models with this choice unless told otherwise and checks, with a tiny
+        forward, that the model really keeps packed sequences apart. The default, ``"sdpa"`` (torch's
+        scaled-dot-product attention), runs on every device torch supports and takes packed input in transformers.
+        """
+        return "sdpa"
+
     # -- distributed --------------------------------------------------------------------------------------------
 
     def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:

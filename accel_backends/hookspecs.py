@@ -31,6 +31,7 @@ def register_conformance_rules(register):
     """Call ``register(rule)`` once per extra ``accel_backends.testing.Rule`` the conformance kit should check.
 
     This is how a layer above adds rules about itself without this package importing it: the engine's rules
-    (``engine-fsdp2``, ``engine-fsdp1``: one training step of the real engine on the backend) come from the
-    engine's ``accel_backends.conformance`` entry point. Such plugins load only when the kit runs.
+    (``engine-fsdp2``, ``engine-fsdp1``: one training step of the real engine on the backend; ``engine-packing``:
+    the backend's attention keeps packed sequences apart) come from the engine's ``accel_backends.conformance``
+    entry point. Such plugins load only when the kit runs.
     """

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# accel-grpo against TRL's GRPOTrainer on the cpu-demo work (same model, task, reward, batch geometry), one
-# process each, runs interleaved. TRL goes into its own virtual environment (runs/peers/venv, or $PEERS_VENV),
-# never into the project's. Extra arguments go to ci/peers/compare.py (e.g. --rounds 3 --steps 20).
+# accel-grpo against TRL's GRPOTrainer on the same work (same model, task, reward, batch geometry), one process
+# each, runs interleaved: cpu-demo's 4-token toy (default), or --case long (a make-tiny-model directory whose
+# responses spread over 1..128 tokens, 16 prompts x 8, up to 128 new tokens). TRL goes into its own virtual
+# environment (runs/peers/venv, or $PEERS_VENV), never into the project's. Extra arguments go to
+# ci/peers/compare.py (e.g. --case long --rounds 3 --steps 10).
 # Environment: PEERS_THREADS (default 2) torch threads per process.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

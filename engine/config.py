@@ -41,6 +41,10 @@ class EngineConfig:
     load_on_rank0: for a model given as a path or a factory, only rank 0 builds the weights; the other ranks
         build on the meta device and receive their shards from rank 0 (host memory: a shard, not the model).
     frozen: forward only (a reference model): no optimizer, no gradients; ``param_offload`` still applies.
+    attn_implementation: the transformers attention implementation models are loaded with (``"sdpa"``,
+        ``"eager"``, ``"flash_attention_2"``, a registered custom one); ``None`` asks the backend
+        (``DeviceBackend.attention_implementation``), except that flash-attention kernels, which need half
+        precision, become ``"sdpa"`` when the compute dtype is fp32.
     wrap_single_rank: at world size 1 with fp32 compute there is nothing to shard and no dtype to cast, so by
         default (``False``) the model runs without an FSDP wrapper: FSDP's hooks would only add work (about a
         quarter of a small model's GRPO step on the CPU). ``True`` wraps it anyway (e.g. to exercise FSDP with
@@ -76,6 +80,7 @@ class EngineConfig:
     frozen: bool = False
     load_on_rank0: bool = True
     wrap_single_rank: bool = False
+    attn_implementation: str | None = None
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -118,6 +123,9 @@ class EngineConfig:
             yield f"lora_rank must be >= 0, got {self.lora_rank!r}"
         if self.frozen and self.optimizer_offload:
             yield "a frozen engine has no optimizer: turn optimizer_offload off"
+        if self.attn_implementation is not None and not (isinstance(self.attn_implementation, str)
+                                                         and self.attn_implementation.strip()):
+            yield f"attn_implementation must be a name or None, got {self.attn_implementation!r}"
         if self.dist_timeout_s <= 0:
             yield f"dist_timeout_s must be positive, got {self.dist_timeout_s!r}"
 

@@ -1,10 +1,11 @@
-"""The engine's conformance rules: one small training step of the real engine on the backend under test.
+"""The engine's conformance rules: one small training step of the real engine on the backend under test, and the
+packing probe with the backend's attention implementation.
 
 The kit in ``accel_backends.testing`` checks the device contract and knows nothing of engines; this module adds
-``engine-fsdp2`` and ``engine-fsdp1`` to it through the ``register_conformance_rules`` hook (the project's
-``accel_backends.conformance`` entry point, or ``ACCEL_BACKENDS_PLUGINS=engine.conformance`` in a checkout that
-is not installed). Each runs in every rank of the kit's job; the engine's observer events are recorded to check
-that every mode enter event is followed by its exit event and that the moves are reported.
+``engine-fsdp2``, ``engine-fsdp1`` and ``engine-packing`` to it through the ``register_conformance_rules`` hook
+(the project's ``accel_backends.conformance`` entry point, or ``ACCEL_BACKENDS_PLUGINS=engine.conformance`` in a
+checkout that is not installed). Each runs in every rank of the kit's job; the engine's observer events are
+recorded to check that every mode enter event is followed by its exit event and that the moves are reported.
 """
 
 from __future__ import annotations
@@ -130,7 +131,27 @@ def _engine_rule(version: int) -> Rule:
                 "step, one offload round trip", check, multi_process=True)
 
 
+def run_packing_probe(backend: DeviceBackend, nproc: int) -> str:
+    """The attention implementation the backend prefers keeps packed sequences apart on a sharded tiny model."""
+    try:
+        import transformers  # noqa: F401
+    except ImportError as exc:
+        raise RuleSkipped(f"the engine rules need transformers: {exc}") from None
+    from . import EngineConfig, FSDPEngine
+
+    engine = FSDPEngine(tiny_causal_lm, EngineConfig(fsdp_version=2), backend=backend)
+    supported = engine.packed_input_supported()
+    probe = engine.packed_input_probe
+    require(supported, f"attention implementation {engine.attn_implementation!r} (the backend's choice: "
+                       f"{backend.attention_implementation(packed=True)!r}) cannot take packed input: "
+                       f"{probe.describe()}")
+    return f"attention {engine.attn_implementation!r}: {probe.describe()}"
+
+
 @hookimpl
 def register_conformance_rules(register):
     register(_engine_rule(2))
     register(_engine_rule(1))
+    register(Rule("engine-packing", "the backend's attention implementation keeps the sequences of a packed row "
+                  "apart (positions restarting at 0, no mask), as transformers' sdpa, eager and flash-attention do",
+                  run_packing_probe, multi_process=True))

@@ -28,7 +28,7 @@ import torch.nn as nn
 import accel_backends
 from accel_backends.names import did_you_mean
 
-from . import checkpoint, events
+from . import checkpoint, events, packing
 from .config import EngineConfig
 from .fsdp import offload, private_state, rank0_loading, sync_plan
 from .fsdp.full_weights import unit_weights
@@ -66,7 +66,8 @@ class FSDPEngine:
         # A path or a factory is built for real on rank 0 only; the other ranks build it on the meta device.
         built, from_rank0 = rank0_loading.build(model, self.rank, self.world_size, self.config.load_on_rank0)
         self.model_config = getattr(built, "config", None)
-        prepared = prepare_model(built, self.config)
+        self.attn_implementation = self._attention_choice()
+        prepared = prepare_model(built, self.config, self.attn_implementation)
         if self.config.frozen:
             prepared.requires_grad_(False)  # before sharding, so FSDP knows no gradients are wanted
         trainable = sync_plan.trainable_numel(prepared)
@@ -100,6 +101,7 @@ class FSDPEngine:
         self._mode_stack: list[bool] = []  # the open train_mode (True) / eval_mode (False) contexts
         self._module_training: bool | None = None  # the mode the engine last set on every submodule
         self._update_peak_open = False  # the peak-memory figure already covers this update's onload
+        self.packed_input_probe: packing.ProbeResult | None = None  # set by packed_input_supported()
         if self.config.param_offload:
             self.to(HOST, model=True, optimizer=False)
         if self.config.optimizer_offload:
@@ -117,6 +119,46 @@ class FSDPEngine:
                                   free_bytes=self.backend.memory_stats().free, margin=config.grad_sync_margin)
         sync_plan.log_plan(decision, self.rank)
         return decision
+
+    def _attention_choice(self) -> str:
+        """The configured attention implementation, else the backend's (flash kernels need half precision), with
+        ``sdpa`` run as ``packed_sdpa`` (the same, but a packed row costs what its sequences cost)."""
+        chosen = self.config.attn_implementation
+        if chosen is None:
+            chosen = self.backend.attention_implementation(packed=True)
+            if chosen.startswith("flash_attention") and compute_dtype(self.config, self.backend) == torch.float32:
+                chosen = "sdpa"
+            if chosen == "sdpa":
+                chosen = packing.PACKED_SDPA
+        if chosen == packing.PACKED_SDPA:
+            packing.register_packed_sdpa()
+        return chosen
+
+    # -- packed input -------------------------------------------------------------------------------------------
+
+    def packed_input_supported(self) -> bool:
+        """Whether the model keeps packed sequences apart (one row, positions restarting, no mask), probed once.
+
+        A collective (a forward of the sharded model): call it on every rank alike. The first call runs
+        ``engine.packing.probe_packed_input`` in ``eval_mode`` and the ranks agree on the verdict; a "no" is
+        warned about once (rank 0), and a trainer then falls back to padded micro-batches.
+        """
+        if self.packed_input_probe is None:
+            vocab_size = getattr(self.model_config, "vocab_size", None)
+            if not vocab_size:
+                result = packing.ProbeResult(False, float("inf"), 0.0, "the model has no config.vocab_size to probe")
+            else:
+                with self.eval_mode(), phase("forward"):
+                    result = packing.probe_packed_input(self.module, self.backend.device(), int(vocab_size))
+            verdict = torch.tensor([float(result.works)], device=self.backend.metrics_device())
+            dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
+            if result.works and not verdict.item():
+                result = dataclasses.replace(result, works=False, error="another rank's probe failed")
+            self.packed_input_probe = result
+            if not result.works and self.rank == 0:
+                warnings.warn(f"attention implementation {self.attn_implementation!r} cannot take packed sequences "
+                              f"({result.describe()}): using padded micro-batches instead", stacklevel=2)
+        return self.packed_input_probe.works
 
     # -- residency ----------------------------------------------------------------------------------------------
 

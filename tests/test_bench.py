@@ -10,7 +10,8 @@ from engine.bench.cli import main
 TINY = ["--steps", "1", "--switches", "1", "--switch-layers", "2,3", "--micro-batch-counts", "1,4",
         "--rollout-tokens", "2,4", "--rollout-batch", "2", "--grpo-steps", "1",
         "--grpo-override", "train.prompts_per_step=4", "--grpo-override", "rollout.n=4",
-        "--grpo-override", "train.mini_batch_size=8", "--grpo-override", "train.micro_batch_size=4"]
+        "--grpo-override", "train.prompts_per_update=4", "--grpo-override", "train.micro_batch_size=4",
+        "--packing-budgets", "16,128"]
 
 
 @pytest.mark.slow
@@ -22,7 +23,7 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert "== GRPO step" in result.stdout and "engine / hand-written" in result.stdout
     data = json.loads(out.read_text())
     scenarios = data["scenarios"]
-    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo"}
+    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo", "packing"}
     assert png.read_bytes()[:4] == b"\x89PNG"
 
     switch = scenarios["mode_switch"]
@@ -64,6 +65,12 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert grpo["calls_per_step"]["rollout"] == 1 and grpo["calls_per_step"]["update"] == 1
     assert grpo["calls_per_step"]["ref_log_probs"] == 1  # cpu-demo has a KL reference model
     assert set(grpo["parts"]) == {"rollout", "old_log_probs", "ref_log_probs", "update", "other"}
+    packing = scenarios["packing"]  # 16 sequences over 2 ranks, 4 per micro-batch: 2 micro-batches per rank
+    assert packing["micro_batches_per_rank"] == {"packed": 2, "padded": 2, "rollout": 2}
+    pads = packing["pad_tokens_per_update"]
+    assert pads["packed"] == 0 and pads["padded"] >= 0 and pads["rollout"] > 0, pads  # counted, none when packed
+    assert set(packing["update"]) == {"packed", "padded", "rollout"} and packing["packed_over_padded"] > 0
+    assert packing["peak_by_budget"]["128"]["micro_batches_per_rank"] == 1  # at most 144 tokens over 2 ranks
 
 
 @pytest.mark.parametrize("argv, message", [

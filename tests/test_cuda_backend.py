@@ -245,3 +245,20 @@ def test_info_cuda_shows_driver_cuda_and_nccl_versions(patched_cuda, monkeypatch
     described = CUDABackend().describe()
     assert (described["platform"], described["driver"], described["nccl"]) == ("CUDA 12.8", "550.54.15", "2.27.5")
     assert described["devices"] == ["Stand-in GPU 0", "Stand-in GPU 1"]
+def test_attention_choice_is_flash_attention_2_only_when_flash_attn_imports(monkeypatch, tmp_path):
+    """STAND-IN flash_attn packages on the path: one that imports, one that fails as a mismatched build does."""
+    import sys
+
+    from accel_backends.backends.cpu import CPUBackend
+
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # what Python does for a package that is not there
+    assert CUDABackend().attention_implementation(packed=True) == "sdpa"
+    monkeypatch.delitem(sys.modules, "flash_attn")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "flash_attn.py").write_text("raise ImportError('undefined symbol: _ZN3c10 (another torch)')\n")
+    assert CUDABackend().attention_implementation(packed=True) == "sdpa"
+    monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
+    (tmp_path / "flash_attn.py").write_text("__version__ = '0.0.0-standin'\n")
+    assert CUDABackend().attention_implementation(packed=True) == "flash_attention_2"
+    assert CUDABackend().attention_implementation(packed=False) == "flash_attention_2"
+    assert CPUBackend().attention_implementation(packed=True) == "sdpa"  # the default every backend inherits

@@ -62,7 +62,8 @@ def test_reward_that_cannot_be_imported(capsys):
 @pytest.mark.parametrize("overrides, message", [
     (["train.prompts_per_step=5"], "train.prompts_per_step=5 does not divide over 2 ranks"),
     (["train.mini_batch_size=48"], "which train.mini_batch_size=48 does not divide"),
-    (["train.micro_batch_size=24"], "train.mini_batch_size=64 is not a multiple of train.micro_batch_size=24"),
+    (["train.prompts_per_update=5"], "train.prompts_per_update=5 does not divide train.prompts_per_step=16"),
+    (["train.micro_batch_tokens=8"], "train.micro_batch_tokens=8 is smaller than the longest possible sequence"),
     (["rollout.n=1"], "rollout.n must be at least 2"),
     (["algorithm.loss_agg=mean"], "algorithm.loss_agg must be one of"),
 ])

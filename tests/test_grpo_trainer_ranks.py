@@ -37,16 +37,15 @@ def _full_grads(module):
             for p in module.parameters() if p.grad is not None]
 
 
-def _forward_widths(trainer):
-    """The sequence width of every forward of the actor (generate's are the prompt's, then 1)."""
-    widths = []
+def _log_prob_forwards(trainer):
+    """Counts the actor's log-prob forwards (generate's forwards use a KV cache, the log-prob passes do not)."""
+    count = []
 
     def hook(module, args, kwargs):
-        ids = kwargs.get("input_ids", args[0] if args else None)
-        if ids is not None:
-            widths.append(ids.size(1))
+        if kwargs.get("use_cache") is False:
+            count.append(1)
 
-    return widths, trainer.actor.module.register_forward_pre_hook(hook, with_kwargs=True)
+    return count, trainer.actor.module.register_forward_pre_hook(hook, with_kwargs=True)
 
 
 def _full_model(model_config):
@@ -59,38 +58,37 @@ def _full_model(model_config):
     return source() if callable(source) else AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
 
 
-def _hand_reference_grads(trainer, rank_data, mode):
+def _hand_reference_grads(trainer, data, mode):
     """The loss of the whole global batch (both ranks' sequences) on an unsharded copy, aggregated by hand."""
-    from engine.grpo.logprobs import position_ids
     model = _full_model(trainer.config.model)
-    per_token, masks = [], []
-    for data in rank_data:
-        batch = data["batch"]
-        # The plain formula: full logits, full log-softmax (independent of engine.grpo.logprobs' slicing).
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       position_ids=position_ids(batch["attention_mask"])).logits
-        logits = logits[:, batch["prompt_length"] - 1:-1] / trainer.config.rollout.temperature
-        targets = batch["input_ids"][:, batch["prompt_length"]:]
-        log_probs = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    sums, lengths = [], []
+    sequences = data.sequences
+    for i in range(len(sequences)):
+        # The plain formula, one sequence at a time: full logits, full log-softmax (independent of packing and of
+        # engine.grpo.logprobs' slicing).
+        start, end = int(sequences.starts[i]), int(sequences.lengths[i])
+        ids = sequences.tokens[i, :end].unsqueeze(0)
+        logits = model(input_ids=ids).logits[0, start - 1:end - 1] / trainer.config.rollout.temperature
+        log_probs = torch.log_softmax(logits, -1).gather(-1, ids[0, start:end].unsqueeze(-1)).squeeze(-1)
         ratio = torch.exp(log_probs - log_probs.detach())
-        per_token.append(-data["advantages"].unsqueeze(-1) * ratio)
-        masks.append(batch["response_mask"].float())
-    sums = [(values * mask).sum(dim=1) for values, mask in zip(per_token, masks, strict=True)]
-    lengths = [mask.sum(dim=1) for mask in masks]
+        mask = data.loss_mask[i, :end - start].float()
+        sums.append((-data.advantages[i] * ratio * mask).sum())
+        lengths.append(mask.sum())
+    sums, lengths = torch.stack(sums), torch.stack(lengths)
     if mode == "token-sum":
-        loss = sum(s.sum() for s in sums)
+        loss = sums.sum()
     elif mode == "token-mean":
-        loss = sum(s.sum() for s in sums) / sum(n.sum() for n in lengths)
+        loss = sums.sum() / lengths.sum()
     elif mode == "seq-mean-token-sum":
-        loss = torch.cat(sums).mean()
+        loss = sums.mean()
     elif mode == "seq-mean-token-sum-norm":  # Dr. GRPO: divided by rollout.max_new_tokens (10)
-        loss = torch.cat(sums).mean() / trainer.config.rollout.max_new_tokens
-    elif mode == "micro-batch-token-mean":  # bnpo: the mean of the 4 micro-batches' token means (2 per rank)
-        means = [(values[rows] * mask[rows]).sum() / mask[rows].sum().clamp(min=1)
-                 for values, mask in zip(per_token, masks, strict=True) for rows in (slice(0, 2), slice(2, 4))]
-        loss = torch.stack(means).mean()
+        loss = sums.mean() / trainer.config.rollout.max_new_tokens
+    elif mode == "micro-batch-token-mean":  # bnpo: the mean over every rank's micro-batches of their token means
+        (mini,) = data.mini_batches
+        micro_batches = [list(micro) for ranks in mini.plan.ranks for micro in ranks if micro]
+        loss = torch.stack([sums[m].sum() / lengths[m].sum().clamp(min=1) for m in micro_batches]).mean()
     else:
-        loss = torch.cat([s / n.clamp(min=1) for s, n in zip(sums, lengths, strict=True)]).mean()
+        loss = (sums / lengths.clamp(min=1)).mean()
     loss.backward()
     return [p.grad.clone() for p in model.parameters()]
 
@@ -162,52 +160,51 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
                                                   for n, p in plugin.model.named_parameters())}
 
     # -- issue 12: one update per step reuses the policy's own log-probs; the old-log-prob forward is gone -------
-    widths, handle = _forward_widths(trainer)
+    forwards, handle = _log_prob_forwards(trainer)
     data_by_path = {}
     for reuse in (False, True):
         trainer.reuse_policy_log_probs = reuse
-        widths.clear()
+        forwards.clear()
         data, _ = trainer.collect(step=0)
         data_by_path[reuse] = data
-        out[f"collect_forwards_{reuse}"] = widths.count(data.batch.input_ids.size(1))
+        out[f"collect_forwards_{reuse}"] = len(forwards)
     handle.remove()
     results = {}
     data = data_by_path[False]
-    data.advantages = torch.randn(len(data.batch), generator=torch.Generator().manual_seed(7 + rank))
-    micro = [data.micro_batch(slice(s, s + 2)) for s in (0, 2)]
+    # The same advantages on every rank: after the exchange each rank holds the whole step's batch.
+    data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
+    (mini,) = data.mini_batches
+    out["micro_batches_per_rank"] = len(mini.plan.ranks[rank])
     with trainer.actor.train_mode():
-        metrics_old = trainer.actor.forward_backward_batch(micro, trainer._step_fn)
+        metrics_old = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
         grads_old = _full_grads(trainer.actor.module)
         trainer.actor.zero_grad()
         data.old_log_probs = None
-        micro = [data.micro_batch(slice(s, s + 2)) for s in (0, 2)]
-        metrics_new = trainer.actor.forward_backward_batch(micro, trainer._step_fn)
+        metrics_new = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
         grads_new = _full_grads(trainer.actor.module)
         trainer.actor.zero_grad()
     results["grad_max_diff"] = max((a - b).abs().max().item() for a, b in zip(grads_old, grads_new, strict=True))
     results["loss_old_new"] = (metrics_old["loss"], metrics_new["loss"])
     out.update(results)
 
-    # -- every loss_agg mode: gradients over 2 micro-batches x 2 ranks equal a hand-computed global loss ---------
-    shared = {"batch": {"input_ids": data.batch.input_ids, "attention_mask": data.batch.attention_mask,
-                        "response_mask": data.batch.response_mask, "prompt_length": data.batch.prompt_length},
-              "advantages": data.advantages}
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, shared)
+    # -- every loss_agg mode: gradients over 2 packed micro-batches x 2 ranks equal a hand-computed global loss --
     out["agg_max_rel_diff"] = {}
     for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                  "micro-batch-token-mean"):
         trainer.config.algorithm.loss_agg = mode
         with trainer.actor.train_mode():
-            trainer.actor.forward_backward_batch(micro, trainer._step_fn)
+            trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
             got = _full_grads(trainer.actor.module)
             trainer.actor.zero_grad()
-        want = _hand_reference_grads(trainer, everyone, mode)
+        want = _hand_reference_grads(trainer, data, mode)
         scale = max(w.abs().max().item() for w in want)
         out["agg_max_rel_diff"][mode] = max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
 
     # -- LoRA + KL: the reference is the actor's base with adapters disabled, not a second copy -------------------
-    lora = _trainer(tmp, model_dir, data_path, "engine.lora_rank=4", "algorithm.kl_coef=0.01")
+    # Padded micro-batches here: the packing probe's forward at start-up would leave FSDP2's root unsharded (as any
+    # forward-only pass does) and spoil the count of base weights below; packed LoRA is tested in test_packing_ranks.
+    lora = _trainer(tmp, model_dir, data_path, "engine.lora_rank=4", "algorithm.kl_coef=0.01",
+                    "train.padding_free=false")
     out["lora_reference_engine"] = lora.reference is not None
     engines = [e for e in (lora.actor, lora.reference) if e is not None]
     base_numel = sum((p.to_local() if hasattr(p, "to_local") else p).numel()
@@ -222,16 +219,27 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     with lora.actor.eval_mode():
         lora_batch = rollout(lora.rollout_engine, lora.tokenizer, [s.prompt for s in samples],
                              dataclasses.replace(lora.sampling, n=2, max_new_tokens=6, temperature=1.0))
-        actor_lp = batched_log_probs(lora.actor, lora_batch, 2, 0.9)
-    ref_lp = lora.reference_log_probs(lora_batch)
-    from engine.grpo.logprobs import response_log_probs
+    from engine.grpo.batches import gather_step_data, rank_sequences
+    from engine.grpo.logprobs import planned_log_probs
 
+    lora_data = gather_step_data(rank_sequences(lora_batch, torch.zeros(len(lora_batch))), lora.batching, rank,
+                                 dist.get_world_size(), torch.device("cpu"))
+    with lora.actor.eval_mode():
+        actor_lp = planned_log_probs(lora.actor, lora_data, 0.9, "old")
+    ref_lp = lora.reference_log_probs(lora_data)
+    mine = sorted(i for micro in lora_data.mini_batches[0].plan.ranks[rank] for i in micro)  # this rank's share
     with torch.no_grad():
-        base_lp = response_log_probs(_full_model(lora.config.model), lora_batch.input_ids, lora_batch.attention_mask,
-                                     lora_batch.prompt_length, 0.9)  # rollout.temperature
-    m = lora_batch.response_mask.bool()
-    out["ref_vs_base"] = (ref_lp - base_lp)[m].abs().max().item()
-    out["actor_vs_base"] = (actor_lp - base_lp)[m].abs().max().item()
+        base = _full_model(lora.config.model)
+        diffs = {"ref": [], "actor": []}
+        for i in mine:
+            start, end = int(lora_data.sequences.starts[i]), int(lora_data.sequences.lengths[i])
+            ids = lora_data.sequences.tokens[i, :end]
+            want = torch.log_softmax(base(input_ids=ids[None]).logits[0, start - 1:end - 1] / 0.9, -1)
+            want = want.gather(-1, ids[start:end, None])[:, 0]
+            diffs["ref"].append((ref_lp[i, :end - start] - want).abs().max().item())
+            diffs["actor"].append((actor_lp[i, :end - start] - want).abs().max().item())
+    out["ref_vs_base"] = max(diffs["ref"])
+    out["actor_vs_base"] = max(diffs["actor"])
     return out
 
 
@@ -270,7 +278,9 @@ def test_trainer_on_two_ranks(fixture_dirs):
         assert copy["received"] == copy["expected"] and len(copy["received"]) == 3
         assert copy["expected"][0] != copy["expected"][1] != copy["expected"][2]
         assert copy["own_equals_actor"]
-        # Old path: one log-prob forward per micro-batch (4 sequences per rank / 2) in collect; new path: none.
+        # Old path: one log-prob forward per micro-batch of this rank (8 sequences over 2 ranks, 2 per micro-batch)
+        # in collect; new path: none.
+        assert out["micro_batches_per_rank"] == 2
         assert out["collect_forwards_False"] == 2 and out["collect_forwards_True"] == 0, out
         assert out["grad_max_diff"] < 1e-5 and out["loss_old_new"][0] == pytest.approx(out["loss_old_new"][1],
                                                                                         abs=1e-6)

@@ -234,3 +234,8 @@ def test_init_distributed_sets_hccl_timeouts_the_user_did_not_set_and_says_so_on
     from accel_backends.backends.cpu import CPUBackend
 
     assert CPUBackend().distributed_env_defaults(60) == {}
+def test_attention_choice_is_the_ascend_flash_attention_when_torch_npu_works(standin, fake_torch_npu):
+    # transformers calls its Ascend integration "flash_attention_2" and routes it to torch_npu's fused attention.
+    assert NPUBackend().attention_implementation(packed=True) == "flash_attention_2"
+    fake_torch_npu('raise ImportError("libhccl.so: cannot open shared object file")\n')
+    assert NPUBackend().attention_implementation(packed=True) == "sdpa"

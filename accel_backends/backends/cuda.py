@@ -6,6 +6,7 @@ keeps only what is CUDA's own: the names, why it cannot run where it cannot, and
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 
@@ -42,6 +43,11 @@ class CUDABackend(DeviceBackend):
         return self.no_visible_device(torch.cuda, f"torch is built for {self.platform()} but no GPU is visible",
                                       ": check the driver (nvidia-smi or rocm-smi) and the visible-devices variable",
                                       label="CUDA")
+
+    def attention_implementation(self, packed: bool = True) -> str:
+        """``flash_attention_2`` when the ``flash_attn`` package imports (variable-length kernels: packed input costs
+        no mask), else ``sdpa``."""
+        return "flash_attention_2" if _flash_attn_importable() else "sdpa"
 
     def describe(self) -> dict:
         """torch, the CUDA (or HIP) version it was built with, the driver and NCCL (RCCL) versions, the GPUs."""
@@ -83,6 +89,14 @@ def _nccl_version() -> str | None:
     except Exception:  # noqa: BLE001 - a build without NCCL
         return None
     return ".".join(str(part) for part in version) if isinstance(version, tuple) else str(version)
+
+
+def _flash_attn_importable() -> bool:
+    try:
+        importlib.import_module("flash_attn")
+    except Exception:  # noqa: BLE001 - a broken build (wrong CUDA or torch ABI) counts as absent
+        return False
+    return True
 
 
 @hookimpl

@@ -58,6 +58,11 @@ class NPUBackend(DeviceBackend):
                                       ": check the driver with npu-smi info and the visible-devices variable",
                                       label="the NPU")
 
+    def attention_implementation(self, packed: bool = True) -> str:
+        """transformers' Ascend flash-attention integration when ``torch_npu`` works (transformers calls it
+        ``flash_attention_2`` and routes it to ``torch_npu``'s fused attention on an NPU), else ``sdpa``."""
+        return "flash_attention_2" if self._import_torch_npu() is None else "sdpa"
+
     def describe(self) -> dict:
         """torch and torch_npu, CANN and driver versions, each device's SoC name and memory, and the ``HCCL_*`` /
         ``ASCEND_*`` variables set (whether CANN's set_env.sh was sourced shows there)."""

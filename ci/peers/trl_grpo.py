@@ -1,4 +1,5 @@
-"""TRL's GRPOTrainer on the cpu-demo work: same model, task, reward and batch geometry as ``accel-grpo``.
+"""TRL's GRPOTrainer on the cpu-demo work (or on a model directory, ``--model-dir``): same model, task, reward and
+batch geometry as ``accel-grpo``.
 
 Run by ``ci/peers/compare.py`` in TRL's own virtual environment (``ci/bench-peers.sh`` makes it), with this
 repository on ``PYTHONPATH`` only for the task, reward, tokenizer and model config, so both sides learn the same
@@ -61,6 +62,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=64)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model-dir", help="a model directory (the long case) instead of cpu-demo's model")
     args = parser.parse_args()
 
     from transformers import TrainerCallback
@@ -94,13 +96,21 @@ def main() -> None:
 
         def on_log(self, args_, state, control, logs=None, **k):
             if self.pending and logs and "reward" in logs:
-                self.out.write(json.dumps({**self.pending, "reward_mean": logs["reward"]}) + "\n")
+                lengths = {"response_length": logs.get("completions/mean_length")}
+                self.out.write(json.dumps({**self.pending, "reward_mean": logs["reward"], **lengths}) + "\n")
                 self.out.flush()
                 self.pending = None
 
-    with tempfile.TemporaryDirectory() as model_dir, open(args.out, "w") as out:
-        tokenizer = save_demo_model(model_dir, args.hidden, args.layers, args.seed)
-        config = GRPOConfig(output_dir=f"{model_dir}/trl-out", **{k: v for k, v in wanted.items() if k in known})
+    with tempfile.TemporaryDirectory() as scratch, open(args.out, "w") as out:
+        if args.model_dir:
+            from transformers import AutoTokenizer
+
+            model_dir = args.model_dir
+            tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+        else:
+            model_dir = scratch
+            tokenizer = save_demo_model(model_dir, args.hidden, args.layers, args.seed)
+        config = GRPOConfig(output_dir=f"{scratch}/trl-out", **{k: v for k, v in wanted.items() if k in known})
         trainer = GRPOTrainer(model=model_dir, reward_funcs=echo_rewards, args=config,
                               train_dataset=build_dataset(args.steps * args.prompts_per_step, args.seed),
                               processing_class=tokenizer, callbacks=[StepLog(out)])

@@ -10,6 +10,12 @@ Scenarios (``--scenarios``, default all):
                --rollout-model, the rollout engines hf and hf-continuous side by side (time, tokens computed and
                produced, collectives per call)
   grpo         one GRPO step of a preset (cpu-demo): rollout, old/ref log-probs, update, tokens per second
+  packing      one GRPO rollout's update, packed / padded / as before packing, interleaved: time, pad tokens,
+               peak memory per token budget
+
+--grpo-case long (grpo and packing) runs a model whose responses spread over 1..128 tokens (make-tiny-model
+--hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos, written to a temporary directory) on
+16 echo prompts x 8 responses of up to 128 new tokens; --grpo-model-dir uses a model directory of your own.
 
 Variants run interleaved (A, B, A, B...) and are reported as medians and min-max; ratios are the median over
 rounds of each round's ratio. On a shared machine only ratios measured in one run mean anything.
@@ -18,16 +24,22 @@ rounds of each round's ratio. On a shared machine only ratios measured in one ru
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+import tempfile
 from pathlib import Path
 
-from . import grad_accum, grpo_step, mode_switch, overhead, rollout
+from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout
 from .common import release
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
-             "rollout": rollout.run, "grpo": grpo_step.run}
+             "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run}
+GRPO_SCENARIOS = ("grpo", "packing")
+# The long-response case: the model make-tiny-model writes with these settings, and the work around it.
+LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
+LONG_CASE_WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128"]
 
 
 def worker(options: dict) -> dict:
@@ -122,23 +134,50 @@ def build_parser() -> argparse.ArgumentParser:
     grpo.add_argument("--grpo-override", dest="grpo_overrides", action="append", default=[], metavar="KEY=VALUE",
                       help="an accel-grpo override, e.g. train.prompts_per_step=8 (repeatable)")
     grpo.add_argument("--profile", action="store_true", help="add a torch.profiler table of one GRPO step")
+    grpo.add_argument("--grpo-case", choices=("preset", "long"), default="preset",
+                      help="long: responses spread over 1..128 tokens (see above); preset: the preset's own work")
+    grpo.add_argument("--grpo-model-dir", type=Path, help="a model directory (sets model.path) for grpo and packing")
+    grpo.add_argument("--packing-budgets", type=_positive_list, default=[256, 512, 1024, 2048],
+                      help="token budgets whose update peak memory the packing scenario measures")
     return parser
 
 
 def main(argv=None) -> int:
-    from ..runtime import Interrupted, WorkerFailed, run
-
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.plot and "grad_accum" not in args.scenarios:
         parser.error("--plot draws the grad_accum scenario: add it to --scenarios")
-    if "grpo" in args.scenarios:
-        _check_grpo_settings(parser, args)
     if args.rollout_model is not None and not (args.rollout_model / "config.json").is_file():
         parser.error(f"--rollout-model {args.rollout_model} is not a model directory (no config.json): write one with "
                      "accel-grpo make-tiny-model DIR")
-    options = {k: v for k, v in vars(args).items() if k not in ("nproc", "json", "plot")}
-    options["rollout_model"] = str(args.rollout_model) if args.rollout_model else None
+    with contextlib.ExitStack() as stack:
+        if any(name in args.scenarios for name in GRPO_SCENARIOS):
+            args.grpo_overrides = _case_overrides(args, stack) + args.grpo_overrides
+            _check_grpo_settings(parser, args)
+        options = {k: v for k, v in vars(args).items() if k not in ("nproc", "json", "plot", "grpo_model_dir")}
+        options["rollout_model"] = str(args.rollout_model) if args.rollout_model else None
+        return _run_and_report(args, options)
+
+
+def _case_overrides(args, stack: contextlib.ExitStack) -> list[str]:
+    """Overrides for --grpo-case and --grpo-model-dir (a long-case model is written to a temporary directory)."""
+    overrides = []
+    model_dir = args.grpo_model_dir
+    if args.grpo_case == "long":
+        overrides += LONG_CASE_WORK
+        if model_dir is None:
+            from ..grpo.fixture import make_tiny_model
+
+            model_dir = make_tiny_model(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "long-case",
+                                        **LONG_CASE_MODEL)
+    if model_dir is not None:
+        overrides.append(f"model.path={model_dir}")
+    return overrides
+
+
+def _run_and_report(args, options: dict) -> int:
+    from ..runtime import Interrupted, WorkerFailed, run
+
     try:
         result = run(worker, args.nproc, options)
     except WorkerFailed as exc:

@@ -1,7 +1,7 @@
 """GRPO step breakdown for a preset (``cpu-demo`` by default): rollout, old and reference log-probs, update.
 
 Runs the real ``GRPOTrainer`` step by step and times its parts by wrapping the functions the trainer calls
-(``rollout`` and ``batched_log_probs``), so the figures follow the trainer as it changes: a trainer that skips the
+(``rollout`` and ``planned_log_probs``), so the figures follow the trainer as it changes: a trainer that skips the
 old-log-prob forward shows zero calls there. ``--profile`` adds a ``torch.profiler`` table of one step.
 """
 
@@ -19,7 +19,7 @@ FSDP_HOOK_FRAMES = {"FSDP::pre_forward", "FSDP::post_forward", "FSDP::pre_backwa
 
 
 class _PartTimer:
-    """Wraps the trainer module's ``rollout`` and ``batched_log_probs`` to time and count them per step."""
+    """Wraps the trainer module's ``rollout`` and ``planned_log_probs`` to time and count them per step."""
 
     def __init__(self, trainer_module, trainer) -> None:
         self.module, self.trainer = trainer_module, trainer
@@ -45,8 +45,7 @@ class _PartTimer:
 
     def __enter__(self):
         namers = {"rollout": lambda *a: "rollout",
-                  "batched_log_probs": lambda engine, *a: (
-                      "ref_log_probs" if engine is self.trainer.reference else "old_log_probs")}
+                  "planned_log_probs": lambda engine, data, temperature, what: f"{what}_log_probs"}
         # A trainer that no longer calls one of these shows its time under "other" rather than failing here.
         self._saved = {name: getattr(self.module, name) for name in namers if hasattr(self.module, name)}
         for name, original in self._saved.items():
@@ -108,7 +107,7 @@ def run(options, backend, rank) -> dict:
                     parts[name].append(timer.seconds[name])
                 calls = dict(timer.calls)
         result = {"preset": options["grpo_preset"], "overrides": overrides, "world_size": trainer.world_size,
-                  "sequences_per_rank": len(data.batch), "step": summary(steps),
+                  "sequences_per_rank": int(stats["sequences"]), "step": summary(steps),
                   "parts": {name: summary(values) for name, values in parts.items()},
                   "calls_per_step": calls}
         other = [s - sum(parts[name][i] for name in PARTS) for i, s in enumerate(steps)]

@@ -88,8 +88,28 @@ def print_grpo(s: dict) -> None:
             print(f"    {row['name'][:56]:56} {row['self_cpu_ms']:9.1f} ms, {row['calls']} calls")
 
 
+def print_packing(s: dict) -> None:
+    limit = (f"budget {s['micro_batch_tokens']} tokens" if s["micro_batch_tokens"]
+             else f"{s['micro_batch_size']} sequences")
+    print(f"\n== packing (one update of {s['sequences']} sequences, {s['tokens']} tokens, longest "
+          f"{s['longest_sequence']}; {s['world_size']} rank(s); micro-batches of {limit}) ==")
+    print(f"  {'variant':8} {'update':>30} {'micro-batches':>14} {'pad tokens':>11} {'activations MiB':>16}")
+    for name, row in s["update"].items():
+        print(f"  {name:8} {_ms(row):>30} {s['micro_batches_per_rank'][name]:14d} "
+              f"{s['pad_tokens_per_update'][name]:11d} {s['activation_mib'][name]:16.1f}")
+    print("  (activations: bytes autograd keeps for backward, largest micro-batch; the peak memory a budget bounds)")
+    print(f"packed / padded update time {s['packed_over_padded']:.2f}, packed / as before packing "
+          f"{s['packed_over_rollout']:.2f}; token imbalance (max / mean over ranks) {s['token_imbalance']:.3f}")
+    for budget, row in s["peak_by_budget"].items():
+        if "skipped" in row:
+            print(f"  budget {budget:>6}: skipped, {row['skipped']}")
+        else:
+            print(f"  budget {budget:>6}: {row['micro_batches_per_rank']:3d} micro-batches per rank, activations "
+                  f"{row['activation_mib']:.1f} MiB at most per micro-batch")
+
+
 PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
-            "rollout": print_rollout, "grpo": print_grpo}
+            "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing}
 
 
 def print_result(result: dict) -> None:

@@ -1,4 +1,4 @@
-"""Model preparation before sharding: PEFT LoRA and gradient checkpointing."""
+"""Model preparation before sharding: the attention implementation, PEFT LoRA and gradient checkpointing."""
 
 from __future__ import annotations
 
@@ -30,8 +30,21 @@ def apply_lora(model: nn.Module, config: EngineConfig) -> nn.Module:
     return get_peft_model(model, lora)
 
 
-def prepare_model(model: nn.Module, config: EngineConfig) -> nn.Module:
-    """Apply LoRA when asked (unless the model already is a PEFT model) and gradient checkpointing."""
+def use_attention(model: nn.Module, implementation: str | None) -> None:
+    """Switch a Hugging Face model (PEFT-wrapped or not) to ``implementation``; other modules are left as they are."""
+    if implementation is None:
+        return
+    target = model.get_base_model() if is_peft_model(model) else model
+    setter = getattr(target, "set_attn_implementation", None)
+    current = getattr(getattr(target, "config", None), "_attn_implementation", None)
+    if callable(setter) and current != implementation:
+        setter(implementation)
+
+
+def prepare_model(model: nn.Module, config: EngineConfig, attn_implementation: str | None = None) -> nn.Module:
+    """Set the attention implementation, apply LoRA when asked (unless the model already is a PEFT model) and
+    gradient checkpointing."""
+    use_attention(model, attn_implementation)
     if config.lora_rank > 0 and not is_peft_model(model):
         model = apply_lora(model, config)
     if config.gradient_checkpointing:

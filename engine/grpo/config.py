@@ -79,9 +79,12 @@ class AlgorithmConfig:
 class TrainConfig:
     steps: int = 40
     prompts_per_step: int = 16  # over all ranks
+    prompts_per_update: int | None = None  # over all ranks, with their rollout.n responses; null: one update per step
     ppo_epochs: int = 1
-    mini_batch_size: int = 64  # sequences per rank per optimizer step
-    micro_batch_size: int = 16  # sequences per forward/backward
+    mini_batch_size: int | None = None  # deprecated: sequences per rank per update (use prompts_per_update)
+    micro_batch_size: int = 16  # sequences per micro-batch per rank, when micro_batch_tokens is not set
+    micro_batch_tokens: int | None = None  # tokens (prompt + response) per micro-batch per rank; replaces the count
+    padding_free: bool = True  # pack each micro-batch's sequences in one row (no pad tokens) where the model can
     seed: int = 0
 
 
@@ -132,27 +135,31 @@ PRESETS: dict[str, dict] = {
         "data": {"task": "echo"},
         "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 4},
         "algorithm": {"kl_loss_coef": 0.001, "ref_param_offload": True},
-        "train": {"steps": 200, "prompts_per_step": 16, "mini_batch_size": 64, "micro_batch_size": 16},
+        "train": {"steps": 200, "prompts_per_step": 16, "micro_batch_size": 16},
         "engine": {"fsdp_version": 2, "lr": 2e-3, "max_grad_norm": 1.0},
     },
 }
 
 
-def _accelerator_preset(micro_batch_size: int) -> dict:
-    """Real models on GPUs/NPUs: a local model and GSM8K data are required (model.path=, data.path=)."""
+def _accelerator_preset(micro_batch_tokens: int) -> dict:
+    """Real models on GPUs/NPUs: a local model and GSM8K data are required (model.path=, data.path=).
+
+    The token budget bounds each micro-batch as the former 8 (H100) or 4 (910B) sequences of at most 512 prompt and
+    512 response tokens did; packed, a micro-batch holds as many sequences as fit.
+    """
     return {
         "nproc": "auto",
         "model": {"path": None},
-        "data": {"task": "gsm8k", "path": None},
+        "data": {"task": "gsm8k", "path": None, "max_prompt_tokens": 512},
         "rollout": {"n": 8, "temperature": 1.0, "max_new_tokens": 512},
         "algorithm": {"kl_loss_coef": 0.001, "ref_param_offload": True},
-        "train": {"steps": 200, "prompts_per_step": 64, "mini_batch_size": 64, "micro_batch_size": micro_batch_size},
+        "train": {"steps": 200, "prompts_per_step": 64, "micro_batch_tokens": micro_batch_tokens},
         "engine": {"fsdp_version": 2, "lr": 1e-6, "mixed_precision": "auto", "gradient_checkpointing": True},
     }
 
 
-PRESETS["h100"] = _accelerator_preset(micro_batch_size=8)  # 80 GB HBM
-PRESETS["ascend-910b"] = _accelerator_preset(micro_batch_size=4)  # 64 GB HBM
+PRESETS["h100"] = _accelerator_preset(micro_batch_tokens=8192)  # 80 GB HBM
+PRESETS["ascend-910b"] = _accelerator_preset(micro_batch_tokens=4096)  # 64 GB HBM
 
 
 def apply(config: Any, data: dict, prefix: str = "") -> None:
@@ -345,10 +352,45 @@ def sequences_per_rank(config: GRPOConfig, world_size: int) -> int:
     return prompts_per_rank(config, world_size) * config.rollout.n
 
 
+def mini_batch_sequences(config: GRPOConfig, world_size: int) -> int:
+    """Sequences per optimizer update over all ranks: ``prompts_per_update x n`` (the same on any number of
+    ranks), or, from the deprecated per-rank ``mini_batch_size``, that times the world size."""
+    t = config.train
+    if t.mini_batch_size is not None:
+        return t.mini_batch_size * world_size
+    return (t.prompts_per_update or t.prompts_per_step) * config.rollout.n
+
+
 def updates_per_step(config: GRPOConfig, world_size: int) -> int:
-    """Optimizer steps per GRPO step: PPO epochs x mini-batches in one rank's rollout."""
-    per_rank = sequences_per_rank(config, world_size)
-    return config.train.ppo_epochs * max(1, per_rank // config.train.mini_batch_size)
+    """Optimizer steps per GRPO step: PPO epochs x mini-batches in the step's sequences (all ranks')."""
+    sequences = config.train.prompts_per_step * config.rollout.n
+    return config.train.ppo_epochs * max(1, sequences // mini_batch_sequences(config, world_size))
+
+
+def prompt_token_limit(config: GRPOConfig) -> int | None:
+    """The longest prompt a run can see, in tokens, when known before any data is read: ``data.max_prompt_tokens``,
+    or the built-in echo task's longest prompt (one token per character at most)."""
+    if config.data.max_prompt_tokens:
+        return config.data.max_prompt_tokens
+    if not config.data.path and config.data.task == "echo":
+        from .tasks import EchoTask
+
+        return EchoTask().longest_prompt_chars()
+    return None
+
+
+def deprecation_notices(config: GRPOConfig, world_size: int) -> list[str]:
+    """Settings that still work this release but will not in the next, each with its replacement."""
+    notices = []
+    t = config.train
+    if t.mini_batch_size is not None:
+        prompts = mini_batch_sequences(config, world_size) / config.rollout.n
+        equivalent = f"{prompts:g}" if prompts == int(prompts) else f"about {prompts:.1f}"
+        notices.append(f"train.mini_batch_size counts sequences per rank and is deprecated (removed in the next "
+                       f"release): set train.prompts_per_update, prompts per optimizer update over all ranks "
+                       f"({equivalent} here on {world_size} rank(s)), which makes the same updates on any number of "
+                       "ranks")
+    return notices
 
 
 def derived(config: GRPOConfig, world_size: int) -> dict:
@@ -357,9 +399,9 @@ def derived(config: GRPOConfig, world_size: int) -> dict:
         "world_size": world_size,
         "prompts_per_rank": prompts_per_rank(config, world_size),
         "sequences_per_rank": sequences_per_rank(config, world_size),
-        "mini_batch_size_per_rank": config.train.mini_batch_size,
-        "micro_batch_size_per_rank": config.train.micro_batch_size,
-        "micro_batches_per_update": config.train.mini_batch_size // config.train.micro_batch_size,
+        "sequences_per_update": mini_batch_sequences(config, world_size),  # over all ranks
+        "micro_batch_tokens_per_rank": config.train.micro_batch_tokens,
+        "micro_batch_size_per_rank": None if config.train.micro_batch_tokens else config.train.micro_batch_size,
         "optimizer_steps_per_step": updates_per_step(config, world_size),
         "total_optimizer_steps": config.train.steps * updates_per_step(config, world_size),
     }
@@ -380,7 +422,7 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
     options.setdefault("total_steps", config.train.steps * updates_per_step(config, world_size))
     if frozen:
         keep = {"fsdp_version", "mixed_precision", "wrap_class_names", "dist_timeout_s", "seed", "lora_rank",
-                "lora_alpha", "lora_target_modules"}
+                "lora_alpha", "lora_target_modules", "attn_implementation"}
         options = {k: v for k, v in options.items() if k in keep}
         options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
     fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
@@ -397,6 +439,37 @@ def dist_timeout_s(config: GRPOConfig) -> float:
     """The process-group timeout the engine would use (the trainer creates the group before the engines)."""
     value = config.engine.get("dist_timeout_s", EngineConfig.dist_timeout_s)
     return coerce("engine.dist_timeout_s", value, "float")
+
+
+def _batch_problems(config: GRPOConfig, world_size: int) -> list[str]:
+    """Step, update and micro-batch sizes that cannot work (the values are positive integers here)."""
+    problems = []
+    t, r = config.train, config.rollout
+    if t.prompts_per_step % world_size:
+        problems.append(f"train.prompts_per_step={t.prompts_per_step} does not divide over {world_size} ranks")
+    if t.mini_batch_size is not None and t.prompts_per_update is not None:
+        problems.append("set train.prompts_per_update (over all ranks) or the deprecated train.mini_batch_size (per "
+                        "rank), not both")
+    elif t.mini_batch_size is not None and not t.prompts_per_step % world_size:
+        per_rank = t.prompts_per_step // world_size * r.n
+        if per_rank % t.mini_batch_size:
+            problems.append(f"each rank rolls out {per_rank} sequences (prompts_per_step / ranks x rollout.n), "
+                            f"which train.mini_batch_size={t.mini_batch_size} does not divide")
+    elif t.prompts_per_update is not None and t.prompts_per_step % t.prompts_per_update:
+        problems.append(f"train.prompts_per_update={t.prompts_per_update} does not divide "
+                        f"train.prompts_per_step={t.prompts_per_step}: every optimizer update takes as many prompts")
+    if t.micro_batch_tokens is not None:
+        limit = prompt_token_limit(config)
+        if limit is None:
+            problems.append("train.micro_batch_tokens needs data.max_prompt_tokens (the longest prompt kept) so that "
+                            "every sequence is known to fit the budget before training starts")
+        elif limit + r.max_new_tokens > t.micro_batch_tokens:
+            longest = limit + r.max_new_tokens
+            problems.append(f"train.micro_batch_tokens={t.micro_batch_tokens} is smaller than the longest possible "
+                            f"sequence, {longest} tokens (prompt limit {limit} + rollout.max_new_tokens "
+                            f"{r.max_new_tokens}): raise train.micro_batch_tokens to at least {longest}, or lower "
+                            "data.max_prompt_tokens or rollout.max_new_tokens")
+    return problems
 
 
 def check(config: GRPOConfig, world_size: int) -> list[str]:
@@ -444,24 +517,21 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append("engine.mixed_precision=fp16 is not supported by accel-grpo (no loss scaling: token-weighted "
                         "losses overflow in fp16); use engine.mixed_precision=bf16 (or auto)")
     for name, value in (("train.steps", t.steps), ("train.prompts_per_step", t.prompts_per_step),
-                        ("train.ppo_epochs", t.ppo_epochs), ("train.mini_batch_size", t.mini_batch_size),
-                        ("train.micro_batch_size", t.micro_batch_size), ("rollout.n", r.n),
-                        ("rollout.max_new_tokens", r.max_new_tokens)):
+                        ("train.ppo_epochs", t.ppo_epochs), ("train.micro_batch_size", t.micro_batch_size),
+                        ("rollout.n", r.n), ("rollout.max_new_tokens", r.max_new_tokens)):
         if not isinstance(value, int) or value < 1:
             problems.append(f"{name} must be a positive integer, got {value!r}")
+    optional = (("train.prompts_per_update", t.prompts_per_update), ("train.mini_batch_size", t.mini_batch_size),
+                ("train.micro_batch_tokens", t.micro_batch_tokens))
+    for name, value in optional:
+        if value is not None and (not isinstance(value, int) or value < 1):
+            problems.append(f"{name} must be a positive integer or null, got {value!r}")
+    if not isinstance(t.padding_free, bool):
+        problems.append(f"train.padding_free must be true or false, got {t.padding_free!r}")
     problems += _check_algorithm(config)
     if problems:
         return problems
-    if t.prompts_per_step % world_size:
-        problems.append(f"train.prompts_per_step={t.prompts_per_step} does not divide over {world_size} ranks")
-    else:
-        per_rank = t.prompts_per_step // world_size * r.n
-        if per_rank % t.mini_batch_size:
-            problems.append(f"each rank rolls out {per_rank} sequences (prompts_per_step / ranks x rollout.n), "
-                            f"which train.mini_batch_size={t.mini_batch_size} does not divide")
-        if t.mini_batch_size % t.micro_batch_size:
-            problems.append(f"train.mini_batch_size={t.mini_batch_size} is not a multiple of "
-                            f"train.micro_batch_size={t.micro_batch_size}")
+    problems += _batch_problems(config, world_size)
     if r.n < 2:
         problems.append("rollout.n must be at least 2: GRPO compares samples within a group")
     for name in ("resume_fallback", "save_on_interrupt"):

@@ -8,7 +8,8 @@ them to the chosen token's log-probability (and entropy, from the same logits): 
 all. With gradients and several slices, each slice is recomputed in the backward pass instead of being kept
 (activation checkpointing of the slice).
 Models whose logits are not a plain linear layer of the hidden states (soft-capping, scaling) get their logits at
-the response positions only (``logits_to_keep``) and the same slice-by-slice reduction.
+the response positions only (``logits_to_keep``) and the same slice-by-slice reduction. The same code serves
+packed micro-batches (``engine.packing``: several sequences in one row) and left-padded batches.
 """
 
 from __future__ import annotations
@@ -20,7 +21,14 @@ from torch.utils.checkpoint import checkpoint
 
 from .rollout_engines.base import sampling_scores
 
-ROWS_PER_SLICE = 256  # positions (of all rows together) per log-softmax slice: 256 x 151,936 x 4 B = 156 MB
+SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32
+ROWS_PER_SLICE: int | None = None  # positions per slice; None: as many as SLICE_LOGITS allows for the vocabulary
+
+
+def rows_per_slice(vocab_size: int) -> int:
+    """Positions per slice: ``ROWS_PER_SLICE`` if set, else ``SLICE_LOGITS // vocab_size`` (256 with Qwen's
+    151,936 tokens, 18,992 with 2,048): the slice's memory is bounded, and a small vocabulary needs few slices."""
+    return ROWS_PER_SLICE or max(1, SLICE_LOGITS // vocab_size)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -56,9 +64,9 @@ def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 
 def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool,
-               entropy_grad: bool = False):
-    """Run ``compute(inputs_slice, targets_slice, with_entropy, entropy_grad)`` over ROWS_PER_SLICE positions at a
-    time.
+               vocab_size: int, entropy_grad: bool = False):
+    """Run ``compute(inputs_slice, targets_slice, with_entropy, entropy_grad)`` over ``rows_per_slice(vocab_size)``
+    positions at a time.
 
     With gradients and more than one slice, each slice's log-probs are recomputed in the backward pass instead of
     keeping its logits (activation checkpointing): only the inputs, which exist anyway, are kept; the entropy of
@@ -68,11 +76,12 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
     checkpointed computation (recomputed with the log-probs in the backward pass).
     """
     flat_targets = targets.reshape(-1)
-    starts = range(0, flat_targets.numel(), ROWS_PER_SLICE)
+    rows = rows_per_slice(vocab_size)
+    starts = range(0, flat_targets.numel(), rows)
     recompute = needs_grad and torch.is_grad_enabled() and len(starts) > 1
     pieces, entropies = [], []
     for start in starts:
-        part, chosen = inputs[start:start + ROWS_PER_SLICE], flat_targets[start:start + ROWS_PER_SLICE]
+        part, chosen = inputs[start:start + rows], flat_targets[start:start + rows]
         if recompute and with_entropy and entropy_grad:
             piece, entropy = checkpoint(lambda p, c: compute(p, c, True, True), part, chosen, use_reentrant=False)
         elif recompute:
@@ -93,16 +102,17 @@ def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entrop
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = False,
                     entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Chosen-token log-probs ``[B, R]`` (float32) of ``logits`` ``[B, R, V]``; optionally the entropy (no grad
-    unless ``entropy_grad``), under the sampling's top-k / top-p truncation.
+    """Chosen-token log-probs (float32, shaped as ``targets``) of ``logits`` ``[..., V]``; optionally the entropy
+    (no grad unless ``entropy_grad``), under the sampling's top-k / top-p truncation (0 / 1.0: none).
 
-    Equal to ``log_softmax(logits.float() / temperature).gather(targets)``, computed slice by slice over the
-    positions of all rows together (not per row: fewer, larger kernels).
+    Equal to ``log_softmax(logits.float() / temperature).gather(targets)`` without truncation, computed slice by
+    slice over the positions of all rows together (not per row: fewer, larger kernels).
     """
     def compute(chunk, chosen, entropy, grad):
         return _slice_outputs(chunk, chosen, temperature, entropy, grad, top_k, top_p)
 
-    return _in_slices(compute, logits.flatten(0, 1), targets, with_entropy, logits.requires_grad, entropy_grad)
+    return _in_slices(compute, logits.reshape(-1, logits.size(-1)), targets, with_entropy, logits.requires_grad,
+                      logits.size(-1), entropy_grad)
 
 
 def _plain_output_layer(module):
@@ -115,22 +125,23 @@ def _plain_output_layer(module):
 
 
 @contextlib.contextmanager
-def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_entropy: bool, entropy_out: list,
-                        entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0):
-    """Within the block the output layer returns the chosen tokens' log-probs ``[B, R]`` instead of logits.
+def _fused_output_layer(head, select, targets: torch.Tensor, temperature: float, with_entropy: bool,
+                        entropy_out: list, entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0):
+    """Within the block the output layer returns the chosen tokens' log-probs (shaped as ``targets``) instead of
+    logits.
 
     It runs inside the model's own forward (so a sharded model has its weights gathered, and its backward hooks
-    see the result), computing logits for one slice of positions at a time (``_in_slices``).
+    see the result), on the hidden states of the kept positions, of which ``select`` picks the scored ones (one
+    row each, in ``targets`` order), computing logits for one slice of them at a time (``_in_slices``).
     """
     def compute(hidden, chosen, entropy, grad):
         return _slice_outputs(torch.nn.functional.linear(hidden, head.weight, head.bias), chosen, temperature,
                               entropy, grad, top_k, top_p)
 
     def forward(hidden):
-        # The last position predicts a token after the response.
         needs_grad = hidden.requires_grad or head.weight.requires_grad
-        log_probs, entropy = _in_slices(compute, hidden[:, :-1].flatten(0, 1), targets, with_entropy, needs_grad,
-                                        entropy_grad)
+        log_probs, entropy = _in_slices(compute, select(hidden), targets, with_entropy, needs_grad,
+                                        head.weight.size(0), entropy_grad)
         if with_entropy:
             entropy_out.append(entropy)
         # A new tensor, not a view: FSDP hooks the model's outputs for backward.
@@ -143,29 +154,91 @@ def _fused_output_layer(head, targets: torch.Tensor, temperature: float, with_en
         del head.forward  # back to the class's forward
 
 
-def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
-                       temperature: float, with_entropy: bool = False, entropy_grad: bool = False, top_k: int = 0,
-                       top_p: float = 1.0):
-    """Log-probs ``[B, R]`` of the response tokens under ``module`` (and their entropy when asked; with gradients
-    when ``entropy_grad``, for an entropy bonus in the loss), at the sampling temperature and with the sampling's
-    top-k / top-p truncation (0 / 1.0: none).
-
-    Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
-    their logits come from the ``R + 1`` last positions but one: the model computes only those
-    (``logits_to_keep``), and a plain linear output layer computes them slice by slice.
-    """
-    response_length = input_ids.size(1) - prompt_length
-    targets = input_ids[:, prompt_length:]
-    kwargs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask),
-              "logits_to_keep": response_length + 1}
+def _scored_log_probs(module, inputs: dict, logits_to_keep: torch.Tensor, select, targets: torch.Tensor,
+                      temperature: float, with_entropy: bool, entropy_grad: bool, top_k: int, top_p: float):
+    """One forward of ``module``: log-probs (and entropy) of ``targets``, predicted at the positions ``select``
+    picks out of the kept ones; logits exist only for the kept positions, and only slice by slice when the output
+    layer is a plain linear one."""
+    kwargs = {**inputs, "logits_to_keep": logits_to_keep, "use_cache": False}
     head = _plain_output_layer(module)
     if head is not None:
         entropy_out: list = []
-        with _fused_output_layer(head, targets, temperature, with_entropy, entropy_out, entropy_grad, top_k, top_p):
+        with _fused_output_layer(head, select, targets, temperature, with_entropy, entropy_out, entropy_grad,
+                                 top_k, top_p):
             log_probs = module(**kwargs).logits
-        entropy = entropy_out[0] if with_entropy else None
-    else:
-        logits = module(**kwargs).logits
-        log_probs, entropy = token_log_probs(logits[:, :-1], targets, temperature, with_entropy, entropy_grad, top_k,
-                                             top_p)
+        return log_probs, (entropy_out[0] if with_entropy else None)
+    logits = select(module(**kwargs).logits)
+    return token_log_probs(logits, targets, temperature, with_entropy, entropy_grad, top_k, top_p)
+
+
+def sequence_log_probs(module, layout, temperature: float, with_entropy: bool = False, entropy_grad: bool = False,
+                       top_k: int = 0, top_p: float = 1.0):
+    """Log-probs ``[n, R]`` of each sequence's scored tokens under ``module`` (and their entropy when asked; with
+    gradients when ``entropy_grad``), at the sampling temperature and with its top-k / top-p truncation.
+
+    ``layout`` is an ``engine.packing.Layout`` on the module's device, packed or padded: either way the values come
+    back per sequence, ``R`` the longest scored part, zeros past each sequence's end (``layout.scored_mask``).
+    """
+    log_probs, entropy = _scored_log_probs(module, layout.inputs, layout.logits_to_keep, layout.select,
+                                           layout.targets, temperature, with_entropy, entropy_grad, top_k, top_p)
+    log_probs = layout.to_rows(log_probs)
+    return (log_probs, layout.to_rows(entropy)) if with_entropy else log_probs
+
+
+def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_length: int,
+                       temperature: float, with_entropy: bool = False, entropy_grad: bool = False, top_k: int = 0,
+                       top_p: float = 1.0):
+    """Log-probs ``[B, R]`` of the response tokens of a left-padded batch (and their entropy when asked; with
+    gradients when ``entropy_grad``), at the sampling temperature and with its top-k / top-p truncation.
+
+    Prompts are left-padded and responses right-padded, so the response occupies the last ``R`` positions and
+    their logits come from the ``R`` positions before them: the model computes only those (``logits_to_keep``).
+    """
+    response_length = input_ids.size(1) - prompt_length
+    targets = input_ids[:, prompt_length:]
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask, "position_ids": position_ids(attention_mask)}
+    keep = torch.arange(prompt_length - 1, prompt_length - 1 + response_length, device=input_ids.device)
+    log_probs, entropy = _scored_log_probs(module, inputs, keep, lambda kept: kept.reshape(-1, kept.size(-1)),
+                                           targets, temperature, with_entropy, entropy_grad, top_k, top_p)
     return (log_probs, entropy) if with_entropy else log_probs
+
+
+def batched_log_probs(engine, batch, micro_batch_size: int, temperature: float, with_entropy: bool = False):
+    """Forward-only log-probs ``[B, R]`` of a whole left-padded rollout in micro-batches of ``micro_batch_size``
+    rows, on the host (and the entropy), under the distribution the batch was sampled from (its top-k / top-p)."""
+    device = engine.backend.device()
+    truncation = {"top_k": batch.sampling.top_k, "top_p": batch.sampling.top_p} if batch.sampling else {}
+    log_probs, entropies = [], []
+    with torch.no_grad():
+        for start in range(0, len(batch), micro_batch_size):
+            rows = slice(start, start + micro_batch_size)
+            result = response_log_probs(engine.module, batch.input_ids[rows].to(device),
+                                        batch.attention_mask[rows].to(device), batch.prompt_length, temperature,
+                                        with_entropy=with_entropy, **truncation)
+            if with_entropy:
+                log_probs.append(result[0].cpu())
+                entropies.append(result[1].cpu())
+            else:
+                log_probs.append(result.cpu())
+    if with_entropy:
+        return torch.cat(log_probs), torch.cat(entropies)
+    return torch.cat(log_probs)
+
+
+def planned_log_probs(engine, data, temperature: float, what: str, top_k: int = 0, top_p: float = 1.0
+                      ) -> torch.Tensor:
+    """Forward-only log-probs of this rank's share of a step's sequences, on the host: ``[N, R]`` for the step's
+    ``N`` sequences (rows of other ranks' shares stay 0); the pad tokens computed are counted as ``what``.
+
+    ``data`` is the step's ``StepData``: its micro-batches are those of the update (same plan, same budget), so
+    each rank computes exactly the rows it will train on and nothing moves between ranks afterwards.
+    """
+    device = engine.backend.device()
+    out = torch.zeros(len(data.sequences), data.width)
+    with torch.no_grad():
+        for indices, micro in data.rank_layouts():
+            data.count_pad_tokens(what, micro)
+            values = sequence_log_probs(engine.module, micro.to(device), temperature, top_k=top_k, top_p=top_p).cpu()
+            if indices:
+                out[list(indices), :values.size(1)] = values
+    return out

@@ -14,7 +14,7 @@ import dataclasses
 
 import torch
 
-from .logprobs import response_log_probs
+from .logprobs import batched_log_probs  # noqa: F401 - moved to logprobs.py; importable from here one release
 from .rollout_engines import Responses, RolloutEngine, RolloutEngineError, SamplingConfig
 from .rollout_engines.hf import left_padded, mask_through_first_eos
 
@@ -150,27 +150,3 @@ def sync_weights(policy, engine: RolloutEngine) -> None:
         raise RolloutEngineError(f"rollout engine {engine.name!r} took {taken} of {taken + left} weight tensors in "
                                  "load_weights(): it must consume them all")
 
-
-def batched_log_probs(engine, batch: RolloutBatch, micro_batch_size: int, temperature: float,
-                      with_entropy: bool = False):
-    """Forward-only log-probs ``[B, R]`` of a whole rollout in micro-batches, on the host (and the entropy).
-
-    Under the distribution the batch was sampled from: its top-k / top-p truncation applies (``logprobs.py``).
-    """
-    device = engine.backend.device()
-    truncation = {"top_k": batch.sampling.top_k, "top_p": batch.sampling.top_p} if batch.sampling else {}
-    log_probs, entropies = [], []
-    with torch.no_grad():
-        for start in range(0, len(batch), micro_batch_size):
-            rows = slice(start, start + micro_batch_size)
-            result = response_log_probs(engine.module, batch.input_ids[rows].to(device),
-                                        batch.attention_mask[rows].to(device), batch.prompt_length, temperature,
-                                        with_entropy=with_entropy, **truncation)
-            if with_entropy:
-                log_probs.append(result[0].cpu())
-                entropies.append(result[1].cpu())
-            else:
-                log_probs.append(result.cpu())
-    if with_entropy:
-        return torch.cat(log_probs), torch.cat(entropies)
-    return torch.cat(log_probs)

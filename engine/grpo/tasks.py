@@ -31,6 +31,10 @@ class EchoTask:
     def __init__(self, letters: str = "abcdefgh", max_repeat: int = 3) -> None:
         self.letters, self.max_repeat = letters, max_repeat
 
+    def longest_prompt_chars(self) -> int:
+        """No prompt is longer, in characters (so in tokens of a character or byte-level tokenizer)."""
+        return len(f"{self.letters[0]} x{self.max_repeat}:")
+
     def sample(self, count: int, generator: torch.Generator) -> list[Sample]:
         letters = torch.randint(0, len(self.letters), (count,), generator=generator).tolist()
         repeats = torch.randint(1, self.max_repeat + 1, (count,), generator=generator).tolist()

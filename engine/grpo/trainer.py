@@ -2,9 +2,12 @@
 validation -> metrics.
 
 Each rank samples its own prompts and all ``n`` responses of each, so whole groups stay on one rank and group
-advantages need no communication. Updates go through ``FSDPEngine.forward_backward_batch`` (deferred gradient
-sync) and ``optimizer_step``; metrics are averaged over ranks through the backend. Data files, reward styles,
-sampling, log-probs, validation and loggers live in their own modules (see ``docs/grpo.md``).
+advantages need no communication. Then every rank receives the whole step's batch once (``batches.py``):
+mini-batches are global, and each is planned into micro-batches (packed, within a token budget, ranks balanced by
+tokens) that the old/ref log-prob passes and the update share. Updates go through
+``FSDPEngine.forward_backward_batch`` (deferred gradient sync) and ``optimizer_step``; metrics are averaged over
+ranks through the backend. Data files, reward styles, sampling, rollout engines, log-probs, validation and loggers
+live in their own modules (see ``docs/grpo.md``).
 """
 
 from __future__ import annotations
@@ -24,15 +27,16 @@ from .. import FSDPEngine, checkpoint, runtime
 from ..runtime import phase, sum_over_ranks
 from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
-from .config import GRPOConfig, dist_timeout_s, engine_config, resolved
+from .batches import StepData, batching_for, gather_step_data, rank_sequences
+from .config import GRPOConfig, deprecation_notices, dist_timeout_s, engine_config, resolved, updates_per_step
 from .loggers import Loggers
-from .logprobs import response_log_probs
+from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
 from .model import build_model
 from .report import plot_curves
 from .retention import after_save
 from .rewards import load_rewards, metric_names
-from .rollout import RolloutBatch, batched_log_probs, eos_token_ids, rollout, sampling_configs, sync_weights
+from .rollout import eos_token_ids, rollout, sampling_configs, sync_weights
 from .rollout_engines import RolloutContext, create_rollout_engine
 from .tasks import build_tasks, reward_specs
 from .validation import validate
@@ -41,24 +45,6 @@ from .validation import validate
 def latest_checkpoint(run_dir: Path) -> Path | None:
     """The newest complete checkpoint of a run (directories are named step_NNNNNN)."""
     return checkpoint.latest_complete(run_dir / "checkpoints")
-
-
-@dataclasses.dataclass
-class StepData:
-    """One rank's training data for a step (host tensors, sliced into micro-batches by ``rows``)."""
-
-    batch: RolloutBatch
-    advantages: torch.Tensor
-    old_log_probs: torch.Tensor | None  # None: one update per step, the policy's own log-probs are the old ones
-    ref_log_probs: torch.Tensor | None
-
-    def micro_batch(self, rows: slice) -> dict:
-        def part(tensor):
-            return None if tensor is None else tensor[rows]
-
-        return {"input_ids": self.batch.input_ids[rows], "attention_mask": self.batch.attention_mask[rows],
-                "response_mask": self.batch.response_mask[rows], "advantages": self.advantages[rows],
-                "old_log_probs": part(self.old_log_probs), "ref_log_probs": part(self.ref_log_probs)}
 
 
 class GRPOTrainer:
@@ -79,13 +65,15 @@ class GRPOTrainer:
         if self.loss.kl_loss_coef > 0 and actor_config.lora_rank == 0:
             self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
-        train = config.train
-        per_rank = train.prompts_per_step // world_size * config.rollout.n
         # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
-        self.reuse_policy_log_probs = train.ppo_epochs == 1 and train.mini_batch_size >= per_rank
-        # token-sum multiplies by the micro-batches of a mini-batch over all ranks; update() sets it per call.
-        self.global_micro_batches = train.mini_batch_size // train.micro_batch_size * world_size
+        self.reuse_policy_log_probs = updates_per_step(config, world_size) == 1
+        # Packed micro-batches when asked for and the model's attention keeps packed sequences apart (a probe).
+        self.packed = config.train.padding_free and self.actor.packed_input_supported()
+        self.batching = batching_for(config, world_size, self.packed)
+        if self.rank == 0:
+            for notice in deprecation_notices(config, world_size):
+                print(f"accel-grpo: note: {notice}", file=sys.stderr, flush=True)
         self.sampling, self.val_sampling = sampling_configs(config.rollout, eos_token_ids(self.actor.module,
                                                                                           self.tokenizer))
         self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
@@ -129,7 +117,7 @@ class GRPOTrainer:
                 return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
                                              algo.overlong_buffer_len, algo.overlong_penalty_factor)
 
-        old, sampling = None, {}
+        sampling = {}
         with self.actor.eval_mode():
             if algo.filter_groups:  # DAPO dynamic sampling: all ranks draw until every one has its share
                 result = dynamic_sampling.fill_batch(draw, groups_wanted=prompts_per_rank,
@@ -141,10 +129,6 @@ class GRPOTrainer:
                 scored = draw()
                 drawn = [scored]
             batch = scored.batch
-            if not self.reuse_policy_log_probs:
-                with phase("rollout"):
-                    old = batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, roll.temperature)
-        ref = self.reference_log_probs(batch) if self.loss.kl_loss_coef > 0 else None
         groups = torch.arange(len(batch)) // roll.n
         scale = self.loss.scale_rewards
         advantages = grpo_advantages(scored.rewards, groups, scale=scale,
@@ -152,41 +136,53 @@ class GRPOTrainer:
         if algo.mask_truncated:  # responses cut at max_new_tokens get no loss (their attention is unchanged)
             keep = (~batch.clipped).unsqueeze(1).to(batch.response_mask.dtype)
             batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
+        # Every rank's sequences, on every rank: global mini-batches, each planned into every rank's micro-batches.
+        data = gather_step_data(rank_sequences(batch, advantages), self.batching, self.rank, self.world_size,
+                                self.backend.metrics_device())
+        if not self.reuse_policy_log_probs:
+            with self.actor.eval_mode(), phase("rollout"):
+                data.old_log_probs = self._log_probs(self.actor, data, "old")
+        if self.loss.kl_loss_coef > 0:
+            data.ref_log_probs = self.reference_log_probs(data)
         stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
                  "rollout_tokens_computed": float(sum(part.batch.tokens_computed for part in drawn))}
         self._longest_response = max(float(part.lengths.max().item()) for part in drawn)
         self.sample_records = scoring.sample_records(step + 1, scored, advantages, cfg.run.log_samples,
                                                      self.reward_names)
-        return StepData(batch, advantages, old, ref), stats
+        return data, stats
 
-    def reference_log_probs(self, batch: RolloutBatch) -> torch.Tensor:
+    def _log_probs(self, engine: FSDPEngine, data: StepData, what: str) -> torch.Tensor:
+        """Forward-only log-probs of this rank's share of the step, under the sampling distribution."""
+        roll = self.config.rollout
+        return planned_log_probs(engine, data, roll.temperature, what, top_k=roll.top_k, top_p=roll.top_p)
+
+    def reference_log_probs(self, data: StepData) -> torch.Tensor:
         """Log-probs under the frozen reference: its own engine, or (LoRA) the actor with adapters disabled."""
-        cfg = self.config
         if self.reference is not None:
             with self.reference.eval_mode():
-                return batched_log_probs(self.reference, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
+                return self._log_probs(self.reference, data, "ref")
         from peft import PeftModel
 
         peft_model = next(m for m in self.actor.module.modules() if isinstance(m, PeftModel))
         with self.actor.eval_mode(), peft_model.disable_adapter():
-            return batched_log_probs(self.actor, batch, cfg.train.micro_batch_size, cfg.rollout.temperature)
+            return self._log_probs(self.actor, data, "ref")
 
     def _step_fn(self, module, micro: dict):
-        settings, device = self.loss, self.backend.device()
-        mask = micro["response_mask"].to(device)
-        prompt_length = micro["input_ids"].size(1) - micro["response_mask"].size(1)
+        settings, device, roll = self.loss, self.backend.device(), self.config.rollout
+        layout = micro["layout"].to(device)
+        mask = micro["loss_mask"].to(device)
         bonus = settings.entropy_coeff > 0  # the entropy then needs its gradient (else it is a metric only)
-        roll = self.config.rollout
-        log_probs, entropy = response_log_probs(module, micro["input_ids"].to(device),
-                                                micro["attention_mask"].to(device), prompt_length, roll.temperature,
-                                                with_entropy=True, entropy_grad=bonus, top_k=roll.top_k,
-                                                top_p=roll.top_p)
+        log_probs, entropy = sequence_log_probs(module, layout, roll.temperature, with_entropy=True,
+                                                entropy_grad=bonus, top_k=roll.top_k, top_p=roll.top_p)
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
         agg, norm = settings.agg, settings.norm_length
         loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask,
                                     loss_mode=settings.loss_mode, clip_low=settings.clip_low,
                                     clip_high=settings.clip_high, clip_c=settings.clip_c, agg=agg, norm_length=norm)
-        scale, weight = micro_batch_scale(mask, agg, self.global_micro_batches)
+        # Normalisers over the whole mini-batch: every micro-batch of every rank; a filler counts for nothing.
+        scale, weight = micro_batch_scale(mask, agg, micro["micro_batches"])
+        if layout.filler:
+            weight = weight * 0.0
         metrics = {"pg_loss": loss.item() * scale, "clip_frac": metrics["clip_frac"],
                    "approx_kl": metrics["approx_kl"],
                    "entropy": aggregate_loss(entropy.detach(), mask, "token-mean").item()}
@@ -205,12 +201,8 @@ class GRPOTrainer:
         updates, peak_gib = 0, 0.0
         with self.actor.train_mode():
             for _ in range(train.ppo_epochs):
-                for start in range(0, len(data.batch), train.mini_batch_size):
-                    end = min(start + train.mini_batch_size, len(data.batch))  # dynamic sampling may trim the batch
-                    micro_batches = [data.micro_batch(slice(s, s + train.micro_batch_size))
-                                     for s in range(start, end, train.micro_batch_size)]
-                    self.global_micro_batches = len(micro_batches) * self.world_size  # the same count on every rank
-                    metrics = self.actor.forward_backward_batch(micro_batches, self._step_fn)
+                for mini in data.mini_batches:
+                    metrics = self.actor.forward_backward_batch(data.micro_batches(mini), self._step_fn)
                     metrics.pop("peak_memory_gib")  # covered by the step's figure below
                     metrics["grad_norm"] = self.actor.optimizer_step()
                     # The step's peak covers the whole update (onload, forward/backward, the step); each update
@@ -229,6 +221,12 @@ class GRPOTrainer:
 
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
+
+    def _packing_metrics(self, data: StepData) -> dict:
+        """The path that ran, micro-batches per update, token imbalance; pad tokens computed, summed over ranks."""
+        pads = self._global({f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0))
+                             for what in ("update", "ref", "old")})
+        return {**data.plan_metrics(), **pads}
 
     def _smallest_over_ranks(self, values: list[float]) -> list[float]:
         packed = torch.tensor(values, dtype=torch.float64, device=self.backend.metrics_device())
@@ -309,6 +307,7 @@ class GRPOTrainer:
             }
             last.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
             last.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
+            last.update(self._packing_metrics(data))  # packed, micro_batches, token_imbalance, pad_tokens_*
             last.update(self._validate(step))
             if loggers is not None:
                 loggers.write(last)
