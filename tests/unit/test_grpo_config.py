@@ -143,13 +143,14 @@ def test_resolved_config_has_every_engine_default_and_the_derived_sizes():
     from engine import EngineConfig
     from engine.grpo.config import build_config, resolved
 
-    config = build_config(None, None, ["train.ppo_epochs=2", "train.mini_batch_size=16", "train.steps=10"])
+    config = build_config(None, None, ["train.ppo_epochs=2", "train.prompts_per_update=8", "train.steps=10"])
     data = resolved(config, 4)
     assert set(data["engine"]) == {f.name for f in dataclasses.fields(EngineConfig)}
     assert data["engine"]["lr"] == 2e-3 and data["engine"]["grad_sync"] == "auto"  # the preset's and a default
+    # 16 prompts x 8 responses a step, 8 prompts x 8 per update: 2 updates per epoch, 2 epochs
     assert data["derived"] == {"world_size": 4, "prompts_per_rank": 4, "sequences_per_rank": 32,
-                               "mini_batch_size_per_rank": 16, "micro_batch_size_per_rank": 16,
-                               "micro_batches_per_update": 1, "optimizer_steps_per_step": 4,
+                               "sequences_per_update": 64, "micro_batch_tokens_per_rank": None,
+                               "micro_batch_size_per_rank": 16, "optimizer_steps_per_step": 4,
                                "total_optimizer_steps": 40}
     assert data["engine"]["total_steps"] == 40
     assert GRPOConfig.from_dict(data).to_dict()["train"] == data["train"]  # config.json reads back
