@@ -54,6 +54,9 @@ def patched_cuda(monkeypatch):
     }
     for name, fake in fakes.items():
         monkeypatch.setattr(torch.cuda, name, fake)
+    # torch.accelerator does not name the device here (as on a CPU build), so the stand-in torch.cuda serves: a
+    # CUDA build of torch on a machine without a driver would otherwise answer through the real one, and fail.
+    monkeypatch.setattr(torch.accelerator, "current_accelerator", lambda *args: None, raising=False)
     return calls
 
 

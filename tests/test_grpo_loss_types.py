@@ -11,35 +11,33 @@ from distributed import run_ranks
 pytestmark = pytest.mark.slow
 
 PROMPTS_PER_RANK, N = 2, 4
-BASE = [f"train.prompts_per_step={2 * PROMPTS_PER_RANK}", f"rollout.n={N}", "train.mini_batch_size=4",
+BASE = [f"train.prompts_per_step={2 * PROMPTS_PER_RANK}", f"rollout.n={N}", "train.prompts_per_update=2",
         "train.micro_batch_size=2", "train.ppo_epochs=2", "rollout.max_new_tokens=4", "run.progress=false",
         "data.reward=grpo_rewards:flat_first_draw_on_rank1", "algorithm.filter_groups=true",
         "algorithm.max_gen_batches=3", "algorithm.kl_loss_coef=0.01", "run.log_samples=100"]
 LOSS_TYPES = ("grpo", "dapo", "dr_grpo", "bnpo", "gspo", "cispo")
 
 
-def _expected_pg_losses(everyone, max_new_tokens):
-    """Each recipe's policy loss at ratio 1 (before any update), over both ranks' micro-batches, by hand."""
+def _expected_pg_loss(data, mini, old, max_new_tokens):
+    """Each recipe's policy loss at ratio 1 (before any update) over one global mini-batch, by hand."""
     import torch
 
-    advantages = torch.cat([d["advantages"] for d in everyone])
-    mask = torch.cat([d["mask"] for d in everyone]).double()
-    old = torch.cat([d["old"] for d in everyone]).double()
+    rows = list(mini.indices)
+    advantages, mask, old = data.advantages[rows].double(), data.loss_mask[rows].double(), old[rows].double()
     lengths = mask.sum(1)
-    per_seq_minus_a = -advantages.double() * (lengths > 0)  # a sequence's token mean of -A (0 without tokens)
-    token_mean = (-advantages.double()[:, None] * mask).sum() / mask.sum()
-    micro_means = []  # bnpo: each micro-batch of 2 sequences weighs the same
-    for d in everyone:
-        for rows in (slice(s, s + 2) for s in range(0, len(d["mask"]), 2)):
-            m = d["mask"][rows].double()
-            micro_means.append((-d["advantages"][rows].double()[:, None] * m).sum() / m.sum().clamp(min=1))
+    per_seq_minus_a = -advantages * (lengths > 0)  # a sequence's token mean of -A (0 without tokens)
+    token_mean = (-advantages[:, None] * mask).sum() / mask.sum()
+    micro_means = []  # bnpo: each micro-batch of every rank weighs the same
+    for micro in (m for ranks in mini.plan.ranks for m in ranks if m):
+        m = data.loss_mask[list(micro)].double()
+        micro_means.append((-data.advantages[list(micro)].double()[:, None] * m).sum() / m.sum().clamp(min=1))
     return {
         "grpo": per_seq_minus_a.mean().item(),
         "dapo": token_mean.item(),
-        "dr_grpo": (-advantages.double() * lengths / max_new_tokens).mean().item(),
+        "dr_grpo": (-advantages * lengths / max_new_tokens).mean().item(),
         "bnpo": torch.stack(micro_means).mean().item(),
         "gspo": per_seq_minus_a.mean().item(),
-        "cispo": ((-advantages.double()[:, None] * old * mask).sum() / mask.sum()).item(),  # -A log_prob, r = 1
+        "cispo": ((-advantages[:, None] * old * mask).sum() / mask.sum()).item(),  # -A log_prob, r = 1
     }
 
 
@@ -51,9 +49,14 @@ def _use(trainer, loss_type, **settings):
         a.scale_rewards = settings["scale_rewards"]
 
 
+def _response_lengths(data):
+    return (data.sequences.lengths - data.sequences.starts).tolist()
+
+
 def _checks(rank, tmp):
     from pathlib import Path
 
+    import torch
     import torch.distributed as dist
 
     from engine.grpo.config import build_config
@@ -65,21 +68,21 @@ def _checks(rank, tmp):
     # -- dynamic sampling: rank 1's first draw has only equal rewards; both ranks draw again, then train --------
     data, stats = trainer.collect(step=0)
     out["sampling"] = {key: value for key, value in stats.items() if key.startswith("sampling/")}
-    out["rows"] = len(data.batch)
+    out["rows"] = len(data.advantages)  # the step's global batch: every rank's groups
     out["has_signal"] = all(len(set(g.tolist())) > 1 for g in data.advantages.view(-1, N))
 
-    # -- every recipe's policy loss on this data, at ratio 1, against its formula over both ranks --------------
-    micro = [data.micro_batch(slice(s, s + 2)) for s in range(0, len(data.batch), 2)]
-    mine = {"advantages": data.advantages, "mask": data.batch.response_mask, "old": data.old_log_probs}
-    everyone = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, mine)
-    out["pg_loss"] = {}
+    # -- every recipe's policy loss on this data, at ratio 1, against its formula over the global mini-batch ----
+    old = data.old_log_probs.clone()  # this rank's rows; the other rows are the other rank's
+    dist.all_reduce(old)
+    out["pg_loss"], out["pg_loss_expected"] = {}, {}
     with trainer.actor.train_mode():
         for loss_type in LOSS_TYPES:
             _use(trainer, loss_type)
-            out["pg_loss"][loss_type] = trainer.actor.forward_backward_batch(micro, trainer._step_fn,
-                                                                             forward_only=True)["pg_loss"]
-    out["pg_loss_expected"] = _expected_pg_losses(everyone, max_new_tokens=4)
+            got = [trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn,
+                                                        forward_only=True)["pg_loss"] for mini in data.mini_batches]
+            out["pg_loss"][loss_type] = got
+    out["pg_loss_expected"] = {loss_type: [_expected_pg_loss(data, mini, old, max_new_tokens=4)[loss_type]
+                                           for mini in data.mini_batches] for loss_type in LOSS_TYPES}
 
     # -- one step of each loss type with ppo_epochs=2 (filter_groups stays on) ---------------------------------
     out["steps"] = {}
@@ -89,11 +92,16 @@ def _checks(rank, tmp):
                     "dr_grpo": {"scale_rewards": "batch"}}.get(name, {})
         _use(trainer, loss_type, **settings)
         data, stats = trainer.collect(step)
-        result = {"old_used": data.old_log_probs is not None and data.old_log_probs.shape == data.batch.response_mask
-                  .shape}
-        if settings.get("mask_truncated"):
-            result["truncated_tokens_left"] = data.batch.response_mask[data.batch.clipped].sum().item()
-            result["all_truncated"] = trainer._smallest_over_ranks([float(data.batch.clipped.all())])[0] == 1.0
+        result = {"old_used": data.old_log_probs is not None and data.old_log_probs.shape == data.loss_mask.shape}
+        if settings.get("mask_truncated"):  # a full-length response without EOS keeps no loss token
+            eos = trainer.tokenizer.eos_token_id
+            lengths, ends = _response_lengths(data), data.sequences.lengths.tolist()
+            cut = [length == 4 and data.sequences.tokens[row, ends[row] - 1].item() != eos
+                   for row, length in enumerate(lengths)]
+            result["truncated_tokens_left"] = int(data.loss_mask[torch.tensor(cut, dtype=torch.bool)].sum())
+            result["other_tokens_kept"] = all(int(data.loss_mask[row].sum()) == lengths[row]
+                                              for row in range(len(cut)) if not cut[row])
+            result["all_truncated"] = all(cut)
         if settings.get("scale_rewards") == "batch":  # run.log_samples=100: the records hold every response
             pairs = [None] * dist.get_world_size()
             dist.all_gather_object(pairs, [(r["reward"], r["advantage"]) for r in trainer.sample_records])
@@ -112,10 +120,11 @@ def test_loss_types_on_two_ranks(tmp_path):
         sampling = out["sampling"]
         assert sampling["sampling/draws"] == 2.0, (rank, sampling)  # both ranks drew twice: rank 1 had to
         assert sampling["sampling/batch_full"] == 1.0 and sampling["sampling/groups_kept"] == PROMPTS_PER_RANK
-        assert out["rows"] == PROMPTS_PER_RANK * N and out["has_signal"]
+        assert out["rows"] == 2 * PROMPTS_PER_RANK * N and out["has_signal"]
         if rank == 1:
             assert sampling["sampling/groups_filtered"] >= PROMPTS_PER_RANK, sampling
         for loss_type, got in out["pg_loss"].items():
+            assert len(got) == 2, got  # 16 sequences, 8 per update
             assert got == pytest.approx(out["pg_loss_expected"][loss_type], rel=1e-4, abs=1e-5), (loss_type, out)
         steps = out["steps"]
         for loss_type in LOSS_TYPES:
@@ -128,7 +137,7 @@ def test_loss_types_on_two_ranks(tmp_path):
             assert step["loss"] == pytest.approx(step["pg_loss"] + 0.01 * step["kl"] - bonus, rel=1e-4, abs=1e-6)
         assert steps["gspo"]["clip_frac"] > 0  # its clip range is 3e-4 / 4e-4
         masked = steps["dapo-masked"]
-        assert masked["truncated_tokens_left"] == 0 and masked["updates"] == 4.0
+        assert masked["truncated_tokens_left"] == 0 and masked["other_tokens_kept"] and masked["updates"] == 4.0
         if masked["all_truncated"]:  # the tiny model rarely ends before 4 tokens: nothing to learn, no error
             assert masked["loss"] == 0.0 and masked["grad_norm"] == 0.0, masked
         # scale_rewards=batch: centred per group, divided by the std of every reward of both ranks

@@ -175,9 +175,11 @@ def _two_ranks(rank, tmp):
     both = sorted(set(mine) & set(theirs))  # rows each rank computed on both paths (the plans differ)
     out["fallback_vs_sdpa"] = (got[both] - want[both]).abs().max().item() if both else 0.0
     out["fallback_rows_compared"] = len(both)
-    step_data, _ = fallback.collect(step=0)
+    step_data, _ = fallback.collect(step=0)  # a real step runs on the fallback (its responses may be equal length)
     fallback.update(step_data)
     out["fallback_step"] = fallback._packing_metrics(step_data)
+    fallback.update(padded)  # uneven lengths: the padded micro-batches compute pad tokens, counted
+    out["fallback_uneven"] = fallback._packing_metrics(padded)
 
     # -- world-size-free updates (compared with the 1-rank job) -------------------------------------------------
     trainer.config.algorithm.loss_agg = "token-mean"  # as the 1-rank trainer (the parity loop left the last mode)
@@ -217,7 +219,8 @@ def test_packed_equals_padded_on_two_ranks_and_updates_do_not_depend_on_the_worl
         assert len(out["fallback_warnings"]) == (1 if rank == 0 else 0), out["fallback_warnings"]
         if rank == 0:
             assert "cannot take packed sequences" in out["fallback_warnings"][0]
-        assert out["fallback_step"]["packed"] == 0.0 and out["fallback_step"]["pad_tokens_update"] > 0
+        assert out["fallback_step"]["packed"] == 0.0 and out["fallback_uneven"]["packed"] == 0.0
+        assert out["fallback_uneven"]["pad_tokens_update"] > 0 and out["fallback_uneven"]["pad_tokens_old"] > 0
         assert out["fallback_vs_sdpa"] < 1e-5 and sum(o["fallback_rows_compared"] for o in two) > 0
         # The same settings on 1 and 2 ranks: the same number of updates, the same losses.
         updates = out["updates"]

@@ -102,7 +102,7 @@ def _rollout_step_fn(trainer, micro_batches_total: int):
     from ..grpo.algorithms import aggregate_loss, micro_batch_scale, policy_loss
     from ..grpo.logprobs import response_log_probs
 
-    algo, device = trainer.config.algorithm, trainer.backend.device()
+    settings, device = trainer.loss, trainer.backend.device()
 
     def step(module, micro):
         mask = micro["loss_mask"].to(device)
@@ -110,9 +110,10 @@ def _rollout_step_fn(trainer, micro_batches_total: int):
                                                 micro["attention_mask"].to(device), micro["prompt_width"],
                                                 trainer.config.rollout.temperature, with_entropy=True)
         loss, metrics = policy_loss(log_probs, log_probs.detach(), micro["advantages"].to(device), mask,
-                                    clip_low=algo.clip_low, clip_high=algo.clip_high, clip_c=algo.clip_c,
-                                    agg=algo.loss_agg)
-        scale, weight = micro_batch_scale(mask, algo.loss_agg, micro_batches_total)
+                                    loss_mode=settings.loss_mode, clip_low=settings.clip_low,
+                                    clip_high=settings.clip_high, clip_c=settings.clip_c, agg=settings.agg,
+                                    norm_length=settings.norm_length)
+        scale, weight = micro_batch_scale(mask, settings.agg, micro_batches_total)
         return loss * scale, weight, {"entropy": aggregate_loss(entropy, mask, "token-mean").item()}
 
     return step

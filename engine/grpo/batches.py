@@ -101,9 +101,10 @@ class StepData:
                 "packed": float(self.packed)}
 
 
-def rank_sequences(batch, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
+def rank_sequences(batch, advantages: torch.Tensor, trains: bool = True) -> dict[str, torch.Tensor]:
     """One rank's rollout (left-padded prompts, right-padded responses) as unpadded sequences, right-padded in
-    storage: tokens, lengths, starts (the prompt's length), the loss mask and the advantages."""
+    storage: tokens, lengths, starts (the prompt's length), the loss mask and the advantages. ``trains=False``: the
+    rows only keep the exchange's shapes (a rank with nothing to train on) and are left out of the step."""
     prompt_width = batch.prompt_length
     prompt_lengths = batch.attention_mask[:, :prompt_width].sum(dim=1)
     response_lengths = batch.attention_mask[:, prompt_width:].sum(dim=1)  # up to and including the first EOS
@@ -112,7 +113,8 @@ def rank_sequences(batch, advantages: torch.Tensor) -> dict[str, torch.Tensor]:
     for row, (p, r) in enumerate(zip(prompt_lengths.tolist(), response_lengths.tolist(), strict=True)):
         tokens[row, :p + r] = batch.input_ids[row, prompt_width - p:prompt_width + r]
     return {"tokens": tokens, "lengths": lengths, "starts": prompt_lengths,
-            "loss_mask": batch.response_mask.long(), "advantages": advantages.float()}
+            "loss_mask": batch.response_mask.long(), "advantages": advantages.float(),
+            "trains": torch.full((len(batch),), int(trains), dtype=torch.long)}
 
 
 def mini_batch_ranges(total: int, size: int, group_size: int) -> list[range]:
@@ -141,6 +143,9 @@ def gather_step_data(local: dict[str, torch.Tensor], batching: Batching, rank: i
                      device: torch.device) -> StepData:
     """Exchange every rank's ``rank_sequences`` once and plan the step's updates (the same plans on every rank)."""
     everyone = all_gather_rows(local, device)
+    trains = everyone.pop("trains", None)
+    if trains is not None and not trains.all():  # placeholder rows of ranks with nothing to train on
+        everyone = {name: tensor[trains.bool()] for name, tensor in everyone.items()}
     sequences = SequenceBatch(everyone["tokens"], everyone["lengths"], everyone["starts"])
     return StepData(sequences, everyone["loss_mask"], everyone["advantages"],
                     plan_updates(sequences, batching, world_size), rank, batching.packed)

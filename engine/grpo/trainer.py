@@ -117,27 +117,27 @@ class GRPOTrainer:
                 return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
                                              algo.overlong_buffer_len, algo.overlong_penalty_factor)
 
-        sampling = {}
+        sampling, trains = {}, True
         with self.actor.eval_mode():
-            if algo.filter_groups:  # DAPO dynamic sampling: all ranks draw until every one has its share
-                result = dynamic_sampling.fill_batch(draw, groups_wanted=prompts_per_rank,
+            if algo.filter_groups:  # DAPO dynamic sampling: all ranks draw until the step's groups are found
+                result = dynamic_sampling.fill_batch(draw, groups_wanted=cfg.train.prompts_per_step,
                                                      max_draws=algo.max_gen_batches,
-                                                     min_over_ranks=self._smallest_over_ranks,
+                                                     gather_counts=self._counts_over_ranks, rank=self.rank,
                                                      pad_token_id=self.tokenizer.pad_token_id)
-                scored, drawn, sampling = result.batch, result.drawn, result.metrics()
+                scored, drawn, sampling, trains = result.batch, result.drawn, result.metrics(), result.trains
             else:
                 scored = draw()
                 drawn = [scored]
             batch = scored.batch
         groups = torch.arange(len(batch)) // roll.n
         scale = self.loss.scale_rewards
-        advantages = grpo_advantages(scored.rewards, groups, scale=scale,
-                                     batch_std=self._batch_std(scored.rewards) if scale == "batch" else None)
+        batch_std = self._batch_std(scored.rewards if trains else scored.rewards[:0]) if scale == "batch" else None
+        advantages = grpo_advantages(scored.rewards, groups, scale=scale, batch_std=batch_std)
         if algo.mask_truncated:  # responses cut at max_new_tokens get no loss (their attention is unchanged)
             keep = (~batch.clipped).unsqueeze(1).to(batch.response_mask.dtype)
             batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
         # Every rank's sequences, on every rank: global mini-batches, each planned into every rank's micro-batches.
-        data = gather_step_data(rank_sequences(batch, advantages), self.batching, self.rank, self.world_size,
+        data = gather_step_data(rank_sequences(batch, advantages, trains), self.batching, self.rank, self.world_size,
                                 self.backend.metrics_device())
         if not self.reuse_policy_log_probs:
             with self.actor.eval_mode(), phase("rollout"):
@@ -147,8 +147,8 @@ class GRPOTrainer:
         stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
                  "rollout_tokens_computed": float(sum(part.batch.tokens_computed for part in drawn))}
         self._longest_response = max(float(part.lengths.max().item()) for part in drawn)
-        self.sample_records = scoring.sample_records(step + 1, scored, advantages, cfg.run.log_samples,
-                                                     self.reward_names)
+        self.sample_records = scoring.sample_records(step + 1, scored, advantages,
+                                                     cfg.run.log_samples if trains else 0, self.reward_names)
         return data, stats
 
     def _log_probs(self, engine: FSDPEngine, data: StepData, what: str) -> torch.Tensor:
@@ -228,10 +228,12 @@ class GRPOTrainer:
                              for what in ("update", "ref", "old")})
         return {**data.plan_metrics(), **pads}
 
-    def _smallest_over_ranks(self, values: list[float]) -> list[float]:
-        packed = torch.tensor(values, dtype=torch.float64, device=self.backend.metrics_device())
-        dist.all_reduce(packed, op=dist.ReduceOp.MIN)
-        return packed.tolist()
+    def _counts_over_ranks(self, count: int) -> list[int]:
+        """Every rank's ``count``, in rank order (one all-gather)."""
+        mine = torch.tensor([count], dtype=torch.long, device=self.backend.metrics_device())
+        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
+        dist.all_gather(everyone, mine)
+        return [int(t.item()) for t in everyone]
 
     def _batch_std(self, rewards: torch.Tensor) -> float:
         """The (unbiased) std of the rewards of the step's whole batch, all ranks together."""

@@ -4,7 +4,7 @@ batch size, how groups of several draws are put back together, and what the metr
 import torch
 
 from engine.grpo.data import Sample
-from engine.grpo.dynamic_sampling import fill_batch, informative_groups, summary
+from engine.grpo.dynamic_sampling import fill_batch, informative_groups, shares, summary
 from engine.grpo.rewards import Reward, metric_names
 from engine.grpo.rollout import RolloutBatch
 from engine.grpo.scoring import (
@@ -40,8 +40,8 @@ def fake_rollout(tag: str, rewards: list[list[float]], prompt_width: int = 2, re
                          flat.unsqueeze(0), torch.zeros(rows))
 
 
-def single_rank(values):
-    return values
+def single_rank(count):
+    return [count]
 
 
 def test_informative_groups():
@@ -52,7 +52,7 @@ def test_draws_until_full_and_keeps_the_first_informative_groups():
     draws = iter([fake_rollout("a", [[1, 1], [0, 1], [0, 0]]),  # one informative group of 3
                   fake_rollout("b", [[2, 2], [1, 0], [3, 1]]),  # two more: full (3 wanted) after this draw
                   fake_rollout("c", [[0, 1], [0, 1], [0, 1]])])
-    result = fill_batch(lambda: next(draws), groups_wanted=3, max_draws=5, min_over_ranks=single_rank,
+    result = fill_batch(lambda: next(draws), groups_wanted=3, max_draws=5, gather_counts=single_rank, rank=0,
                         pad_token_id=PAD)
     assert (result.draws, result.groups_drawn, result.groups_kept, result.groups_filtered) == (2, 6, 3, 3)
     assert result.full
@@ -62,34 +62,52 @@ def test_draws_until_full_and_keeps_the_first_informative_groups():
     assert len(result.drawn) == 2  # the metrics see every drawn response
 
 
-def test_other_rank_short_of_groups_keeps_everyone_drawing_then_all_trim_to_its_count():
-    """A simulated second rank: it finds 1 informative group in all its draws; this rank has plenty."""
+def test_shares_trim_the_surplus_from_the_ranks_that_kept_most():
+    assert shares([3, 1], 4) == [3, 1] and shares([3, 1], 8) == [3, 1]  # at most what is wanted: all of it
+    assert shares([5, 1], 4) == [3, 1] and shares([4, 4], 4) == [2, 2] and shares([3, 3], 5) == [3, 2]
+    assert shares([0, 6, 2], 4) == [0, 2, 2]
+
+
+def test_ranks_draw_until_the_step_is_full_together():
+    """A simulated second rank whose first draw is all filtered: this rank draws again with it (generate is a
+    collective), and the global surplus is trimmed from this rank, which kept the most."""
     calls = []
+    other = iter([0, 1])  # the other rank's kept count after each draw
 
-    def min_over_ranks(values):
-        calls.append(values)
-        other = [0.0, 1.0]  # not full, 1 group kept
-        return [min(a, b) for a, b in zip(values, other, strict=True)]
+    def gather_counts(count):
+        calls.append(count)
+        return [count, next(other)]
 
-    draws = iter([fake_rollout("a", [[0, 1], [0, 1]]), fake_rollout("b", [[0, 1], [0, 1]]),
-                  fake_rollout("c", [[0, 1], [0, 1]])])
-    result = fill_batch(lambda: next(draws), groups_wanted=2, max_draws=3, min_over_ranks=min_over_ranks,
+    draws = iter([fake_rollout("a", [[0, 1], [0, 1]]), fake_rollout("b", [[0, 1], [0, 1]])])
+    result = fill_batch(lambda: next(draws), groups_wanted=4, max_draws=5, gather_counts=gather_counts, rank=0,
                         pad_token_id=PAD)
-    # full here after draw 1, yet it keeps drawing with the other rank (generate is a collective) until the limit
-    assert result.draws == 3 and len(calls) == 3 and not result.full
-    assert result.groups_kept == 1 and len(result.batch.samples) == 1  # trimmed to the other rank's count
+    assert result.draws == 2 and calls == [2, 4] and result.full  # 2 + 0, then 4 + 1 >= 4
+    assert result.groups_kept == 3 and len(result.batch.samples) == 3 and result.trains  # shares([4, 1], 4)
     metrics = summary({k: 2 * v for k, v in result.metrics().items()}, world_size=2)  # as if both ranks said so
-    assert metrics["sampling/draws"] == 3.0 and metrics["sampling/batch_full"] == 0.0
-    assert metrics["sampling/groups_drawn"] == 12.0
+    assert metrics["sampling/draws"] == 2.0 and metrics["sampling/batch_full"] == 1.0
+    assert metrics["sampling/groups_drawn"] == 8.0
     assert summary({"reward_sum": 1.0}, 2) == {}
 
 
-def test_a_rank_that_kept_nothing_trains_on_one_dropped_group():
-    draws = iter([fake_rollout("a", [[1, 1], [2, 2]])])
-    result = fill_batch(lambda: next(draws), groups_wanted=2, max_draws=1, min_over_ranks=single_rank,
+def test_when_the_draws_run_out_the_step_trains_on_what_it_has():
+    draws = iter([fake_rollout("a", [[0, 1], [1, 1]])])
+    result = fill_batch(lambda: next(draws), groups_wanted=4, max_draws=1, gather_counts=lambda n: [n, 0], rank=0,
                         pad_token_id=PAD)
-    assert result.groups_kept == 0 and len(result.batch.samples) == 1 and not result.full
-    assert result.batch.rewards.tolist() == [1, 1]
+    assert not result.full and result.groups_kept == 1 and result.trains and len(result.batch.samples) == 1
+
+
+def test_a_rank_whose_share_is_nothing_hands_over_a_placeholder():
+    draws = iter([fake_rollout("a", [[1, 1], [2, 2]])])
+    result = fill_batch(lambda: next(draws), groups_wanted=2, max_draws=1, gather_counts=lambda n: [n, 2], rank=0,
+                        pad_token_id=PAD)
+    assert result.groups_kept == 0 and not result.trains and len(result.batch.samples) == 1 and result.full
+
+
+def test_no_group_with_a_signal_anywhere_trains_on_the_last_draw():
+    draws = iter([fake_rollout("a", [[1, 1], [2, 2]])])
+    result = fill_batch(lambda: next(draws), groups_wanted=2, max_draws=1, gather_counts=single_rank, rank=0,
+                        pad_token_id=PAD)
+    assert result.groups_kept == 0 and result.trains and len(result.batch.samples) == 2 and not result.full
 
 
 def test_concat_repads_prompts_left_and_responses_right():
