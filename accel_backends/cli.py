@@ -1,4 +1,5 @@
-"""``accel-backends``: what is registered, what can run here, and why not.
+"""``accel-backends``: what is registered, what can run here, and why not; ``smoke`` checks a torchrun job's
+collectives across ranks and nodes (``accel_backends/smoke.py``).
 
 It runs where ``import torch`` itself fails in torch's device-backend autoload (a vendor package that cannot load):
 it then runs again with that autoload off (``accel_backends.torch_import``) and starts its report with what broke
@@ -15,6 +16,7 @@ import re
 import sys
 import warnings
 
+from . import smoke
 from .errors import AccelBackendError
 from .registry import BACKEND_ENV, PluginLoadWarning, registry, safe_reason
 from .torch_import import AUTOLOAD_ENV, describe, reported_failure
@@ -197,11 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     info_parser = sub.add_parser("info", help="one backend in detail (default: the one that would be selected)")
     info_parser.add_argument("name", nargs="?")
     info_parser.add_argument("--json", action="store_true")
+    smoke_parser = sub.add_parser("smoke", help="under torchrun on every node: all-reduce checks, bus bandwidth, "
+                                                "hosts and devices of every rank")
+    smoke.add_arguments(smoke_parser)
     args = parser.parse_args(argv)
 
     # Load failures are part of the output here; keep the warning text out of it.
     warnings.simplefilter("ignore", PluginLoadWarning)
     try:
+        if args.command == "smoke":
+            return smoke.run(args)
         if args.command == "list":
             doc = collect()
             if args.json:
