@@ -181,8 +181,9 @@ def _run_and_report(args, options: dict) -> int:
     try:
         result = run(worker, args.nproc, options)
     except WorkerFailed as exc:
-        first = next(iter(exc.tracebacks.values()), "")
-        print(f"{first.rstrip()}\naccel-bench: {exc}" if first else f"accel-bench: {exc}", file=sys.stderr)
+        if exc.details():
+            print(exc.details(), file=sys.stderr)
+        print(f"accel-bench: {exc}", file=sys.stderr)
         return 1
     except Interrupted as exc:
         print(f"accel-bench: {exc}; no results written", file=sys.stderr)

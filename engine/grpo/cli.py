@@ -178,9 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         run(worker, workers, config.to_dict(), str(run_dir), args.resume)
     except WorkerFailed as exc:
-        for rank, trace in exc.tracebacks.items():
-            if trace:
-                print(f"--- rank {rank} ---\n{trace.rstrip()}", file=sys.stderr)
+        if exc.details():
+            print(exc.details(), file=sys.stderr)
         print(f"accel-grpo: error: {exc}\n{_resume_hint(run_dir)}", file=sys.stderr)
         return 1
     except Interrupted as exc:

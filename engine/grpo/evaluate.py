@@ -228,9 +228,8 @@ def main(argv: list[str]) -> int:
             weights = str(exported)
         results = run(worker, world_size, config.to_dict(), str(out), weights)
     except WorkerFailed as exc:
-        for rank, trace in exc.tracebacks.items():
-            if trace:
-                print(f"--- rank {rank} ---\n{trace.rstrip()}", file=sys.stderr)
+        if exc.details():
+            print(exc.details(), file=sys.stderr)
         print(f"accel-grpo eval: error: {exc}", file=sys.stderr)
         return 1
     except Interrupted as exc:

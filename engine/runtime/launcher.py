@@ -44,6 +44,11 @@ class WorkerFailed(RuntimeError):
         super().__init__(message)
         self.tracebacks = tracebacks or {}
 
+    def details(self) -> str:
+        """Every failing rank's traceback, labelled (empty when there is none): printed before the message."""
+        return "\n".join(f"--- rank {rank} ---\n{trace.rstrip()}" for rank, trace in self.tracebacks.items()
+                         if trace)
+
 
 class Interrupted(Exception):
     """The job was stopped by SIGINT or SIGTERM; ``exit_code`` is 128 + the signal number."""

@@ -107,7 +107,7 @@ def sampling_scores(logits: torch.Tensor, temperature: float, top_k: int = 0, to
     tokens get ``filter_value``. ``keep`` (ids, one per row) are never removed: the trainer recomputes the logits
     of tokens already sampled, and a rounding difference at the top-p boundary must not give one zero probability.
     """
-    scores = logits.float() / temperature
+    scores = logits.float() if temperature == 1.0 else logits.float() / temperature  # no copy at 1.0 in fp32
     if top_k <= 0 and top_p >= 1.0:
         return scores
     with torch.no_grad():  # which tokens to remove: no gradient flows through the choice
