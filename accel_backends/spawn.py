@@ -145,9 +145,12 @@ class LocalJob:
     def _read(self, rank: int, exitcode: int | None) -> RankOutcome:
         outcome = RankOutcome(rank=rank, exitcode=exitcode)
         path = Path(self._directory, f"rank{rank}.pkl")
-        if path.exists():
-            for key, value in pickle.loads(path.read_bytes()).items():
-                setattr(outcome, key, value)
+        try:
+            record = pickle.loads(path.read_bytes())
+        except (FileNotFoundError, EOFError, pickle.UnpicklingError):
+            return outcome  # no whole record (killed before or while writing it): its exit code tells
+        for key, value in record.items():
+            setattr(outcome, key, value)
         return outcome
 
     def close(self) -> None:
@@ -183,7 +186,10 @@ def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> 
         code = code or 1
         payload = pickle.dumps({"error": "the rank's result could not be pickled",
                                 "traceback": traceback.format_exc(), "raised_at": time.time()})
-    Path(directory, f"rank{rank}.pkl").write_bytes(payload)
+    # Written aside and renamed: a rank killed while writing (the parent stopping the others) leaves no half file.
+    partial = Path(directory, f"rank{rank}.pkl.partial")
+    partial.write_bytes(payload)
+    os.replace(partial, Path(directory, f"rank{rank}.pkl"))
     sys.stdout.flush()
     sys.stderr.flush()
     # Leave without tearing the process group down: that can block on peers that are gone, and gloo's exit-time

@@ -55,3 +55,17 @@ def test_a_quiet_exit_sets_the_status_without_an_error_and_a_timeout_is_said():
     with LocalJob(_sleep, (), 1) as job:
         assert job.wait(timeout=0.5) == "timeout"
     assert job.outcomes[0].exitcode is not None and not job.outcomes[0].returned  # killed on leaving
+
+
+def test_a_record_cut_short_reads_as_no_record():
+    """A rank stopped while writing its record (the launcher kills the others after a failure) must not turn the
+    report into a crash: the records are renamed into place whole, and an unreadable one counts as none."""
+    from pathlib import Path
+
+    with LocalJob(_report, (), 2, env={"EXTRA": "x"}) as job:
+        assert job.wait(timeout=120) == "done"
+        assert sorted(p.name for p in Path(job._directory).iterdir()) == ["rank0.pkl", "rank1.pkl"]  # no .partial
+        Path(job._directory, "rank1.pkl").write_bytes(b"\x80")  # as if cut short
+        outcomes = job.outcomes
+    assert outcomes[0].returned and outcomes[0].result["RANK"] == "0"
+    assert not outcomes[1].returned and outcomes[1].error is None and outcomes[1].exitcode == 0
