@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import tempfile
 from pathlib import Path
 
@@ -176,18 +175,12 @@ def _case_overrides(args, stack: contextlib.ExitStack) -> list[str]:
 
 
 def _run_and_report(args, options: dict) -> int:
-    from ..runtime import Interrupted, WorkerFailed, run
+    from ..runtime import Interrupted, WorkerFailed, report_early_end, run
 
     try:
         result = run(worker, args.nproc, options)
-    except WorkerFailed as exc:
-        if exc.details():
-            print(exc.details(), file=sys.stderr)
-        print(f"accel-bench: {exc}", file=sys.stderr)
-        return 1
-    except Interrupted as exc:
-        print(f"accel-bench: {exc}; no results written", file=sys.stderr)
-        return exc.exit_code
+    except (WorkerFailed, Interrupted) as exc:
+        return report_early_end("accel-bench", exc, "no results written")
     print_result(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import accel_backends
 
-    from ..runtime import Interrupted, WorkerFailed, run
+    from ..runtime import Interrupted, WorkerFailed, report_early_end, run
 
     try:
         config = build_config(args.preset, args.config, args.overrides)
@@ -177,14 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     try:
         run(worker, workers, config.to_dict(), str(run_dir), args.resume)
-    except WorkerFailed as exc:
-        if exc.details():
-            print(exc.details(), file=sys.stderr)
-        print(f"accel-grpo: error: {exc}\n{_resume_hint(run_dir)}", file=sys.stderr)
-        return 1
-    except Interrupted as exc:
-        print(f"accel-grpo: {exc}; {_resume_hint(run_dir)}", file=sys.stderr)
-        return exc.exit_code
+    except (WorkerFailed, Interrupted) as exc:
+        return report_early_end("accel-grpo", exc, _resume_hint(run_dir))
     elapsed = time.perf_counter() - started
     if not is_rank0:
         return 0

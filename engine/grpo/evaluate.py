@@ -194,7 +194,7 @@ def main(argv: list[str]) -> int:
 
     import accel_backends
 
-    from ..runtime import Interrupted, WorkerFailed, run, under_launcher
+    from ..runtime import Interrupted, WorkerFailed, report_early_end, run, under_launcher
 
     try:
         config, target = configure(args)
@@ -227,14 +227,8 @@ def main(argv: list[str]) -> int:
             export(target["checkpoint"], exported, dtype="fp32", force=True)  # its weights, LoRA merged
             weights = str(exported)
         results = run(worker, world_size, config.to_dict(), str(out), weights)
-    except WorkerFailed as exc:
-        if exc.details():
-            print(exc.details(), file=sys.stderr)
-        print(f"accel-grpo eval: error: {exc}", file=sys.stderr)
-        return 1
-    except Interrupted as exc:
-        print(f"accel-grpo eval: {exc}", file=sys.stderr)
-        return exc.exit_code
+    except (WorkerFailed, Interrupted) as exc:
+        return report_early_end("accel-grpo eval", exc)
     finally:
         shutil.rmtree(exported, ignore_errors=True)
     if not is_rank0:

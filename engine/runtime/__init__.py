@@ -5,11 +5,11 @@ It knows processes and collectives, never FSDP (``engine/fsdp/``), so a trainer 
 """
 
 from .exchange import all_gather_rows
-from .launcher import Interrupted, WorkerFailed, run, threads_per_worker, under_launcher
+from .launcher import Interrupted, WorkerFailed, report_early_end, run, threads_per_worker, under_launcher
 from .metric_reduce import MetricKeysMismatch, start_sum_over_ranks, sum_over_ranks
 from .phase_labels import labelled, phase, phase_of
 from .stop import install_stop_handlers, stop_at_safe_point, stop_requested
 
 __all__ = ["Interrupted", "MetricKeysMismatch", "WorkerFailed", "all_gather_rows", "install_stop_handlers", "labelled",
-           "phase", "phase_of", "run", "start_sum_over_ranks", "stop_at_safe_point", "stop_requested", "sum_over_ranks",
-           "threads_per_worker", "under_launcher"]
+           "phase", "phase_of", "report_early_end", "run", "start_sum_over_ranks", "stop_at_safe_point",
+           "stop_requested", "sum_over_ranks", "threads_per_worker", "under_launcher"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import traceback
 from typing import Any, Callable
@@ -57,6 +58,19 @@ class Interrupted(Exception):
         self.signum = signum
         self.exit_code = 128 + signum
         super().__init__(f"stopped by {signal.Signals(signum).name}")
+
+
+def report_early_end(prog: str, exc: WorkerFailed | Interrupted, then: str = "") -> int:
+    """What a command line prints when ``run`` ended early, and its exit status: the failing ranks' tracebacks
+    and ``PROG: error: ...`` (status 1), or ``PROG: <how it was interrupted>`` (the interruption's status);
+    ``then`` (what the user can do next) follows the message."""
+    if isinstance(exc, Interrupted):
+        print(f"{prog}: {exc}" + (f"; {then}" if then else ""), file=sys.stderr)
+        return exc.exit_code
+    if exc.details():
+        print(exc.details(), file=sys.stderr)
+    print(f"{prog}: error: {exc}" + (f"\n{then}" if then else ""), file=sys.stderr)
+    return 1
 
 
 def under_launcher() -> bool:

@@ -58,14 +58,21 @@ def hf_sampling_options(sampling: SamplingConfig) -> dict:
             "top_k": sampling.top_k, "repetition_penalty": 1.0}
 
 
-class HFRolloutEngine(RolloutEngine):
-    receives_weights = False  # it decodes with the policy's own parameters
+class PolicyDecoding(RolloutEngine):
+    """The base of the engines that decode with the policy's own (sharded) parameters: nothing to send them."""
 
-    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
-        policy = self.context.policy
-        pad_id = self.context.tokenizer.pad_token_id
+    receives_weights = False
+
+    def left_padded_batch(self, prompts: list[list[int]], sampling: SamplingConfig):
+        """``(policy, pad_id, input_ids, attention_mask, device)``: every prompt ``sampling.n`` times."""
+        policy, pad_id = self.context.policy, self.context.tokenizer.pad_token_id
         input_ids, attention_mask = left_padded(prompts, sampling.n, pad_id)
-        device = policy.backend.device()
+        return policy, pad_id, input_ids, attention_mask, policy.backend.device()
+
+
+class HFRolloutEngine(PolicyDecoding):
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
+        policy, pad_id, input_ids, attention_mask, device = self.left_padded_batch(prompts, sampling)
         want_scores = sampling.log_probs and not sampling.greedy
         with policy.eval_mode(), policy.generation_model() as model, model_generation_defaults_ignored(model):
             output = model.generate(

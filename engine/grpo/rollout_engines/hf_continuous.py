@@ -21,20 +21,15 @@ import torch.distributed as dist
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from .base import Responses, RolloutEngine, SamplingConfig, sampling_scores
-from .hf import left_padded
+from .base import Responses, SamplingConfig, sampling_scores
+from .hf import PolicyDecoding
 
 LEAVE_AT = 0.125  # finished rows leave the batch once they are this share of it (see decode)
 
 
-class ContinuousRolloutEngine(RolloutEngine):
-    receives_weights = False  # it decodes with the policy's own parameters
-
+class ContinuousRolloutEngine(PolicyDecoding):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
-        policy = self.context.policy
-        pad_id = self.context.tokenizer.pad_token_id
-        input_ids, attention_mask = left_padded(prompts, sampling.n, pad_id)
-        device = policy.backend.device()
+        policy, pad_id, input_ids, attention_mask, device = self.left_padded_batch(prompts, sampling)
         anyone_busy = None
         if policy.generation_is_collective:  # every forward gathers layers: step with the other ranks
             anyone_busy = _anyone_busy(policy.backend.metrics_device())
