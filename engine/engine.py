@@ -44,7 +44,7 @@ from .fsdp.sharding import (
     unwrap,
     wrapper_version,
 )
-from .runtime import labelled, phase, start_sum_over_ranks
+from .runtime import labelled, on_every_rank, phase, start_sum_over_ranks
 
 StepFn = Callable[[nn.Module, Any], Any]
 
@@ -150,9 +150,8 @@ class FSDPEngine:
             else:
                 with self.eval_mode(), phase("forward"):
                     result = packing.probe_packed_input(self.module, self.backend.device(), int(vocab_size))
-            verdict = torch.tensor([float(result.works)], device=self.backend.metrics_device())
-            dist.all_reduce(verdict, op=dist.ReduceOp.MIN)
-            if result.works and not verdict.item():
+            everyone_works = on_every_rank(result.works, self.backend.metrics_device())  # every rank calls it
+            if result.works and not everyone_works:
                 result = dataclasses.replace(result, works=False, error="another rank's probe failed")
             self.packed_input_probe = result
             if not result.works and self.rank == 0:

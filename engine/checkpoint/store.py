@@ -24,6 +24,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
+from ..runtime import on_every_rank
 from .safe_reader import SafeLoadPlanner, SafeReader
 
 FORMAT = "accel-engine-checkpoint/1"
@@ -45,9 +46,7 @@ def checkpoint_directory(path) -> Path:
 
 
 def _all_ranks_ok(engine, ok: bool) -> bool:
-    flag = torch.tensor([1.0 if ok else 0.0], device=engine.backend.metrics_device())
-    dist.all_reduce(flag, op=dist.ReduceOp.MIN)
-    return flag.item() == 1.0
+    return on_every_rank(ok, engine.backend.metrics_device())
 
 
 @contextlib.contextmanager

@@ -13,6 +13,20 @@ import torch
 import torch.distributed as dist
 
 
+def on_every_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on every rank (one all-reduce: every rank must call it)."""
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MIN)
+    return value.item() == 1.0
+
+
+def on_any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` holds on at least one rank (one all-reduce: every rank must call it)."""
+    value = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return value.item() == 1.0
+
+
 def all_gather_rows(tensors: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
     """``{name: cat over ranks of that rank's tensor}`` along dim 0, on the host; 1 + len(tensors) all-gathers.
 

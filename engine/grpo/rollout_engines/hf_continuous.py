@@ -17,10 +17,10 @@ import inspect
 from collections.abc import Callable
 
 import torch
-import torch.distributed as dist
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from ...runtime import on_any_rank
 from .base import Responses, SamplingConfig, sampling_scores
 from .hf import PolicyDecoding
 
@@ -38,12 +38,7 @@ class ContinuousRolloutEngine(PolicyDecoding):
 
 
 def _anyone_busy(device: torch.device) -> Callable[[bool], bool]:
-    def anyone_busy(busy: bool) -> bool:
-        flag = torch.tensor([float(busy)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return flag.item() > 0
-
-    return anyone_busy
+    return lambda busy: on_any_rank(busy, device)
 
 
 def sample(logits: torch.Tensor, sampling: SamplingConfig, with_log_probs: bool):
