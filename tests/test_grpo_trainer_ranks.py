@@ -105,7 +105,8 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     # -- on-policy, every engine: the model's greedy + repetition_penalty=2.0 + min_p + top_k=1 config is not
     # inherited, and the trainer's log-probs (temperature, top-k, top-p) equal the sampling distribution's --------
     samples = trainer.task.sample(2, torch.Generator().manual_seed(rank))
-    from engine.grpo.rollout import batched_log_probs, rollout
+    from engine.grpo.logprobs import response_log_probs
+    from engine.grpo.rollout import rollout
     from engine.grpo.rollout_engines import RolloutContext, create_rollout_engine
 
     sampling = dataclasses.replace(trainer.sampling, n=4, max_new_tokens=10, temperature=0.9, top_k=TOP_K,
@@ -119,7 +120,9 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
         with trainer.actor.eval_mode():
             batch = rollout(create_rollout_engine(name, context), trainer.tokenizer, [s.prompt for s in samples],
                             sampling)
-            old = batched_log_probs(trainer.actor, batch, 2, 0.9)
+            with torch.no_grad():  # the trainer's log-probs under the same temperature, top-k and top-p
+                old = response_log_probs(trainer.actor.module, batch.input_ids, batch.attention_mask,
+                                         batch.prompt_length, 0.9, top_k=TOP_K, top_p=TOP_P)
         mask = batch.response_mask.bool()
         ends = []
         for ids, row_mask in zip(batch.response_ids.tolist(), batch.response_mask.tolist(), strict=True):

@@ -203,28 +203,6 @@ def response_log_probs(module, input_ids: torch.Tensor, attention_mask: torch.Te
     return (log_probs, entropy) if with_entropy else log_probs
 
 
-def batched_log_probs(engine, batch, micro_batch_size: int, temperature: float, with_entropy: bool = False):
-    """Forward-only log-probs ``[B, R]`` of a whole left-padded rollout in micro-batches of ``micro_batch_size``
-    rows, on the host (and the entropy), under the distribution the batch was sampled from (its top-k / top-p)."""
-    device = engine.backend.device()
-    truncation = {"top_k": batch.sampling.top_k, "top_p": batch.sampling.top_p} if batch.sampling else {}
-    log_probs, entropies = [], []
-    with torch.no_grad():
-        for start in range(0, len(batch), micro_batch_size):
-            rows = slice(start, start + micro_batch_size)
-            result = response_log_probs(engine.module, batch.input_ids[rows].to(device),
-                                        batch.attention_mask[rows].to(device), batch.prompt_length, temperature,
-                                        with_entropy=with_entropy, **truncation)
-            if with_entropy:
-                log_probs.append(result[0].cpu())
-                entropies.append(result[1].cpu())
-            else:
-                log_probs.append(result.cpu())
-    if with_entropy:
-        return torch.cat(log_probs), torch.cat(entropies)
-    return torch.cat(log_probs)
-
-
 def planned_log_probs(engine, data, temperature: float, what: str, top_k: int = 0, top_p: float = 1.0
                       ) -> torch.Tensor:
     """Forward-only log-probs of this rank's share of a step's sequences, on the host: ``[N, R]`` for the step's

@@ -14,7 +14,6 @@ import dataclasses
 
 import torch
 
-from .logprobs import batched_log_probs  # noqa: F401 - moved to logprobs.py; importable from here one release
 from .rollout_engines import Responses, RolloutEngine, RolloutEngineError, SamplingConfig
 from .rollout_engines.hf import left_padded, mask_through_first_eos
 
