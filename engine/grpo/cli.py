@@ -23,9 +23,9 @@ import sys
 import time
 from pathlib import Path
 
+from ..runs.workers import parse_nproc, world_size
 from .config import PRESETS, apply_loss_type, build_config, check, resolved
 from .report import read_metrics
-from .workers import parse_nproc, world_size
 
 
 def _run_dir(config, resume: bool) -> Path:
@@ -70,7 +70,7 @@ def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
 def check_inputs(config, verbose: bool = True) -> None:
     """Load what the workers will load (rewards, tokenizer, every data row) so that bad input fails here."""
-    from .loggers import require_loggers
+    from ..runs.loggers import require_loggers
     from .model import build_model
     from .rewards import load_rewards
     from .tasks import build_tasks, reward_specs

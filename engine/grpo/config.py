@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
-import re
 from pathlib import Path
 from typing import Any
 
 from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
+from ..runs import config as runs_config
+from ..runs.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
+from ..runs.loggers import LOGGERS
 from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
-from .loggers import LOGGERS
 from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
 
@@ -162,107 +163,9 @@ PRESETS["h100"] = _accelerator_preset(micro_batch_tokens=8192)  # 80 GB HBM
 PRESETS["ascend-910b"] = _accelerator_preset(micro_batch_tokens=4096)  # 64 GB HBM
 
 
-def apply(config: Any, data: dict, prefix: str = "") -> None:
-    """Set fields from a nested mapping; an unknown key is named with the closest valid one."""
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(config, dict):  # the engine section: EngineConfig's fields (unknown ones are named later)
-            engine_fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
-            config[key] = coerce(name, value, engine_fields[key].type) if key in engine_fields else value
-            continue
-        fields = {f.name: f for f in dataclasses.fields(config)}
-        if key not in fields:
-            raise ValueError(f"unknown option {name!r}{did_you_mean(key, fields, prefix)}")
-        if key == "preset" and not prefix:
-            raise ValueError("choose the preset with --preset NAME (setting it here would not load its values)")
-        current = getattr(config, key)
-        if dataclasses.is_dataclass(current) or isinstance(current, dict):
-            if not isinstance(value, dict):
-                raise ValueError(f"option {name!r} is a section: set its fields, e.g. {name}.<field>=...")
-            apply(current, value, prefix=f"{name}.")
-        else:
-            setattr(config, key, coerce(name, value, fields[key].type))
-
-
-_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-_TYPE_NAMES = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "text", "None": "null"}
-
-
-def coerce(name: str, value: Any, annotation: str) -> Any:
-    """``value`` as the type ``annotation`` names, or a ValueError naming the key and the type expected.
-
-    YAML 1.1 reads ``1e-4`` as text: a numeric field takes any number written in scientific notation.
-    """
-    kinds = [kind.strip() for kind in str(annotation).split("|")]
-    if isinstance(value, str) and {"int", "float"} & set(kinds) and _NUMBER.fullmatch(value.strip()):
-        number = float(value)
-        value = int(number) if "float" not in kinds and number.is_integer() else number
-    for kind in kinds:
-        if kind == "None" and value is None:
-            return None
-        if kind == "bool" and isinstance(value, bool):
-            return value
-        if isinstance(value, bool):
-            continue
-        if kind == "int" and isinstance(value, int):
-            return value
-        if kind == "float" and isinstance(value, (int, float)):
-            return float(value)
-        if kind == "str" and isinstance(value, str):
-            return value
-        if kind.startswith(("tuple", "list")) and isinstance(value, (list, tuple)):
-            return tuple(value) if kind.startswith("tuple") else list(value)
-    if "str" in kinds and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return str(value)  # run.name=2024 is a name, not a number
-    expected = " or ".join(_TYPE_NAMES.get(k, "a list" if k.startswith(("tuple", "list")) else k) for k in kinds)
-    raise ValueError(f"{name} must be {expected}, got {value!r}")
-
-
-def parse_override(text: str) -> dict:
-    """``train.steps=5`` -> ``{"train": {"steps": 5}}`` (values parsed as YAML: numbers, booleans, null)."""
-    import yaml
-
-    key, sep, raw = text.partition("=")
-    if not sep or not key.strip():
-        raise ValueError(f"override {text!r} must look like section.key=value")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else None
-    except yaml.YAMLError:
-        value = raw  # e.g. a value with a colon: kept as text, checked against the option's type
-    nested: dict = {}
-    cursor = nested
-    parts = key.strip().split(".")
-    for part in parts[:-1]:
-        cursor = cursor.setdefault(part, {})
-    cursor[parts[-1]] = value
-    return nested
-
-
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> GRPOConfig:
-    """Preset, then the YAML file, then the overrides, in that order."""
-    import yaml
-
-    name = preset or "cpu-demo"
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(PRESETS)}")
-    config = GRPOConfig(preset=name)
-    apply(config, PRESETS[name])
-    if config_file:
-        path = Path(config_file)
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            where = getattr(exc, "problem_mark", None)
-            line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
-            raise ValueError(f"config file {path} is not valid YAML{line}: {getattr(exc, 'problem', exc)}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config file {path} must hold a mapping of sections")
-        apply(config, loaded)
-    for override in overrides:
-        apply(config, parse_override(override))
-    return config
+    """Preset, then the YAML file, then the overrides, in that order (``engine.runs.config``)."""
+    return runs_config.build_config(GRPOConfig, PRESETS, preset, config_file, overrides)
 
 
 def apply_loss_type(config: GRPOConfig) -> list[str]:

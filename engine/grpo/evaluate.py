@@ -21,11 +21,11 @@ from pathlib import Path
 
 from .. import checkpoint
 from ..checkpoint import META_FILE
+from ..runs.workers import parse_nproc
+from ..runs.workers import world_size as worker_count
 from .config import GRPOConfig, apply, build_config, dist_timeout_s, engine_config, parse_override, prompts_per_rank
 from .export import ExportError, export, locate, run_config
 from .model import BUILTIN_MODEL, check_model_dir
-from .workers import parse_nproc
-from .workers import world_size as worker_count
 
 
 def validation_samples(config: GRPOConfig, tokenizer, verbose: bool = True):

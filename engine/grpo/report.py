@@ -1,9 +1,11 @@
-"""Rank 0's outputs: one JSON line of metrics per step, and a PNG of the learning curves."""
+"""GRPO's learning curves; the metrics file and the plotting are shared (``engine/runs/report.py``)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from ..runs import report
+from ..runs.report import MetricsLog, read_metrics  # noqa: F401  (the names GRPO's modules and tests use)
 
 CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accuracy"),
           ("val/reward_mean", "validation reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),
@@ -11,52 +13,9 @@ CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accurac
           ("step_time_s", "step time (s)"))
 
 
-class MetricsLog:
-    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone)."""
-
-    def __init__(self, path: Path, resume_step: int) -> None:
-        self.path = path
-        kept = []
-        if resume_step and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
-        path.write_text("".join(line + "\n" for line in kept))
-
-    def write(self, metrics: dict) -> None:
-        with self.path.open("a") as handle:
-            handle.write(json.dumps(metrics) + "\n")
-
-
-def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def panels(rows: list[dict]) -> list[tuple[str, str]]:
-    """The curves that have data: the validation ones only for a run that validated."""
-    return [(key, title) for key, title in CURVES if any(key in row for row in rows)]
+    return report.panels(rows, CURVES)
 
 
 def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rows = read_metrics(metrics_path)
-    if not rows:
-        return
-    shown = panels(rows)
-    grid_rows = -(-len(shown) // 3)
-    figure, axes = plt.subplots(grid_rows, 3, figsize=(12, 3.2 * grid_rows), squeeze=False)
-    for axis in axes.flat[len(shown):]:
-        axis.remove()
-    for axis, (key, title) in zip(axes.flat, shown, strict=False):
-        points = [(row["step"], row[key]) for row in rows if key in row]  # validation rows are sparse
-        axis.plot(*zip(*points, strict=False), lw=1.5, marker="o" if len(points) < 20 else None)
-        axis.set_title(title)
-        axis.set_xlabel("step")
-        axis.grid(alpha=0.3)
-    figure.suptitle(metrics_path.parent.name)
-    figure.tight_layout()
-    figure.savefig(png_path, dpi=100)
-    plt.close(figure)
+    report.plot_curves(metrics_path, png_path, CURVES)

@@ -24,17 +24,17 @@ import torch.distributed as dist
 import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
+from ..runs.loggers import Loggers
+from ..runs.retention import after_save
 from ..runtime import phase, sum_over_ranks
 from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
 from .config import GRPOConfig, deprecation_notices, dist_timeout_s, engine_config, resolved, updates_per_step
-from .loggers import Loggers
 from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
 from .model import build_model
 from .report import plot_curves
-from .retention import after_save
 from .rewards import load_rewards, metric_names
 from .rollout import eos_token_ids, rollout, sampling_configs, sync_weights
 from .rollout_engines import RolloutContext, create_rollout_engine

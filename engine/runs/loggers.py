@@ -118,19 +118,21 @@ def _cell(text: str) -> str:
 
 
 class WandbLogger:
-    """A Weights & Biases run named after the run directory, its files under ``<run dir>/wandb``.
+    """A Weights & Biases run named after the run directory, its files under ``<run dir>/wandb`` unless the user
+    set ``WANDB_DIR`` (a variable the tool itself defines wins over our default).
 
     ``WANDB_MODE=offline`` needs no account (``wandb sync`` uploads later); ``WANDB_PROJECT`` (default
     ``accel-grpo``), ``WANDB_ENTITY``, ``WANDB_RUN_ID`` with ``WANDB_RESUME`` and the other ``WANDB_*`` variables
     are read by wandb itself.
     """
 
-    def __init__(self, run_dir: Path, config: dict) -> None:
+    def __init__(self, run_dir: Path, config: dict, project: str = "accel-grpo") -> None:
         require_logger("wandb")
         import wandb
 
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "accel-grpo"), name=run_dir.name,
-                              dir=str(run_dir), config=config, settings=wandb.Settings(quiet=True))
+        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", project), name=run_dir.name,
+                              dir=os.environ.get("WANDB_DIR") or str(run_dir), config=config,
+                              settings=wandb.Settings(quiet=True))
 
     def write(self, metrics: dict) -> None:
         self.run.log(numbers(metrics), step=int(metrics["step"]))
@@ -147,14 +149,14 @@ class MLflowLogger:
     (default ``accel-grpo``) and ``MLFLOW_RUN_ID`` (to continue a run) are honoured.
     """
 
-    def __init__(self, run_dir: Path, config: dict) -> None:
+    def __init__(self, run_dir: Path, config: dict, project: str = "accel-grpo") -> None:
         require_logger("mlflow")
         import mlflow
 
         self.mlflow = mlflow
         if not os.environ.get("MLFLOW_TRACKING_URI"):
             mlflow.set_tracking_uri(f"sqlite:///{(run_dir / MLFLOW_DATABASE).resolve()}")
-        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", "accel-grpo")
+        name = os.environ.get("MLFLOW_EXPERIMENT_NAME", project)
         if mlflow.get_experiment_by_name(name) is None:
             # Artifacts (none are logged today) would otherwise go to ./mlruns of whatever directory this ran in.
             where = None if os.environ.get("MLFLOW_TRACKING_URI") else (run_dir / "mlflow-artifacts").resolve()
@@ -173,18 +175,20 @@ class MLflowLogger:
 
 
 class Loggers:
-    """All configured loggers behind one ``write``. ``config``: the resolved configuration (tracker parameters)."""
+    """All configured loggers behind one ``write``. ``config``: the resolved configuration (tracker parameters);
+    ``project``: the default wandb project / MLflow experiment (the command's name)."""
 
-    def __init__(self, names: list[str], run_dir: Path, resume_step: int, config: dict | None = None) -> None:
+    def __init__(self, names: list[str], run_dir: Path, resume_step: int, config: dict | None = None,
+                 project: str = "accel-grpo") -> None:
         self.loggers = [MetricsLog(run_dir / "metrics.jsonl", resume_step)]
         self.samples = MetricsLog(run_dir / "samples.jsonl", resume_step)  # run.log_samples prompts per step
         config = config or {}
         if "tensorboard" in names:
             self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))
         if "wandb" in names:
-            self.loggers.append(WandbLogger(run_dir, config))
+            self.loggers.append(WandbLogger(run_dir, config, project))
         if "mlflow" in names:
-            self.loggers.append(MLflowLogger(run_dir, config))
+            self.loggers.append(MLflowLogger(run_dir, config, project))
 
     def write(self, metrics: dict) -> None:
         for logger in self.loggers:

@@ -15,11 +15,11 @@ def human_size(size: int) -> str:
     raise AssertionError("unreachable")
 
 
-def after_save(path: Path, keep: int | None, progress=None) -> list[Path]:
+def after_save(path: Path, keep: int | None, progress=None, tool: str = "accel-grpo") -> list[Path]:
     """Print the size of the checkpoint just saved at ``path``; with ``keep``, delete all but the newest ``keep``
     complete checkpoints next to it (never the newest complete one, never a ``.partial``). Returns what went."""
     removed = checkpoint.prune(path.parent, keep) if keep else []
-    line = f"accel-grpo: saved {path} ({human_size(checkpoint.directory_size(path))})"
+    line = f"{tool}: saved {path} ({human_size(checkpoint.directory_size(path))})"
     if removed:
         line += f"; removed {', '.join(p.name for p in removed)} (run.keep_checkpoints={keep})"
     (progress.write if progress is not None else print)(line)

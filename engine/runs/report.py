@@ -1,0 +1,58 @@
+"""Rank 0's outputs: one JSON line of metrics per step, and a PNG of the learning curves (each trainer names its
+curves)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+class MetricsLog:
+    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone)."""
+
+    def __init__(self, path: Path, resume_step: int) -> None:
+        self.path = path
+        kept = []
+        if resume_step and path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+    def write(self, metrics: dict) -> None:
+        with self.path.open("a") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def panels(rows: list[dict], curves) -> list[tuple[str, str]]:
+    """The ``(key, title)`` curves that have data: the validation ones only for a run that validated."""
+    return [(key, title) for key, title in curves if any(key in row for row in rows)]
+
+
+def plot_curves(metrics_path: Path, png_path: Path, curves) -> None:
+    """One panel per curve of ``curves`` that has data, three to a row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(metrics_path)
+    if not rows:
+        return
+    shown = panels(rows, curves)
+    grid_rows = -(-len(shown) // 3)
+    figure, axes = plt.subplots(grid_rows, 3, figsize=(12, 3.2 * grid_rows), squeeze=False)
+    for axis in axes.flat[len(shown):]:
+        axis.remove()
+    for axis, (key, title) in zip(axes.flat, shown, strict=False):
+        points = [(row["step"], row[key]) for row in rows if key in row]  # validation rows are sparse
+        axis.plot(*zip(*points, strict=False), lw=1.5, marker="o" if len(points) < 20 else None)
+        axis.set_title(title)
+        axis.set_xlabel("step")
+        axis.grid(alpha=0.3)
+    figure.suptitle(metrics_path.parent.name)
+    figure.tight_layout()
+    figure.savefig(png_path, dpi=100)
+    plt.close(figure)

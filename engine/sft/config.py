@@ -1,0 +1,198 @@
+"""``SFTConfig``: the schema, presets and checks of ``accel-sft``; the pipeline (preset, YAML file, ``key=value``
+overrides) is the shared one of ``engine/runs/config.py``."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from accel_backends.names import did_you_mean
+
+from ..config import EngineConfig
+from ..runs import config as runs_config
+from ..runs.config import apply
+from ..runs.loggers import LOGGERS
+
+DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.grpo.fixture)
+FORMATS = ("auto", "text", "messages", "prompt_completion")
+TRUNCATIONS = ("keep_start", "drop", "error")
+LOSS_ON = ("auto", "assistant", "completion", "all")
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    path: str | None = DEMO_MODEL  # a local Hugging Face model directory, or the built-in tiny chat model
+    hidden_size: int = 64  # the built-in model's size (ignored for a path)
+    layers: int = 2
+
+
+@dataclasses.dataclass
+class DataConfig:
+    path: str | None = None  # JSONL, JSON, Parquet file or a datasets save_to_disk directory; null: the demo task
+    format: str = "auto"  # auto (from the columns; the choice is printed), text, messages or prompt_completion
+    text_key: str = "text"
+    messages_key: str = "messages"
+    prompt_key: str = "prompt"
+    completion_key: str = "completion"
+    tools_key: str = "tools"  # a row's tool schemas, passed to the chat template when present
+    max_length: int = 1024  # tokens per example
+    truncation: str = "keep_start"  # longer examples: keep_start (cut the end), drop (count them), error
+    empty_mask: str = "error"  # an example with no supervised token: error (naming the row) or drop (counted)
+    val_path: str | None = None
+    val_fraction: float = 0.0  # or hold out this share of data.path (of the demo task's examples)
+    demo_examples: int = 2048  # the demo task's size
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    loss_on: str = "auto"  # assistant (conversations), completion (prompt-completion), all; auto: by format
+    epochs: float = 1.0
+    steps: int | None = None  # optimizer steps; null: as many as data.epochs passes over the data make
+    batch_size: int = 16  # sequences per optimizer step over ALL ranks (whatever the world size)
+    batch_tokens: int | None = None  # or: sequences per step until their tokens reach this (replaces batch_size)
+    micro_batch_tokens: int | None = None  # tokens per micro-batch per rank (only splits the step's batch)
+    micro_batch_size: int = 16  # sequences per micro-batch per rank, when micro_batch_tokens is not set
+    padding_free: bool = True  # pack each micro-batch in one row where the model keeps sequences apart
+    seed: int = 0  # shuffling (each epoch its own order) and the engine's seed
+
+
+@dataclasses.dataclass
+class RunConfig:
+    name: str | None = None  # default: <preset>-<date>-<time>
+    output_dir: str = "runs"
+    save_every: int = 0  # checkpoint every N steps (0: only at the end)
+    keep_checkpoints: int | None = None
+    val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
+    loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])
+    progress: bool = True
+    resume_fallback: bool = True
+    save_on_interrupt: bool = False
+
+
+@dataclasses.dataclass
+class SFTConfig:
+    preset: str = "cpu-demo"
+    nproc: int | str = 2
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
+    trainer: str = "sft"  # recorded in config.json: export / eval know which schema reads it
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> SFTConfig:
+        data = dict(data)
+        data.pop("derived", None)
+        config = cls(preset=data.pop("preset", "cpu-demo"))
+        apply(config, data)
+        return config
+
+
+PRESETS: dict[str, dict] = {
+    "cpu-demo": {
+        "nproc": 2,
+        "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
+        "data": {"max_length": 64, "demo_examples": 2048, "val_fraction": 0.03},
+        "train": {"epochs": 2, "batch_size": 32, "micro_batch_tokens": 512},
+        "run": {"val_every": 20},
+        "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10,
+                   "max_grad_norm": 1.0},
+    },
+    "h100": {
+        "nproc": "auto",
+        "model": {"path": None},
+        "data": {"max_length": 4096},
+        "train": {"batch_size": 128, "micro_batch_tokens": 16384},
+        "engine": {"fsdp_version": 2, "lr": 1e-5, "lr_schedule": "cosine", "warmup_steps": 20,
+                   "mixed_precision": "auto", "gradient_checkpointing": True},
+    },
+}
+
+
+def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> SFTConfig:
+    return runs_config.build_config(SFTConfig, PRESETS, preset, config_file, overrides)
+
+
+def engine_config(config: SFTConfig, total_steps: int | None = None) -> EngineConfig:
+    """The engine's options: ``engine.*``, with the seed and (for the LR schedule) the run's optimizer steps."""
+    defaults: dict[str, Any] = {"seed": config.train.seed}
+    if total_steps is not None:
+        defaults["total_steps"] = total_steps
+    return runs_config.engine_options(dict(config.engine), defaults)
+
+
+def check(config: SFTConfig, world_size: int) -> list[str]:
+    """Every problem that can be found from the options alone, as sentences (the data is checked next)."""
+    problems = []
+    d, t, r = config.data, config.train, config.run
+    if config.model.path is None:
+        problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
+    elif config.model.path != DEMO_MODEL:
+        from ..runs.model_dir import check_model_dir
+
+        problems += check_model_dir(config.model.path)
+    for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
+        if path and not Path(path).exists():
+            problems.append(f"{key} {path} does not exist")
+    choices = (("data.format", d.format, FORMATS), ("data.truncation", d.truncation, TRUNCATIONS),
+               ("data.empty_mask", d.empty_mask, ("error", "drop")), ("train.loss_on", t.loss_on, LOSS_ON))
+    for key, value, allowed in choices:
+        if value not in allowed:
+            problems.append(f"{key} must be one of {', '.join(allowed)}, got {value!r}"
+                            f"{did_you_mean(str(value), allowed, key + '=')}")
+    if not 0 <= d.val_fraction < 1:
+        problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
+    if d.val_path and d.val_fraction:
+        problems.append("set data.val_path or data.val_fraction, not both")
+    if r.val_every and not (d.val_path or d.val_fraction):
+        problems.append("run.val_every needs a validation set: data.val_path=... or data.val_fraction=...")
+    for name, value in (("data.max_length", d.max_length), ("train.batch_size", t.batch_size),
+                        ("train.micro_batch_size", t.micro_batch_size), ("data.demo_examples", d.demo_examples)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            problems.append(f"{name} must be a positive integer, got {value!r}")
+    for name, value in (("train.steps", t.steps), ("train.batch_tokens", t.batch_tokens),
+                        ("train.micro_batch_tokens", t.micro_batch_tokens), ("run.keep_checkpoints",
+                                                                             r.keep_checkpoints)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"{name} must be a positive integer or null, got {value!r}")
+    if not t.epochs > 0:
+        problems.append(f"train.epochs must be > 0, got {t.epochs}")
+    if r.save_every < 0 or r.val_every < 0:
+        problems.append("run.save_every and run.val_every must be >= 0")
+    for name in r.loggers:
+        if name not in LOGGERS:
+            problems.append(f"run.loggers: unknown logger {name!r}{did_you_mean(str(name), LOGGERS)}; choose from "
+                            f"{', '.join(LOGGERS)} (metrics.jsonl is always written)")
+    if problems:
+        return problems
+    if t.micro_batch_tokens is not None and t.micro_batch_tokens < d.max_length:
+        problems.append(f"train.micro_batch_tokens={t.micro_batch_tokens} is below data.max_length={d.max_length}: "
+                        f"an example of data.max_length tokens could never run; raise train.micro_batch_tokens to at "
+                        f"least {d.max_length} or lower data.max_length")
+    if t.batch_tokens is not None and t.batch_tokens < d.max_length:
+        problems.append(f"train.batch_tokens={t.batch_tokens} is below data.max_length={d.max_length}: raise it "
+                        f"to at least {d.max_length}")
+    if t.batch_tokens is None and t.batch_size < world_size:
+        problems.append(f"train.batch_size={t.batch_size} sequences per step cannot give each of the {world_size} "
+                        f"ranks one: raise train.batch_size to at least {world_size}")
+    if str(config.engine.get("mixed_precision", "")) == "fp16":
+        problems.append("engine.mixed_precision=fp16 is not supported (no loss scaling): use bf16 (or auto)")
+    try:
+        engine_config(config)
+    except (ValueError, TypeError) as exc:
+        problems.append(str(exc))
+    return problems
+
+
+def resolved(config: SFTConfig, derived: dict | None = None) -> dict:
+    """Every option, every engine default, and the values that follow from the data (when known)."""
+    data = config.to_dict()
+    data["engine"] = dataclasses.asdict(engine_config(config, (derived or {}).get("total_steps")))
+    if derived:
+        data["derived"] = derived
+    return data
