@@ -23,40 +23,19 @@ import sys
 import time
 from pathlib import Path
 
+from ..runs.run_dir import resume_hint
+from ..runs.run_dir import run_dir as run_dir_of
 from ..runs.workers import parse_nproc, world_size
 from .config import PRESETS, apply_loss_type, build_config, check, resolved
 from .report import read_metrics
 
 
 def _run_dir(config, resume: bool) -> Path:
-    from ..runtime import under_launcher
-
-    root = Path(config.run.output_dir)
-    if config.run.name:
-        return root / config.run.name
-    if under_launcher():
-        # Every torchrun worker runs this: the name must not depend on when each one got here.
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        if run_id == "none" or resume:
-            raise ValueError("under torchrun, name the run: run.name=NAME (the same on every node)")
-        return root / f"{config.preset}-{run_id}"
-    if resume:
-        runs = sorted(root.glob(f"{config.preset}-*"), key=lambda p: p.stat().st_mtime)
-        if not runs:
-            raise FileNotFoundError(f"--resume: no earlier {config.preset} run in {root}; name one with run.name=")
-        return runs[-1]
-    return root / f"{config.preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return run_dir_of(config, resume)
 
 
 def _resume_hint(run_dir: Path) -> str:
-    from ..checkpoint import latest_complete
-
-    latest = latest_complete(run_dir / "checkpoints")
-    if latest is None:
-        return "no checkpoint was written yet: start the run again"
-    where = "" if run_dir.parent == Path("runs") else f" run.output_dir={run_dir.parent}"
-    return (f"latest complete checkpoint {latest}; continue with: accel-grpo --resume run.name={run_dir.name}"
-            f"{where} (and the same --preset/--config/overrides)")
+    return resume_hint(run_dir, "accel-grpo")
 
 
 def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:

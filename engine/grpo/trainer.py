@@ -25,6 +25,7 @@ import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
 from ..runs.loggers import Loggers
+from ..runs.progress import progress_bar
 from ..runs.retention import after_save
 from ..runtime import phase, sum_over_ranks
 from . import dynamic_sampling, scoring
@@ -261,10 +262,7 @@ class GRPOTrainer:
             loggers = Loggers(cfg.run.loggers, self.run_dir, self.start_step, resolved(cfg, self.world_size))
         progress = None
         if self.rank == 0 and cfg.run.progress:
-            from tqdm import tqdm
-
-            progress = tqdm(total=cfg.train.steps, initial=self.start_step, desc="grpo", file=sys.stderr,
-                            dynamic_ncols=True)
+            progress = progress_bar(cfg.train.steps, self.start_step, "grpo")
         last = {}
         if self.start_step == 0 and self.val_samples and cfg.run.val_before_train is not False:
             baseline = {"step": 0, **self._validate(-1, baseline=True)}  # the model before any update

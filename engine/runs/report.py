@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+
 class MetricsLog:
     """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone)."""
 

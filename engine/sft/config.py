@@ -183,7 +183,7 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     if str(config.engine.get("mixed_precision", "")) == "fp16":
         problems.append("engine.mixed_precision=fp16 is not supported (no loss scaling): use bf16 (or auto)")
     try:
-        engine_config(config)
+        engine_config(config, config.train.steps or 1)  # the real count follows from the data
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     return problems

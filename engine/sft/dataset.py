@@ -1,0 +1,90 @@
+"""A run's tokenized training and validation sets: read, checked, tokenized with loss masks, fitted to
+``data.max_length``, and split. One function, called in the launching process first (so that bad input fails
+before any worker starts) and then by every worker (the same result from the same inputs)."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+from .data import Columns, DataError, Example, load_examples
+from .masks import Tokenized, fit_length, resolve_loss_on, tokenize_example
+
+_DEMO_WORDS = ("apples oranges books pencils dollars minutes hours days friends students cookies marbles cars trees "
+               "garden school shop week month year price box basket").split()
+
+
+def demo_examples(count: int, seed: int = 0) -> list[Example]:
+    """The CPU demo's synthetic chat task: the user lists a few words, the assistant repeats them in reverse."""
+    rng = random.Random(seed)
+    examples = []
+    for index in range(count):
+        words = rng.sample(_DEMO_WORDS, rng.randint(2, 4))
+        messages = [{"role": "user", "content": "reverse: " + " ".join(words)},
+                    {"role": "assistant", "content": " ".join(reversed(words))}]
+        examples.append(Example(f"demo:{index + 1}", messages=messages))
+    return examples
+
+
+@dataclasses.dataclass
+class SFTData:
+    train: list[Tokenized]
+    val: list[Tokenized]
+    format: str
+    loss_on: str
+    dropped_long: int = 0
+    dropped_empty: int = 0
+    truncated: int = 0
+
+    def summary(self) -> str:
+        parts = [f"{len(self.train)} training examples", f"{len(self.val)} validation",
+                 f"format {self.format}", f"loss on {self.loss_on}"]
+        for count, what in ((self.truncated, "cut to data.max_length"), (self.dropped_long, "dropped as too long"),
+                            (self.dropped_empty, "dropped with no supervised token")):
+            if count:
+                parts.append(f"{count} {what}")
+        return ", ".join(parts)
+
+
+def _tokenize_all(examples: list[Example], tokenizer, loss_on: str, d, data: SFTData) -> list[Tokenized]:
+    kept = []
+    for example in examples:
+        item = tokenize_example(example, tokenizer, loss_on)
+        fitted = fit_length(item, d.max_length, d.truncation)
+        if fitted is None:
+            data.dropped_long += 1
+            continue
+        data.truncated += fitted is not item
+        if fitted.supervised == 0:
+            if d.empty_mask == "drop":
+                data.dropped_empty += 1
+                continue
+            cut = " after data.max_length cut it" if fitted is not item else ""
+            raise DataError(f"{example.where}: no token gets the loss{cut} (train.loss_on={loss_on}): raise "
+                            "data.max_length, fix the row, or set data.empty_mask=drop to skip such rows (counted)")
+        kept.append(fitted)
+    return kept
+
+
+def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
+    d, columns = data_config, Columns.of(data_config)
+    if d.path:
+        examples, fmt = load_examples(d.path, d.format, columns)
+    else:
+        examples, fmt = demo_examples(d.demo_examples, seed), "messages"
+    val_examples: list[Example] = []
+    if d.val_path:
+        val_examples, _ = load_examples(d.val_path, fmt, columns)
+    elif d.val_fraction:
+        order = list(range(len(examples)))
+        random.Random(seed).shuffle(order)
+        held = set(order[:max(1, int(len(examples) * d.val_fraction))])
+        val_examples = [e for i, e in enumerate(examples) if i in held]
+        examples = [e for i, e in enumerate(examples) if i not in held]
+    resolved = resolve_loss_on(loss_on, fmt)
+    data = SFTData([], [], fmt, resolved)
+    data.train = _tokenize_all(examples, tokenizer, resolved, d, data)
+    data.val = _tokenize_all(val_examples, tokenizer, resolved, d, data)
+    if not data.train:
+        raise DataError(f"no training example left ({data.summary()}): check data.max_length and data.empty_mask")
+    return data
