@@ -40,7 +40,7 @@ class DataConfig:
     truncation: str = "keep_start"  # longer examples: keep_start (cut the end), drop (count them), error
     empty_mask: str = "error"  # an example with no supervised token: error (naming the row) or drop (counted)
     val_path: str | None = None
-    val_fraction: float = 0.0  # or hold out this share of data.path (of the demo task's examples)
+    val_fraction: float = 0.0  # or hold out this share of data.path (or of the demo task); data.val_path wins
     demo_examples: int = 2048  # the demo task's size
 
 
@@ -147,8 +147,6 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
                             f"{did_you_mean(str(value), allowed, key + '=')}")
     if not 0 <= d.val_fraction < 1:
         problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
-    if d.val_path and d.val_fraction:
-        problems.append("set data.val_path or data.val_fraction, not both")
     if r.val_every and not (d.val_path or d.val_fraction):
         problems.append("run.val_every needs a validation set: data.val_path=... or data.val_fraction=...")
     for name, value in (("data.max_length", d.max_length), ("train.batch_size", t.batch_size),
