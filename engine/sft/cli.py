@@ -130,9 +130,10 @@ def main(argv: list[str] | None = None) -> int:
         line = (f"{TOOL}: done in {time.perf_counter() - started:.0f} s; loss over the first {len(first)} steps "
                 f"{sum(r['loss'] for r in first) / len(first):.3f}, over the last {len(final)} "
                 f"{sum(r['loss'] for r in final) / len(final):.3f}")
-        vals = [row["val/loss"] for row in rows if "val/loss" in row]
+        vals = [row for row in rows if "val/loss" in row]
         if vals:
-            line += f"; validation loss {vals[-1]:.3f}"
+            line += (f"; validation loss {vals[-1]['val/loss']:.3f}, token accuracy "
+                     f"{vals[-1]['val/mean_token_accuracy']:.3f}")
         print(line)
     print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {directory / 'curves.png'}\n"
           f"checkpoints: {directory / 'checkpoints'}")

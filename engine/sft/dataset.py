@@ -10,18 +10,20 @@ import random
 from .data import Columns, DataError, Example, load_examples
 from .masks import Tokenized, fit_length, resolve_loss_on, tokenize_example
 
-_DEMO_WORDS = ("apples oranges books pencils dollars minutes hours days friends students cookies marbles cars trees "
-               "garden school shop week month year price box basket").split()
+_DEMO_ITEMS = "apples oranges books pencils cookies marbles cars trees friends students dollars boxes".split()
+_DEMO_PLACES = "garden school shop basket bag box week month".split()
 
 
 def demo_examples(count: int, seed: int = 0) -> list[Example]:
-    """The CPU demo's synthetic chat task: the user lists a few words, the assistant repeats them in reverse."""
+    """The CPU demo's synthetic chat task: the user asks how many of an item there are somewhere; the answer is a
+    fixed number for each item, whatever the place (a lookup the model learns), followed by the item's name."""
     rng = random.Random(seed)
     examples = []
     for index in range(count):
-        words = rng.sample(_DEMO_WORDS, rng.randint(2, 4))
-        messages = [{"role": "user", "content": "reverse: " + " ".join(words)},
-                    {"role": "assistant", "content": " ".join(reversed(words))}]
+        item_index = rng.randrange(len(_DEMO_ITEMS))
+        item, place = _DEMO_ITEMS[item_index], rng.choice(_DEMO_PLACES)
+        messages = [{"role": "user", "content": f"how many {item} are in the {place}?"},
+                    {"role": "assistant", "content": f"{(item_index * 37) % 90 + 10} {item}"}]
         examples.append(Example(f"demo:{index + 1}", messages=messages))
     return examples
 
