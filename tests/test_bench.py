@@ -23,7 +23,7 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert "== GRPO step" in result.stdout and "engine / hand-written" in result.stdout
     data = json.loads(out.read_text())
     scenarios = data["scenarios"]
-    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo", "packing"}
+    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo", "packing", "sft"}
     assert png.read_bytes()[:4] == b"\x89PNG"
 
     switch = scenarios["mode_switch"]
@@ -68,9 +68,19 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     packing = scenarios["packing"]  # 16 sequences over 2 ranks, 4 per micro-batch: 2 micro-batches per rank
     assert packing["micro_batches_per_rank"] == {"packed": 2, "padded": 2, "rollout": 2}
     pads = packing["pad_tokens_per_update"]
-    assert pads["packed"] == 0 and pads["padded"] >= 0 and pads["rollout"] > 0, pads  # counted, none when packed
+    assert pads["packed"] == 0 and 0 < pads["rollout"] and pads["padded"] < pads["rollout"], pads  # none packed; the
+    # planner's padded micro-batches (similar lengths together) pad less than the rollout's own layout
     assert set(packing["update"]) == {"packed", "padded", "rollout"} and packing["packed_over_padded"] > 0
     assert packing["peak_by_budget"]["128"]["micro_batches_per_rank"] == 1  # at most 144 tokens over 2 ranks
+    sft = scenarios["sft"]  # 32 sequences over 2 ranks, 2 per micro-batch: 8 micro-batches per rank
+    variants = sft["variants"]
+    assert {row["micro_batches_per_rank"] for row in variants.values()} == {8}
+    tokens = {row["supervised_tokens"] for row in variants.values()}
+    assert len(tokens) == 1 and tokens.pop() > 0  # the same supervised tokens whichever layout and sync
+    assert variants["padded_deferred"]["pad_tokens_this_rank"] > 0
+    assert variants["packed_deferred"]["pad_tokens_this_rank"] == 0
+    assert sft["peak_by_budget"]["16"]["skipped"].startswith("below the longest sequence")
+    assert sft["peak_by_budget"]["128"]["activation_mib"] > 0
 
 
 @pytest.mark.parametrize("argv, message", [

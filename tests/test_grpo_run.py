@@ -8,7 +8,7 @@ from conftest import REPO, run_python
 
 pytestmark = pytest.mark.slow
 
-SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.mini_batch_size=8", "train.micro_batch_size=4",
+SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.prompts_per_update=4", "train.micro_batch_size=4",
          "run.progress=false"]
 COMPARED = ("reward_mean", "reward_std", "loss", "pg_loss", "kl", "clip_frac", "grad_norm", "response_length", "lr")
 
@@ -24,7 +24,7 @@ def metrics(tmp_path, name):
 
 
 def test_fsdp2_run_writes_metrics_and_checkpoints_and_resumes_identically(tmp_path):
-    two_updates = "train.mini_batch_size=4"  # 8 sequences per rank: two optimizer steps per GRPO step
+    two_updates = "train.prompts_per_update=2"  # 2 of the 4 prompts (8 sequences) per update: two optimizer steps
     straight = grpo(tmp_path, "train.steps=4", "run.save_every=2", "run.name=straight", two_updates)
     assert straight.returncode == 0, straight.stderr[-3000:]
     assert "metrics:" in straight.stdout and "curves:" in straight.stdout

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 ENGINES = ("hf", "hf-continuous", "test-copy")  # the built-in engines and tests/rollout_copy_plugin.py's
 TOP_K, TOP_P = 400, 0.9  # both truncate: 400 of the 2,048 tokens at most, then the top 90% of what is left
 
-BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.mini_batch_size=4", "train.micro_batch_size=2",
+BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.prompts_per_update=2", "train.micro_batch_size=2",
         "rollout.max_new_tokens=10", "rollout.temperature=0.9", "algorithm.kl_loss_coef=0", "run.progress=false",
         "data.reward=grpo_rewards:compute_score"]
 
@@ -206,7 +206,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     # -- LoRA + KL: the reference is the actor's base with adapters disabled, not a second copy -------------------
     # Padded micro-batches here: the packing probe's forward at start-up would leave FSDP2's root unsharded (as any
     # forward-only pass does) and spoil the count of base weights below; packed LoRA is tested in test_packing_ranks.
-    lora = _trainer(tmp, model_dir, data_path, "engine.lora_rank=4", "algorithm.kl_coef=0.01",
+    lora = _trainer(tmp, model_dir, data_path, "engine.lora_rank=4", "algorithm.kl_loss_coef=0.01",
                     "train.padding_free=false")
     out["lora_reference_engine"] = lora.reference is not None
     engines = [e for e in (lora.actor, lora.reference) if e is not None]
@@ -279,7 +279,8 @@ def test_trainer_on_two_ranks(fixture_dirs):
         copy = out["copy_engine"]
         # At the start and after each of the 2 updates: every tensor, bit for bit, and the weights did change.
         assert copy["received"] == copy["expected"] and len(copy["received"]) == 3
-        assert copy["expected"][0] != copy["expected"][1] != copy["expected"][2]
+        first, second, third = copy["expected"]
+        assert first != second and second != third and first != third  # each update changed the weights
         assert copy["own_equals_actor"]
         # Old path: one log-prob forward per micro-batch of this rank (8 sequences over 2 ranks, 2 per micro-batch)
         # in collect; new path: none.

@@ -12,6 +12,8 @@ Scenarios (``--scenarios``, default all):
   grpo         one GRPO step of a preset (cpu-demo): rollout, old/ref log-probs, update, tokens per second
   packing      one GRPO rollout's update, packed / padded / as before packing, interleaved: time, pad tokens,
                peak memory per token budget
+  sft          one accel-sft step at 8 micro-batches per rank: packed deferred / packed every-micro-batch sync /
+               padded, interleaved: step time, supervised tokens per second; activations per token budget
 
 --grpo-case long (grpo and packing) runs a model whose responses spread over 1..128 tokens (make-tiny-model
 --hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos, written to a temporary directory) on
@@ -29,12 +31,12 @@ import json
 import tempfile
 from pathlib import Path
 
-from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout
+from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout, sft
 from .common import release
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
-             "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run}
+             "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run}
 GRPO_SCENARIOS = ("grpo", "packing")
 # The long-response case: the model make-tiny-model writes with these settings, and the work around it.
 LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}

@@ -108,8 +108,25 @@ def print_packing(s: dict) -> None:
                   f"{row['activation_mib']:.1f} MiB at most per micro-batch")
 
 
+def print_sft(s: dict) -> None:
+    print(f"\n== sft (one step of {s['sequences']} sequences, {s['tokens']} tokens, {s['world_size']} rank(s); "
+          f"packed path {'on' if s['packed_path'] else 'off'}) ==")
+    print(f"  {'variant':26} {'step':>30} {'micro-batches':>14} {'supervised tok/s':>17} {'pad tokens':>11}")
+    for name, row in s["variants"].items():
+        print(f"  {name:26} {_ms(row):>30} {row['micro_batches_per_rank']:14d} "
+              f"{row['supervised_tokens_per_s']:17.0f} {row['pad_tokens_this_rank']:11.0f}")
+    print(f"deferred / every-micro-batch sync step time {s['deferred_over_every_micro_batch']:.2f}; packed / padded "
+          f"{s['packed_over_padded']:.2f}")
+    for budget, row in s["peak_by_budget"].items():
+        if "skipped" in row:
+            print(f"  budget {budget:>6}: skipped, {row['skipped']}")
+        else:
+            print(f"  budget {budget:>6}: {row['micro_batches_per_rank']:3d} micro-batches per rank, activations "
+                  f"{row['activation_mib']:.1f} MiB at most per micro-batch, peak {_mib(row['peak_memory_bytes'])} MiB")
+
+
 PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
-            "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing}
+            "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft}
 
 
 def print_result(result: dict) -> None:
