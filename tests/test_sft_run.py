@@ -61,7 +61,7 @@ def metrics(files, name):
 @pytest.fixture(scope="module")
 def straight(files):
     result = sft(files, "train.steps=4", "run.save_every=2", "run.name=straight", f"data.val_path={files['val']}",
-                 "engine.gradient_checkpointing=true")
+                 "engine.gradient_checkpointing=true", "run.progress=true")  # the bar once: no leaked semaphore
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
