@@ -1,8 +1,8 @@
-"""accel-sft end to end on 2 CPU processes: a run on conversation data (a system message, a tool turn) with
+"""accel-sft end to end on 2 CPU processes: one LoRA run on conversation data (a system message, a tool turn) with
 validation, gradient checkpointing and checkpoints; a resume from its middle checkpoint that repeats its last steps
-exactly; eval of the run giving the run's own validation loss; export, whose model then trains further with
-accel-grpo (the SFT -> RL pipeline); LoRA with an adapter-only export; and bad input refused in one line before
-any worker starts."""
+exactly; eval of the run giving the run's own validation loss; export (merged), whose model then trains further
+with accel-grpo (the SFT -> RL pipeline), and the adapters alone; bad input refused in one line before any worker
+starts. (Full fine-tuning: tests/test_sft_ranks.py and test_sft_models.py.)"""
 
 import json
 import shutil
@@ -16,6 +16,7 @@ from engine.sft.cli import main
 pytestmark = pytest.mark.slow
 
 ENV = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+LORA = ("engine.lora_rank=4", "engine.lr=1e-2")
 COMPARED = ("loss", "mean_token_accuracy", "num_tokens", "grad_norm", "lr")
 WORDS = "apples books pencils dollars minutes hours friends cookies marbles trees garden school".split()
 
@@ -61,7 +62,8 @@ def metrics(files, name):
 @pytest.fixture(scope="module")
 def straight(files):
     result = sft(files, "train.steps=4", "run.save_every=2", "run.name=straight", f"data.val_path={files['val']}",
-                 "engine.gradient_checkpointing=true", "run.progress=true")  # the bar once: no leaked semaphore
+                 "engine.gradient_checkpointing=true", "run.progress=true",  # the bar once: no leaked semaphore
+                 *LORA)
     assert result.returncode == 0, result.stderr[-3000:]
     return result
 
@@ -89,7 +91,7 @@ def test_resume_repeats_the_same_steps_exactly(files, straight):
     shutil.copytree(runs / "straight", runs / "resumed")
     shutil.rmtree(runs / "resumed" / "checkpoints" / "step_000004")
     result = sft(files, "train.steps=4", "run.save_every=2", "run.name=resumed", f"data.val_path={files['val']}",
-                 "engine.gradient_checkpointing=true", "--resume")
+                 "engine.gradient_checkpointing=true", *LORA, "--resume")
     assert result.returncode == 0, result.stderr[-3000:]
     want, got = metrics(files, "straight"), metrics(files, "resumed")
     assert [r["step"] for r in got] == [1, 2, 3, 4]
@@ -125,11 +127,9 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
     assert (rl / "checkpoints" / "step_000001" / "engine_meta.json").exists()
 
 
-def test_lora_run_exports_its_adapter_alone(files):
-    result = sft(files, "train.steps=1", "run.name=lora", "engine.lora_rank=4", "engine.lr=1e-3", "--nproc", "1")
-    assert result.returncode == 0, result.stderr[-3000:]
+def test_lora_run_exports_its_adapter_alone(files, straight):
     out = files["root"] / "adapter"
-    exported = command("engine.sft.cli", "export", str(files["root"] / "runs" / "lora"), str(out), "--lora",
+    exported = command("engine.sft.cli", "export", str(files["root"] / "runs" / "straight"), str(out), "--lora",
                        "adapter")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
