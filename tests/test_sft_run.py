@@ -160,3 +160,13 @@ def test_bad_input_is_one_line_before_any_worker(files, capsys):
     assert "train.micro_batch_tokens=64 is below data.max_length=128" in err
     err = _refused(capsys, files, [good], "train.loss_on=assistnt")
     assert "train.loss_on must be one of auto, assistant, completion, all, got 'assistnt'" in err
+
+
+def test_print_config_is_the_resolved_config_as_json(files, capsys):
+    code = main([f"model.path={files['model']}", f"data.path={files['train']}", "train.batch_size=8",
+                 "train.epochs=2", "--print-config"])
+    printed = json.loads(capsys.readouterr().out)
+    assert code == 0 and printed["trainer"] == "sft"
+    assert printed["derived"] == {"world_size": 2, "total_steps": 10, "format": "messages", "loss_on": "assistant",
+                                  "train_examples": 40, "val_examples": 0}
+    assert printed["engine"]["total_steps"] == 10 and printed["engine"]["lr_schedule"] == "cosine"

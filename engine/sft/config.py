@@ -40,7 +40,7 @@ class DataConfig:
     truncation: str = "keep_start"  # longer examples: keep_start (cut the end), drop (count them), error
     empty_mask: str = "error"  # an example with no supervised token: error (naming the row) or drop (counted)
     val_path: str | None = None
-    val_fraction: float = 0.0  # or hold out this share of data.path (or of the demo task); data.val_path wins
+    val_fraction: float = 0.0  # or hold out this share of data.path; data.val_path wins (the demo task: 3%)
     demo_examples: int = 2048  # the demo task's size
 
 
@@ -63,7 +63,7 @@ class RunConfig:
     output_dir: str = "runs"
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int | None = None
-    val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
+    val_every: int = 0  # validate every N steps and after the last (0: only after the last); with a validation set
     loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])
     progress: bool = True
     resume_fallback: bool = True
@@ -97,7 +97,7 @@ PRESETS: dict[str, dict] = {
     "cpu-demo": {
         "nproc": 2,
         "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
-        "data": {"max_length": 64, "demo_examples": 2048, "val_fraction": 0.03},
+        "data": {"max_length": 64, "demo_examples": 2048},
         "train": {"epochs": 2, "batch_size": 32, "micro_batch_tokens": 512},
         "run": {"val_every": 20},
         "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10,
@@ -147,8 +147,6 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
                             f"{did_you_mean(str(value), allowed, key + '=')}")
     if not 0 <= d.val_fraction < 1:
         problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
-    if r.val_every and not (d.val_path or d.val_fraction):
-        problems.append("run.val_every needs a validation set: data.val_path=... or data.val_fraction=...")
     for name, value in (("data.max_length", d.max_length), ("train.batch_size", t.batch_size),
                         ("train.micro_batch_size", t.micro_batch_size), ("data.demo_examples", d.demo_examples)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -10,6 +10,7 @@ import random
 from .data import Columns, DataError, Example, load_examples
 from .masks import Tokenized, fit_length, resolve_loss_on, tokenize_example
 
+DEMO_VAL_FRACTION = 0.03  # the demo task's held-out share (data.val_fraction overrides it)
 _DEMO_ITEMS = "apples oranges books pencils cookies marbles cars trees friends students dollars boxes".split()
 _DEMO_PLACES = "garden school shop basket bag box week month".split()
 
@@ -70,17 +71,19 @@ def _tokenize_all(examples: list[Example], tokenizer, loss_on: str, d, data: SFT
 
 def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
     d, columns = data_config, Columns.of(data_config)
+    fraction = d.val_fraction
     if d.path:
         examples, fmt = load_examples(d.path, d.format, columns)
     else:
         examples, fmt = demo_examples(d.demo_examples, seed), "messages"
+        fraction = fraction or DEMO_VAL_FRACTION
     val_examples: list[Example] = []
     if d.val_path:
         val_examples, _ = load_examples(d.val_path, fmt, columns)
-    elif d.val_fraction:
+    elif fraction:
         order = list(range(len(examples)))
         random.Random(seed).shuffle(order)
-        held = set(order[:max(1, int(len(examples) * d.val_fraction))])
+        held = set(order[:max(1, int(len(examples) * fraction))])
         val_examples = [e for i, e in enumerate(examples) if i in held]
         examples = [e for i, e in enumerate(examples) if i not in held]
     resolved = resolve_loss_on(loss_on, fmt)

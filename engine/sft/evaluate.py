@@ -1,7 +1,8 @@
 """``accel-sft eval RUN_DIR|CHECKPOINT|MODEL_DIR key=value...``: loss and token accuracy on a validation set, summed
 over its supervised tokens on every rank (the same figures as a run's ``val/loss`` and ``val/mean_token_accuracy``).
 
-The validation set is ``data.val_path``, else the run's own (its ``data.val_path`` or ``data.val_fraction``). A run
+The validation set is ``data.val_path``, else the run's own (its ``data.val_path`` or ``data.val_fraction``, or the
+demo task's held-out share). A run
 is evaluated at its newest complete checkpoint (or ``--step N``); a model directory as it is.
 """
 
@@ -80,7 +81,7 @@ def configure(source: str, step: int | None, overrides: list[str]):
         apply(config, parse_override(override))
     if config.data.val_path:
         config.data.val_fraction = 0.0
-    if not (config.data.val_path or config.data.val_fraction):
+    if config.data.path and not (config.data.val_path or config.data.val_fraction):  # the demo task holds one out
         raise ExportError(f"run {run_dir} has no validation set: pass data.val_path=FILE")
     return config, str(found)
 
