@@ -45,7 +45,7 @@ def score_rollout(rewards: list[Reward], samples: list[Sample], batch: RolloutBa
     per_row = [samples[i // n] for i in range(len(batch))]
     agent = batch.agent  # a multi-turn rollout: rewards see each trajectory's messages and environment
     values = score_each(rewards, per_row, batch.responses, completions=agent and agent.completions,
-                        environments=agent and agent.environments)
+                        environments=agent and agent.instances)
     total = torch.tensor(weighted_sum(rewards, values) if rewards else [0.0] * len(batch), dtype=torch.float32)
     by_function = torch.tensor(values, dtype=torch.float32).view(len(rewards), len(batch))
     penalty = overlong_penalty(batch.response_mask.sum(dim=1), max_new_tokens, overlong_buffer_len,

@@ -44,7 +44,7 @@ def validate(policy, rollout_engine: RolloutEngine, tokenizer, samples, rewards,
             agent = batch.agent
             scores = score_all(rewards, [s for s in chunk[:real] for _ in range(n)], batch.responses[:real * n],
                                completions=agent and agent.completions[:real * n],
-                               environments=agent and agent.environments[:real * n])
+                               environments=agent and (agent.instances or [])[:real * n] or None)
             if records is not None:
                 for row, score in enumerate(scores):
                     sample = chunk[row // n]

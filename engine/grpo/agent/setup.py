@@ -54,7 +54,7 @@ def check(config, tokenizer_source: Callable | None) -> list[str]:
     if environment is not None and not config.data.reward and not callable(getattr(environment, "get_reward", None)):
         problems.append(f"rollout.environment {r.environment!r} has no get_reward() and data.reward is not set: "
                         "give a reward (data.reward=module:function) or add get_reward(self) -> float")
-    from ..rollout_engines import resolve
+    from ..rollout_engines.registry import resolve
 
     try:
         engine = resolve(r.engine)

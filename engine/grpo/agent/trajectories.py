@@ -18,6 +18,11 @@ class Trajectories:
     tool_failures: torch.Tensor  # [B] calls whose result is an error (unknown tool, raised, timed out)
     tool_tokens: torch.Tensor  # [B] tool and template tokens inserted into the response (no loss on them)
 
+    @property
+    def instances(self) -> list | None:
+        """The environments, for reward functions (None for a run with tools only)."""
+        return self.environments if any(e is not None for e in self.environments) else None
+
     def select(self, rows: list[int]) -> Trajectories:
         index = torch.tensor(rows, dtype=torch.long)
         return Trajectories([self.completions[i] for i in rows], [self.environments[i] for i in rows],
