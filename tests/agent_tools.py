@@ -129,3 +129,24 @@ class UndocumentedEnv:
 def reached_target(completions, environments, **kwargs):
     """TRL-style reward reading the environment's state."""
     return [1.0 if env.total == env.target else 0.0 for env in environments]
+
+
+def correct_answer(completions, answer, **kwargs):
+    """TRL-style: 1.0 when the last message's last number is the answer."""
+    import re
+
+    values = []
+    for messages, want in zip(completions, answer, strict=True):
+        numbers = re.findall(r"-?\d+", messages[-1]["content"] or "")
+        values.append(1.0 if numbers and numbers[-1] == str(want) else 0.0)
+    return values
+
+
+def arithmetic_rows(count=12):
+    """Data rows "What is A op B?" with their answers."""
+    rows = []
+    for index in range(count):
+        a, b, op = 3 + index * 7 % 20, 2 + index * 5 % 9, "+-*"[index % 3]
+        rows.append({"prompt": [{"role": "user", "content": f"What is {a} {op} {b}?"}],
+                     "answer": calculator(f"{a} {op} {b}")})
+    return rows

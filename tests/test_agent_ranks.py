@@ -1,0 +1,235 @@
+"""Multi-turn rollouts with tools on real gloo ranks: the loss mask, not the attention mask, leaves out tool and
+template tokens. With the scripted engine (tests/agent_script_plugin.py, every trajectory: one calculator call,
+its result, an answer) the token counts are known; the trainer's old and reference log-prob passes, packed and
+padded, FSDP1, FSDP2 and LoRA, see the tool tokens (they equal the engine's teacher-forced log-probs at the model's
+tokens) and the gradients of every aggregation (with an entropy bonus) equal a hand-computed loss over the model's
+tokens only. One 2-rank and one 1-rank spawn."""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from distributed import run_ranks
+
+pytestmark = pytest.mark.slow
+
+BASE = ["train.prompts_per_step=4", "rollout.n=2", "train.prompts_per_update=2", "train.micro_batch_size=2",
+        "rollout.max_new_tokens=200", "rollout.temperature=0.9", "algorithm.kl_loss_coef=0", "run.progress=false",
+        "rollout.engine=test-script", "rollout.tools=[agent_tools:calculator]",
+        "data.reward=agent_tools:correct_answer"]
+ENV = {"ACCEL_BACKENDS_PLUGINS": "agent_script_plugin", "ACCEL_TEST_SCRIPT": "calculator"}
+
+
+def _trainer(tmp, model_dir, data_path, *overrides):
+    from pathlib import Path
+
+    from engine.grpo.config import build_config
+    from engine.grpo.trainer import GRPOTrainer
+
+    config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
+    return GRPOTrainer(config, Path(tmp), resume=False)
+
+
+def _full_grads(module):
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    if isinstance(module, FSDP):
+        with FSDP.summon_full_params(module, with_grads=True):
+            return [p.grad.clone() for p in module.parameters() if p.grad is not None]
+    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for p in module.parameters() if p.grad is not None]
+
+
+def _expected_mask(tokenizer, prompt_ids):
+    """The loss mask of the scripted trajectory for a prompt: the call, the result's tokens, the answer."""
+    import agent_script_plugin
+    import agent_tools
+
+    from engine.grpo.agent.template import encode
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    conversation = tokenizer.decode(prompt_ids, skip_special_tokens=False)
+    call = agent_script_plugin.scripted_turn(conversation, 0.0, "calculator")
+    result = agent_tools.calculator(json.loads(call.split("\n")[1])["arguments"]["expression"])
+    inserted = encode(tokenizer, f"\n<|im_start|>user\n<tool_response>\n{result}\n</tool_response><|im_end|>\n"
+                                 "<|im_start|>assistant\n")
+    answer = tokenizer(f"The answer is {result}.", add_special_tokens=False)["input_ids"] + [end]
+    model_call = tokenizer(call, add_special_tokens=False)["input_ids"] + [end]
+    return [1] * len(model_call) + [0] * len(inserted) + [1] * len(answer)
+
+
+def _hand_loss(model, data, indices, temperature, mode, entropy_coeff):
+    """The mini-batch's loss on an unsharded copy, one whole sequence at a time (tool tokens in the forward),
+    aggregated by hand over the loss mask."""
+    sums, counts, entropies = [], [], []
+    for i in indices:
+        start, end = int(data.sequences.starts[i]), int(data.sequences.lengths[i])
+        ids = data.sequences.tokens[i, :end].unsqueeze(0)
+        logits = model(input_ids=ids).logits[0, start - 1:end - 1].float() / temperature
+        log_softmax = torch.log_softmax(logits, -1)
+        log_probs = log_softmax.gather(-1, ids[0, start:end].unsqueeze(-1)).squeeze(-1)
+        entropy = -(log_softmax.exp() * log_softmax).sum(-1)
+        mask = data.loss_mask[i, :end - start].float()
+        ratio = torch.exp(log_probs - log_probs.detach())
+        sums.append((-data.advantages[i] * ratio * mask).sum())
+        entropies.append((entropy * mask).sum())
+        counts.append(mask.sum())
+    sums, entropies, counts = torch.stack(sums), torch.stack(entropies), torch.stack(counts)
+    if mode == "token-mean":
+        pg, ent = sums.sum() / counts.sum(), entropies.sum() / counts.sum()
+    elif mode == "token-sum":
+        pg, ent = sums.sum(), entropies.sum()
+    else:  # seq-mean-token-mean
+        pg, ent = (sums / counts).mean(), (entropies / counts).mean()
+    return pg - entropy_coeff * ent
+
+
+def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, hand_reference):
+    from transformers import AutoModelForCausalLM
+
+    from engine.grpo.logprobs import planned_log_probs
+    from engine.runtime import all_gather_rows
+
+    trainer = _trainer(f"{tmp}/{name}", model_dir, data_path, *overrides)
+    trainer.sampling = dataclasses.replace(trainer.sampling, log_probs=True)
+    if name == "lora":
+        for param_name, param in trainer.actor.module.named_parameters():
+            if "lora_B" in param_name:  # non-zero adapters: the policy differs from the (adapter-free) reference
+                with torch.no_grad():
+                    local = param.to_local() if hasattr(param, "to_local") else param
+                    local.normal_(std=0.3, generator=torch.Generator().manual_seed(5))
+    batches, multi_turn = [], trainer.agent
+    trainer.agent = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
+    data, stats = trainer.collect(0)
+    (batch,) = batches
+    out = {"packed": trainer.packed,
+           "stats": {k: v for k, v in stats.items() if k.startswith(("agent_", "response_tokens", "sequences"))}}
+    # Known token counts: each row's loss mask is exactly the call, the result's tokens (0), the answer.
+    width, lengths = batch.prompt_length, batch.attention_mask[:, batch.prompt_length:].sum(1)
+    prompts = [batch.input_ids[row, :width][batch.attention_mask[row, :width].bool()].tolist()
+               for row in range(len(batch))]
+    out["masks_as_scripted"] = all(batch.response_mask[row, :int(lengths[row])].tolist()
+                                   == _expected_mask(trainer.tokenizer, prompts[row]) for row in range(len(batch)))
+    out["global"] = {"loss_tokens": int(data.loss_mask.sum()),
+                     "response_tokens": int((data.sequences.lengths - data.sequences.starts).sum())}
+    # The passes over the packed/padded plan attend to the tool tokens: at the model's tokens they equal the
+    # engine's log-probs, teacher-forced over each whole left-padded trajectory.
+    sampled = all_gather_rows({"lp": batch.sampling_log_probs.float()}, torch.device("cpu"))["lp"]
+    mine = sorted(i for mini in data.mini_batches for micro in mini.plan.ranks[rank] for i in micro)
+    if data.old_log_probs is None:
+        with trainer.actor.eval_mode():
+            data.old_log_probs = planned_log_probs(trainer.actor, data, 0.9, "old")
+    mask = data.loss_mask.bool()
+    width = min(sampled.size(1), mask.size(1))
+    out["old_vs_sampled"] = max((data.old_log_probs[i, :width] - sampled[i, :width])[mask[i, :width]].abs().max()
+                                .item() for i in mine)
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if data.ref_log_probs is not None:  # the reference (a second engine, or LoRA's adapters disabled): the base
+        worst = 0.0
+        with torch.no_grad():
+            for i in mine:
+                start, end = int(data.sequences.starts[i]), int(data.sequences.lengths[i])
+                ids = data.sequences.tokens[i, :end]
+                want = torch.log_softmax(base(input_ids=ids[None]).logits[0, start - 1:end - 1] / 0.9, -1)
+                want = want.gather(-1, ids[start:end, None])[:, 0]
+                got = data.ref_log_probs[i, :end - start]
+                worst = max(worst, (got - want)[mask[i, :end - start]].abs().max().item())
+        out["ref_vs_base"] = worst
+    data.ref_log_probs = None  # the KL of the policy to itself is 0 with a 0 gradient: nothing to compare
+    trainer.config.algorithm.kl_loss_coef = 0.0
+    data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
+    mini = data.mini_batches[0]
+    out["grads"] = {}
+    for mode, entropy_coeff in modes:
+        trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
+        with trainer.actor.train_mode():
+            metrics = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
+            got = _full_grads(trainer.actor.module)
+            trainer.actor.zero_grad()
+        result = {"loss": metrics["loss"]}
+        if hand_reference:
+            base.zero_grad()
+            loss = _hand_loss(base, data, list(mini.indices), 0.9, mode, entropy_coeff)
+            loss.backward()
+            want = [p.grad.clone() for p in base.parameters()]
+            scale = max(w.abs().max().item() for w in want)
+            result["rel_diff"] = max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
+            result["hand_loss"] = loss.item()
+        else:
+            result["grads"] = got
+        out["grads"][f"{mode}/{entropy_coeff}"] = result
+    if not hand_reference:  # LoRA: the same gradients from padded micro-batches of the same global batch
+        from engine.grpo.batches import StepData, plan_updates
+
+        padded = StepData(data.sequences, data.loss_mask, data.advantages,
+                          plan_updates(data.sequences, dataclasses.replace(trainer.batching, packed=False), 2),
+                          rank, packed=False)
+        with trainer.actor.eval_mode():  # the old-log-prob pass over the padded plan (its rows differ)
+            padded.old_log_probs = planned_log_probs(trainer.actor, padded, 0.9, "old")
+        for mode, entropy_coeff in modes:
+            trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
+            with trainer.actor.train_mode():
+                trainer.actor.forward_backward_batch(padded.micro_batches(padded.mini_batches[0]), trainer._step_fn)
+                again = _full_grads(trainer.actor.module)
+                trainer.actor.zero_grad()
+            packed_grads = out["grads"][f"{mode}/{entropy_coeff}"].pop("grads")
+            scale = max(g.abs().max().item() for g in packed_grads)
+            out["grads"][f"{mode}/{entropy_coeff}"]["packed_vs_padded"] = max(
+                (a - b).abs().max().item() for a, b in zip(packed_grads, again, strict=True)) / scale
+    return out
+
+
+ALL_MODES = (("token-mean", 0.0), ("token-mean", 0.05), ("seq-mean-token-mean", 0.05), ("token-sum", 0.0))
+
+
+def _two_ranks(rank, tmp, model_dir, data_path):
+    return {
+        "fsdp2_packed": _variant(rank, tmp, model_dir, data_path, "fsdp2_packed", ["algorithm.kl_loss_coef=0.01"],
+                                 ALL_MODES, True),
+        "fsdp2_padded": _variant(rank, tmp, model_dir, data_path, "fsdp2_padded", ["train.padding_free=false"],
+                                 (("token-mean", 0.05),), True),
+        "fsdp1": _variant(rank, tmp, model_dir, data_path, "fsdp1", ["engine.fsdp_version=1"],
+                          (("token-mean", 0.05),), True),
+        "lora": _variant(rank, tmp, model_dir, data_path, "lora", ["engine.lora_rank=4",
+                                                                   "algorithm.kl_loss_coef=0.01"],
+                         (("token-mean", 0.05), ("seq-mean-token-mean", 0.0)), False),
+    }
+
+
+def _one_rank(rank, tmp, model_dir, data_path):
+    return {"fsdp2_packed": _variant(rank, tmp, model_dir, data_path, "fsdp2_packed", [],
+                                     (("token-mean", 0.05),), True)}
+
+
+def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
+    import agent_tools
+    from grpo_data import fixture_model, write_jsonl
+
+    model_dir = fixture_model(tmp_path / "model")
+    data_path = write_jsonl(tmp_path / "arith.jsonl", agent_tools.arithmetic_rows())
+    two = run_ranks(_two_ranks, str(tmp_path / "two"), str(model_dir), str(data_path), env=ENV)
+    one = run_ranks(_one_rank, str(tmp_path / "one"), str(model_dir), str(data_path), world_size=1, env=ENV)
+    for outs in (two, [one[0]]):
+        for out in outs:
+            for name, variant in out.items():
+                assert variant["masks_as_scripted"], name
+                stats = variant["stats"]
+                assert stats["agent_tool_calls"] == stats["agent_turns"] / 2 == stats["sequences"] == 8 / len(outs)
+                assert variant["old_vs_sampled"] < 1e-4, (name, variant["old_vs_sampled"])
+                assert variant.get("ref_vs_base", 0.0) < 1e-4, (name, variant.get("ref_vs_base"))
+                for mode, result in variant["grads"].items():
+                    if "rel_diff" in result:
+                        assert result["rel_diff"] < 1e-4, (name, mode, result)
+                        assert abs(result["loss"] - result["hand_loss"]) < 1e-4 * max(1.0, abs(result["hand_loss"]))
+                    else:
+                        assert result["packed_vs_padded"] < 1e-4, (name, mode, result)
+    for name in ("fsdp2_packed", "fsdp2_padded", "fsdp1", "lora"):
+        a, b = two[0][name], two[1][name]
+        assert a["global"] == b["global"]  # every rank holds the whole step's batch
+        model_tokens = a["stats"]["response_tokens"] + b["stats"]["response_tokens"]
+        tool_tokens = a["stats"]["agent_tool_tokens"] + b["stats"]["agent_tool_tokens"]
+        assert a["global"]["loss_tokens"] == model_tokens  # the loss counts the model's tokens only
+        assert a["global"]["response_tokens"] == model_tokens + tool_tokens > model_tokens  # attended: all of them
+    assert two[0]["fsdp2_packed"]["packed"] and not two[0]["fsdp2_padded"]["packed"]
+    assert "ref_vs_base" in two[0]["fsdp2_packed"] and "ref_vs_base" in two[0]["lora"]
