@@ -99,12 +99,14 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, hand_refer
                 with torch.no_grad():
                     local = param.to_local() if hasattr(param, "to_local") else param
                     local.normal_(std=0.3, generator=torch.Generator().manual_seed(5))
+    real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_padded" else None
     batches, multi_turn = [], trainer.agent
     trainer.agent = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
     data, stats = trainer.collect(0)
     (batch,) = batches
     out = {"packed": trainer.packed,
-           "stats": {k: v for k, v in stats.items() if k.startswith(("agent_", "response_tokens", "sequences"))}}
+           "stats": {k: v for k, v in stats.items() if k.startswith(("agent_", "response_tokens", "sequences"))},
+           "real_engines": real_engines}
     # Known token counts: each row's loss mask is exactly the call, the result's tokens (0), the answer.
     width, lengths = batch.prompt_length, batch.attention_mask[:, batch.prompt_length:].sum(1)
     prompts = [batch.input_ids[row, :width][batch.attention_mask[row, :width].bool()].tolist()
@@ -180,6 +182,26 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, hand_refer
     return out
 
 
+def _real_engines(rank, trainer, model_dir):
+    """The built-in engines under the multi-turn loop, a different number of prompts on each rank (the random model
+    calls no tool: one turn each, every token the model's own)."""
+    from engine.grpo.rollout_engines import RolloutContext, create_rollout_engine
+
+    results = {}
+    samples = trainer.task.sample(1 + rank, torch.Generator().manual_seed(rank))
+    sampling = dataclasses.replace(trainer.sampling, max_new_tokens=8)
+    for name in ("hf", "hf-continuous"):
+        engine = create_rollout_engine(name, RolloutContext(trainer.actor, trainer.tokenizer, model_dir,
+                                                            trainer.config.rollout))
+        with trainer.actor.eval_mode():
+            batch = trainer.agent(engine, samples, sampling)
+        attended = batch.attention_mask[:, batch.prompt_length:]
+        results[name] = {"rows": len(batch), "turns": batch.agent.turns.tolist(),
+                         "loss_is_attention": torch.equal(attended, batch.response_mask),
+                         "prompt_has_tools": "calculator" in trainer.tokenizer.decode(batch.input_ids[0])}
+    return results
+
+
 ALL_MODES = (("token-mean", 0.0), ("token-mean", 0.05), ("seq-mean-token-mean", 0.05), ("token-sum", 0.0))
 
 
@@ -232,4 +254,8 @@ def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
         assert a["global"]["loss_tokens"] == model_tokens  # the loss counts the model's tokens only
         assert a["global"]["response_tokens"] == model_tokens + tool_tokens > model_tokens  # attended: all of them
     assert two[0]["fsdp2_packed"]["packed"] and not two[0]["fsdp2_padded"]["packed"]
+    for rank, out in enumerate(two):
+        for name, result in out["fsdp2_padded"]["real_engines"].items():
+            assert result == {"rows": 2 * (1 + rank), "turns": [1] * 2 * (1 + rank), "loss_is_attention": True,
+                              "prompt_has_tools": True}, (rank, name, result)
     assert "ref_vs_base" in two[0]["fsdp2_packed"] and "ref_vs_base" in two[0]["lora"]
