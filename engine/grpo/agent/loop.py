@@ -93,7 +93,12 @@ class MultiTurnRollout:
 
     def __call__(self, engine: RolloutEngine, samples: list, sampling: SamplingConfig) -> RolloutBatch:
         """``sampling.n`` trajectories per sample (consecutive rows form a group), as a ``RolloutBatch``."""
-        trajectories = [self.start(sample) for sample in samples for _ in range(sampling.n)]
+        if self.environment is None:  # the n trajectories of a prompt start alike: render it once
+            trajectories = [dataclasses.replace(first, messages=list(first.messages), ids=[], loss=[], log_probs=[],
+                                                completion=[])
+                            for first in map(self.start, samples) for _ in range(sampling.n)]
+        else:
+            trajectories = [self.start(sample) for sample in samples for _ in range(sampling.n)]
         computed, first = 0, True
         while True:
             active = [t for t in trajectories if not t.done]
