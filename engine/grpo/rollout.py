@@ -39,6 +39,12 @@ class RolloutBatch:
         return self.input_ids.size(0)
 
     @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, R] the tokens the loss, KL and entropy count: ``response_mask`` (the attention mask covers more
+        with tools: their results are attended to, not trained on)."""
+        return self.response_mask
+
+    @property
     def response_ids(self) -> torch.Tensor:
         return self.input_ids[:, self.prompt_length:]
 

@@ -9,7 +9,8 @@ calculator call (the model's tokens), its result (tool and template tokens, appe
 single-turn one is one answer as long as the three together. Compared: the plain single-turn rollout
 (``rollout.py``), the multi-turn loop with a trajectory that makes no call (1 turn) and with one call (2 turns).
 The 2-turn cost over the single turn is the second engine call (its prefill: no KV cache is kept between turns),
-the tool call and the template rendering. Prints one JSON line (medians of --repeats runs, each variant first in turn).
+the tool call and the template rendering. Prints one JSON line: median times of --repeats rounds (each variant
+first in turn) and the medians of the rounds' ratios, wall and CPU time.
 """
 
 import argparse
@@ -81,24 +82,34 @@ def _rank(rank, args, tmp):
     assert two.agent.turns.min() == 2, two.agent.turns
     prompts = [tokenizer.decode(trainer.agent.start(s).prompt, skip_special_tokens=False) for s in samples]
     times = {"single_turn_plain": [], "single_turn_loop": [], "two_turn_loop": []}
+    cpu = {name: [] for name in times}  # CPU seconds of the process: less sensitive to a shared machine
     order = list(times)
     for repeat in range(args.repeats):
         for name in order[repeat % 3:] + order[:repeat % 3]:  # each variant first in turn
             engine.single_length = None if name == "two_turn_loop" else length
-            started = time.perf_counter()
+            started, started_cpu = time.perf_counter(), time.process_time()
             with trainer.actor.eval_mode():
                 if name == "single_turn_plain":
                     batch = rollout(engine, tokenizer, prompts, sampling)
                 else:
                     batch = trainer.agent(engine, samples, sampling)
             times[name].append(time.perf_counter() - started)
+            cpu[name].append(time.process_time() - started_cpu)
             assert int(batch.attention_mask[:, batch.prompt_length:].sum(1).max()) == length
     medians = {name: statistics.median(values) for name, values in times.items()}
+    cpu_medians = {name: statistics.median(values) for name, values in cpu.items()}
+
+    def ratio(samples, top, bottom):  # the median of each round's ratio: both sides saw the same load
+        return statistics.median(a / b for a, b in zip(samples[top], samples[bottom], strict=True))
+
     return {"hidden": args.hidden, "layers": args.layers, "trajectories": len(two), "response_tokens": length,
             "tool_tokens_per_trajectory": float(two.agent.tool_tokens.float().mean()),
             "prompt_tokens": len(trainer.agent.start(samples[0]).prompt), "seconds": medians,
-            "two_turn_over_single_turn": medians["two_turn_loop"] / medians["single_turn_plain"],
-            "loop_single_over_plain": medians["single_turn_loop"] / medians["single_turn_plain"]}
+            "two_turn_over_single_turn": ratio(times, "two_turn_loop", "single_turn_plain"),
+            "loop_single_over_plain": ratio(times, "single_turn_loop", "single_turn_plain"),
+            "cpu_seconds": cpu_medians,
+            "cpu_two_turn_over_single_turn": ratio(cpu, "two_turn_loop", "single_turn_plain"),
+            "cpu_loop_single_over_plain": ratio(cpu, "single_turn_loop", "single_turn_plain")}
 
 
 def main():

@@ -72,3 +72,12 @@ def test_the_cli_stops_with_one_line_before_any_worker(model_dir, capsys, tmp_pa
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("accel-grpo: error: invalid configuration: rollout.tools")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_token_budget_must_hold_the_tool_schemas(model_dir):
+    fits = ["data.max_prompt_tokens=40", "rollout.max_new_tokens=60"]
+    assert problems(f"model.path={model_dir}", *fits, "train.micro_batch_tokens=100") == []
+    (found,) = problems(f"model.path={model_dir}", *fits, "train.micro_batch_tokens=100",
+                        "rollout.tools=[agent_tools:calculator]")
+    assert "train.micro_batch_tokens=100 is smaller than the longest possible sequence with tools" in found
+    assert "tokens of tool schemas" in found

@@ -65,8 +65,30 @@ def check(config, tokenizer_source: Callable | None) -> list[str]:
                         "False): choose hf, hf-continuous or an engine that can, or remove rollout.tools / "
                         "rollout.environment")
     if tokenizer_source is not None and not problems:
-        problems += check_template(tokenizer_source(), schemas, f"model.path {config.model.path}")
+        tokenizer = tokenizer_source()
+        problems += check_template(tokenizer, schemas, f"model.path {config.model.path}")
+        if not problems and config.train.micro_batch_tokens:
+            problems += _budget_problems(config, tokenizer, schemas)
     return problems
+
+
+def _budget_problems(config, tokenizer, schemas) -> list[str]:
+    """The tool schemas lengthen every prompt: the token budget must hold them too."""
+    from ..config import prompt_token_limit
+    from .template import prompt_ids
+
+    limit = prompt_token_limit(config)
+    if limit is None:
+        return []  # reported by the batch check
+    user = [{"role": "user", "content": "x"}]
+    extra = len(prompt_ids(tokenizer, user, schemas)) - len(prompt_ids(tokenizer, user, []))
+    longest = limit + extra + config.rollout.max_new_tokens
+    if longest <= config.train.micro_batch_tokens:
+        return []
+    return [f"train.micro_batch_tokens={config.train.micro_batch_tokens} is smaller than the longest possible "
+            f"sequence with tools, {longest} tokens (prompt limit {limit} + {extra} tokens of tool schemas + "
+            f"rollout.max_new_tokens {config.rollout.max_new_tokens}): raise train.micro_batch_tokens to at least "
+            f"{longest}"]
 
 
 def build(config, tokenizer, any_rank: Callable[[bool], bool] | None = None) -> MultiTurnRollout | None:

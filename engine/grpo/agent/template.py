@@ -48,7 +48,7 @@ def check_template(tokenizer, tools: list[dict], where: str) -> list[str]:
     if not getattr(tokenizer, "chat_template", None):
         return [f"rollout.tools / rollout.environment need a chat template that renders tools, and the tokenizer of "
                 f"{where} has none: use an instruction-tuned model whose template takes tools (Qwen2.5-Instruct, "
-                "Llama 3.1+, Hermes...)"]
+                "Hermes...)"]
     name = tools[0]["function"]["name"] if tools else "tool"
     user = [{"role": "user", "content": "question"}]
     call = {"type": "function", "function": {"name": name, "arguments": PROBE_ARGUMENTS}}
