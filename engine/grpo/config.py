@@ -554,7 +554,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     from . import agent
     from .model import build_model
 
-    problems += agent.check(config, lambda: build_model(config.model)[0])
+    problems += agent.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
     try:
         engine_config(config, world_size)
     except (ValueError, TypeError) as exc:

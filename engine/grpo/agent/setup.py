@@ -29,9 +29,9 @@ def _loaded(rollout_config):
     return tools, environment, schemas
 
 
-def check(config, tokenizer_source: Callable | None) -> list[str]:
+def check(config, tokenizer_source: Callable | None, prompt_limit: int | None = None) -> list[str]:
     """Problems with the agent keys (one sentence each); ``tokenizer_source()`` loads the model's tokenizer for the
-    chat-template check."""
+    chat-template check; ``prompt_limit``: the longest prompt without tools, for the token budget."""
     r = config.rollout
     if not enabled(r):
         return []
@@ -67,19 +67,15 @@ def check(config, tokenizer_source: Callable | None) -> list[str]:
     if tokenizer_source is not None and not problems:
         tokenizer = tokenizer_source()
         problems += check_template(tokenizer, schemas, f"model.path {config.model.path}")
-        if not problems and config.train.micro_batch_tokens:
-            problems += _budget_problems(config, tokenizer, schemas)
+        if not problems and config.train.micro_batch_tokens and prompt_limit is not None:
+            problems += _budget_problems(config, tokenizer, schemas, prompt_limit)
     return problems
 
 
-def _budget_problems(config, tokenizer, schemas) -> list[str]:
+def _budget_problems(config, tokenizer, schemas, limit: int) -> list[str]:
     """The tool schemas lengthen every prompt: the token budget must hold them too."""
-    from ..config import prompt_token_limit
     from .template import prompt_ids
 
-    limit = prompt_token_limit(config)
-    if limit is None:
-        return []  # reported by the batch check
     user = [{"role": "user", "content": "x"}]
     extra = len(prompt_ids(tokenizer, user, schemas)) - len(prompt_ids(tokenizer, user, []))
     longest = limit + extra + config.rollout.max_new_tokens
