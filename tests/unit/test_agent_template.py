@@ -71,3 +71,21 @@ def test_a_template_that_rewrites_earlier_turns_is_refused(tokenizer, schemas):
     problems = check_template(with_template(tokenizer, thinking), schemas, "model.path /m")
     assert any("not prefix-preserving for the assistant's turn" in p for p in problems)
     with_template(tokenizer, CHAT_TEMPLATE)
+
+
+def test_without_tools_the_fixture_template_renders_plain_chatml(tokenizer):
+    default_system = ("{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>"
+                      "system\nYou are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+                      "{{ message['content'] }}<|im_end|>\n{% endfor %}"
+                      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    for messages in ([{"role": "user", "content": "hi\n"}],
+                     [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
+                      {"role": "assistant", "content": "a"}, {"role": "user", "content": "q2"}]):
+        for generation_prompt in (True, False):
+            rendered = []
+            for template in (CHAT_TEMPLATE, default_system):
+                tokenizer.chat_template = template
+                rendered.append(tokenizer.apply_chat_template(messages, tokenize=False,
+                                                              add_generation_prompt=generation_prompt))
+            assert rendered[0] == rendered[1]
+    tokenizer.chat_template = CHAT_TEMPLATE
