@@ -1,9 +1,10 @@
 """Multi-turn rollouts with tools on real gloo ranks: the loss mask, not the attention mask, leaves out tool and
 template tokens. With the scripted engine (tests/agent_script_plugin.py, every trajectory: one calculator call,
-its result, an answer) the token counts are known; the trainer's old and reference log-prob passes, packed and
-padded, FSDP1, FSDP2 and LoRA, see the tool tokens (they equal the engine's teacher-forced log-probs at the model's
-tokens) and the gradients of every aggregation (with an entropy bonus) equal a hand-computed loss over the model's
-tokens only. One 2-rank and one 1-rank spawn."""
+its result, an answer) the token counts are known; the trainer's old and reference log-prob passes (FSDP2
+packed, FSDP1 padded, LoRA both) attend to the tool tokens (they equal the engine's teacher-forced log-probs at the
+model's tokens) and the gradients of every aggregation (with an entropy bonus) equal a hand-computed loss over
+the model's tokens only (LoRA: packed equal padded). The built-in engines run under the loop too. One 2-rank and
+one 1-rank spawn."""
 
 import dataclasses
 import json
@@ -99,7 +100,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, hand_refer
                 with torch.no_grad():
                     local = param.to_local() if hasattr(param, "to_local") else param
                     local.normal_(std=0.3, generator=torch.Generator().manual_seed(5))
-    real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_padded" else None
+    real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_packed" else None
     batches, multi_turn = [], trainer.agent
     trainer.agent = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
     data, stats = trainer.collect(0)
@@ -209,10 +210,9 @@ def _two_ranks(rank, tmp, model_dir, data_path):
     return {
         "fsdp2_packed": _variant(rank, tmp, model_dir, data_path, "fsdp2_packed", ["algorithm.kl_loss_coef=0.01"],
                                  ALL_MODES, True),
-        "fsdp2_padded": _variant(rank, tmp, model_dir, data_path, "fsdp2_padded", ["train.padding_free=false"],
-                                 (("token-mean", 0.05),), True),
-        "fsdp1": _variant(rank, tmp, model_dir, data_path, "fsdp1", ["engine.fsdp_version=1"],
-                          (("token-mean", 0.05),), True),
+        "fsdp1_padded": _variant(rank, tmp, model_dir, data_path, "fsdp1_padded",
+                                 ["engine.fsdp_version=1", "train.padding_free=false"],
+                                 (("token-mean", 0.05), ("seq-mean-token-mean", 0.0)), True),
         "lora": _variant(rank, tmp, model_dir, data_path, "lora", ["engine.lora_rank=4",
                                                                    "algorithm.kl_loss_coef=0.01"],
                          (("token-mean", 0.05), ("seq-mean-token-mean", 0.0)), False),
@@ -246,16 +246,16 @@ def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
                         assert abs(result["loss"] - result["hand_loss"]) < 1e-4 * max(1.0, abs(result["hand_loss"]))
                     else:
                         assert result["packed_vs_padded"] < 1e-4, (name, mode, result)
-    for name in ("fsdp2_packed", "fsdp2_padded", "fsdp1", "lora"):
+    for name in ("fsdp2_packed", "fsdp1_padded", "lora"):
         a, b = two[0][name], two[1][name]
         assert a["global"] == b["global"]  # every rank holds the whole step's batch
         model_tokens = a["stats"]["response_tokens"] + b["stats"]["response_tokens"]
         tool_tokens = a["stats"]["agent_tool_tokens"] + b["stats"]["agent_tool_tokens"]
         assert a["global"]["loss_tokens"] == model_tokens  # the loss counts the model's tokens only
         assert a["global"]["response_tokens"] == model_tokens + tool_tokens > model_tokens  # attended: all of them
-    assert two[0]["fsdp2_packed"]["packed"] and not two[0]["fsdp2_padded"]["packed"]
+    assert two[0]["fsdp2_packed"]["packed"] and not two[0]["fsdp1_padded"]["packed"] and two[0]["lora"]["packed"]
     for rank, out in enumerate(two):
-        for name, result in out["fsdp2_padded"]["real_engines"].items():
+        for name, result in out["fsdp2_packed"]["real_engines"].items():
             assert result == {"rows": 2 * (1 + rank), "turns": [1] * 2 * (1 + rank), "loss_is_attention": True,
                               "prompt_has_tools": True}, (rank, name, result)
     assert "ref_vs_base" in two[0]["fsdp2_packed"] and "ref_vs_base" in two[0]["lora"]
