@@ -57,7 +57,9 @@ def test_the_calculator_example_trains_end_to_end(tmp_path):
         assert done.returncode == 0, f"{' '.join(argv)}\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
     run = tmp_path / "runs" / "calculator"
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == [1, 2]
+    assert [m["step"] for m in metrics] == [0, 1, 2]  # step 0: the baseline validation, through the loop too
+    assert "val/accuracy" in metrics[0] and "val/accuracy" in metrics[2]
+    metrics = metrics[1:]
     for m in metrics:
         assert m["tools/call_frequency"] > 0 and m["rollout/turns_mean"] > 1 and m["rollout/tool_tokens"] > 0
         assert 0 <= m["tools/failure_frequency"] < 1 and 0 < m["reward_mean"] < 1
