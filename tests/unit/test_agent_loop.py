@@ -231,3 +231,16 @@ def test_bad_limits_are_named():
     config.rollout.tools = "agent_tools:calculator"
     assert agent.check(config, None) == ["rollout.tools must be a list of 'module:function' names, got "
                                          "'agent_tools:calculator'"]
+
+
+def test_a_trainer_built_without_the_cli_check_refuses_a_bad_template(tokenizer):
+    from engine.grpo.agent.tools import ToolError
+
+    config = GRPOConfig()
+    config.rollout.tools = ["agent_tools:calculator"]
+    saved, tokenizer.chat_template = tokenizer.chat_template, None
+    try:
+        with pytest.raises(ToolError, match="has none"):
+            agent.build(config, tokenizer)
+    finally:
+        tokenizer.chat_template = saved

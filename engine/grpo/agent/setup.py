@@ -88,11 +88,15 @@ def _budget_problems(config, tokenizer, schemas, limit: int) -> list[str]:
 
 
 def build(config, tokenizer, any_rank: Callable[[bool], bool] | None = None) -> MultiTurnRollout | None:
-    """The multi-turn rollout of a run with tools or an environment, else None (single-turn rollouts)."""
+    """The multi-turn rollout of a run with tools or an environment, else None (single-turn rollouts). A template
+    that is not prefix-preserving is refused here too (a trainer built without the CLI's check)."""
     r = config.rollout
     if not enabled(r):
         return None
     tools, environment, schemas = _loaded(r)
+    problems = check_template(tokenizer, schemas, f"model.path {config.model.path}")
+    if problems:
+        raise ToolError(problems[0])
     limits = Limits(r.max_tool_calls, r.max_tool_response_tokens, float(r.tool_timeout_s), r.max_parallel_tool_calls)
     return MultiTurnRollout(tokenizer, schemas, tools, limits, environment, bound_tools, config.data.system_prompt,
                             any_rank)
