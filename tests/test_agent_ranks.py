@@ -3,8 +3,10 @@ template tokens. With the scripted engine (tests/agent_script_plugin.py, every t
 its result, an answer) the token counts are known; the trainer's old and reference log-prob passes (FSDP2
 packed, FSDP1 padded, LoRA both) attend to the tool tokens (they equal the engine's teacher-forced log-probs at the
 model's tokens) and the gradients of every aggregation (with an entropy bonus) equal a hand-computed loss over
-the model's tokens only (LoRA: packed equal padded). The built-in engines run under the loop too. One 2-rank and
-one 1-rank spawn."""
+the model's tokens only, on an unsharded copy of the engine's model (LoRA: a PEFT model holding the engine's
+gathered adapters, its packed and padded gradients both checked; a loss over every attended token instead gives
+other gradients, so the comparison can fail). The built-in engines run under the loop too. One 2-rank and one 1-rank
+spawn."""
 
 import dataclasses
 import json
@@ -33,13 +35,38 @@ def _trainer(tmp, model_dir, data_path, *overrides):
 
 
 def _full_grads(module):
+    """``{name: full gradient}`` of the parameters that have one, named as in the unwrapped model."""
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
     if isinstance(module, FSDP):
         with FSDP.summon_full_params(module, with_grads=True):
-            return [p.grad.clone() for p in module.parameters() if p.grad is not None]
-    return [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for p in module.parameters() if p.grad is not None]
+            return {name.replace("_fsdp_wrapped_module.", ""): p.grad.clone()
+                    for name, p in module.named_parameters() if p.grad is not None}
+    return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
+            for name, p in module.named_parameters() if p.grad is not None}
+
+
+def _rel_diff(got, want):
+    """The largest gradient difference, relative to the largest reference gradient; the names must match."""
+    assert got.keys() == want.keys(), sorted(got.keys() ^ want.keys())[:4]
+    scale = max(w.abs().max().item() for w in want.values())
+    return max((got[name] - want[name]).abs().max().item() for name in want) / scale
+
+
+def _hand_model(trainer, model_dir):
+    """An unsharded fp32 copy of the engine's model: the base from disk, for LoRA wrapped as the engine wraps it
+    and holding every weight the engine gathers (its adapters included)."""
+    from transformers import AutoModelForCausalLM
+
+    from engine import apply_lora
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if trainer.actor.config.lora_rank > 0:
+        model = apply_lora(model, trainer.actor.config)
+        gathered = {name: tensor.float().clone() for name, tensor in trainer.actor.iter_full_weights(merge_lora=False)}
+        missing, unexpected = model.load_state_dict(gathered, strict=False)
+        assert not unexpected and not any(".lora_" in name for name in missing), (missing, unexpected)
+    return model
 
 
 def _expected_mask(tokenizer, prompt_ids):
@@ -60,9 +87,9 @@ def _expected_mask(tokenizer, prompt_ids):
     return [1] * len(model_call) + [0] * len(inserted) + [1] * len(answer)
 
 
-def _hand_loss(model, data, indices, temperature, mode, entropy_coeff):
+def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_token=False):
     """The mini-batch's loss on an unsharded copy, one whole sequence at a time (tool tokens in the forward),
-    aggregated by hand over the loss mask."""
+    aggregated by hand over the loss mask (``every_token``: over every attended token, the wrong loss)."""
     sums, counts, entropies = [], [], []
     for i in indices:
         start, end = int(data.sequences.starts[i]), int(data.sequences.lengths[i])
@@ -72,6 +99,7 @@ def _hand_loss(model, data, indices, temperature, mode, entropy_coeff):
         log_probs = log_softmax.gather(-1, ids[0, start:end].unsqueeze(-1)).squeeze(-1)
         entropy = -(log_softmax.exp() * log_softmax).sum(-1)
         mask = data.loss_mask[i, :end - start].float()
+        mask = torch.ones_like(mask) if every_token else mask
         ratio = torch.exp(log_probs - log_probs.detach())
         sums.append((-data.advantages[i] * ratio * mask).sum())
         entropies.append((entropy * mask).sum())
@@ -86,7 +114,7 @@ def _hand_loss(model, data, indices, temperature, mode, entropy_coeff):
     return pg - entropy_coeff * ent
 
 
-def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, hand_reference):
+def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padded=False):
     from transformers import AutoModelForCausalLM
 
     from engine.grpo.logprobs import planned_log_probs
@@ -142,44 +170,36 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, hand_refer
     data.ref_log_probs = None  # the KL of the policy to itself is 0 with a 0 gradient: nothing to compare
     trainer.config.algorithm.kl_loss_coef = 0.0
     data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
-    mini = data.mini_batches[0]
+    plans = {"planned": data}
+    if also_padded:  # the same global batch in padded micro-batches (its old-log-prob pass: its rows differ)
+        from engine.grpo.batches import StepData, plan_updates
+
+        plans["padded"] = StepData(data.sequences, data.loss_mask, data.advantages,
+                                   plan_updates(data.sequences, dataclasses.replace(trainer.batching, packed=False), 2),
+                                   rank, packed=False)
+        with trainer.actor.eval_mode():
+            plans["padded"].old_log_probs = planned_log_probs(trainer.actor, plans["padded"], 0.9, "old")
+    hand = _hand_model(trainer, model_dir) if trainer.actor.config.lora_rank > 0 else base
     out["grads"] = {}
     for mode, entropy_coeff in modes:
         trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
-        with trainer.actor.train_mode():
-            metrics = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
-            got = _full_grads(trainer.actor.module)
-            trainer.actor.zero_grad()
-        result = {"loss": metrics["loss"]}
-        if hand_reference:
-            base.zero_grad()
-            loss = _hand_loss(base, data, list(mini.indices), 0.9, mode, entropy_coeff)
-            loss.backward()
-            want = [p.grad.clone() for p in base.parameters()]
-            scale = max(w.abs().max().item() for w in want)
-            result["rel_diff"] = max((g - w).abs().max().item() for g, w in zip(got, want, strict=True)) / scale
-            result["hand_loss"] = loss.item()
-        else:
-            result["grads"] = got
-        out["grads"][f"{mode}/{entropy_coeff}"] = result
-    if not hand_reference:  # LoRA: the same gradients from padded micro-batches of the same global batch
-        from engine.grpo.batches import StepData, plan_updates
-
-        padded = StepData(data.sequences, data.loss_mask, data.advantages,
-                          plan_updates(data.sequences, dataclasses.replace(trainer.batching, packed=False), 2),
-                          rank, packed=False)
-        with trainer.actor.eval_mode():  # the old-log-prob pass over the padded plan (its rows differ)
-            padded.old_log_probs = planned_log_probs(trainer.actor, padded, 0.9, "old")
-        for mode, entropy_coeff in modes:
-            trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
+        for plan_name, plan in plans.items():
+            mini = plan.mini_batches[0]
             with trainer.actor.train_mode():
-                trainer.actor.forward_backward_batch(padded.micro_batches(padded.mini_batches[0]), trainer._step_fn)
-                again = _full_grads(trainer.actor.module)
+                metrics = trainer.actor.forward_backward_batch(plan.micro_batches(mini), trainer._step_fn)
+                got = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
-            packed_grads = out["grads"][f"{mode}/{entropy_coeff}"].pop("grads")
-            scale = max(g.abs().max().item() for g in packed_grads)
-            out["grads"][f"{mode}/{entropy_coeff}"]["packed_vs_padded"] = max(
-                (a - b).abs().max().item() for a, b in zip(packed_grads, again, strict=True)) / scale
+            hand.zero_grad()
+            loss = _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff)
+            loss.backward()
+            want = {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None}
+            out["grads"][f"{plan_name}/{mode}/{entropy_coeff}"] = {
+                "loss": metrics["loss"], "hand_loss": loss.item(), "rel_diff": _rel_diff(got, want)}
+    if also_padded:  # the check can fail: a loss over every attended token (tool tokens too) gives other gradients
+        hand.zero_grad()
+        _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, every_token=True).backward()
+        wrong = {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None}
+        out["every_token_rel_diff"] = _rel_diff(got, wrong)
     return out
 
 
@@ -209,19 +229,19 @@ ALL_MODES = (("token-mean", 0.0), ("token-mean", 0.05), ("seq-mean-token-mean", 
 def _two_ranks(rank, tmp, model_dir, data_path):
     return {
         "fsdp2_packed": _variant(rank, tmp, model_dir, data_path, "fsdp2_packed", ["algorithm.kl_loss_coef=0.01"],
-                                 ALL_MODES, True),
+                                 ALL_MODES),
         "fsdp1_padded": _variant(rank, tmp, model_dir, data_path, "fsdp1_padded",
                                  ["engine.fsdp_version=1", "train.padding_free=false"],
-                                 (("token-mean", 0.05), ("seq-mean-token-mean", 0.0)), True),
+                                 (("token-mean", 0.05), ("seq-mean-token-mean", 0.0))),
         "lora": _variant(rank, tmp, model_dir, data_path, "lora", ["engine.lora_rank=4",
                                                                    "algorithm.kl_loss_coef=0.01"],
-                         (("token-mean", 0.05), ("seq-mean-token-mean", 0.0)), False),
+                         (("token-mean", 0.05), ("seq-mean-token-mean", 0.0)), also_padded=True),
     }
 
 
 def _one_rank(rank, tmp, model_dir, data_path):
     return {"fsdp2_packed": _variant(rank, tmp, model_dir, data_path, "fsdp2_packed", [],
-                                     (("token-mean", 0.05),), True)}
+                                     (("token-mean", 0.05),))}
 
 
 def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
@@ -241,11 +261,8 @@ def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
                 assert variant["old_vs_sampled"] < 1e-4, (name, variant["old_vs_sampled"])
                 assert variant.get("ref_vs_base", 0.0) < 1e-4, (name, variant.get("ref_vs_base"))
                 for mode, result in variant["grads"].items():
-                    if "rel_diff" in result:
-                        assert result["rel_diff"] < 1e-4, (name, mode, result)
-                        assert abs(result["loss"] - result["hand_loss"]) < 1e-4 * max(1.0, abs(result["hand_loss"]))
-                    else:
-                        assert result["packed_vs_padded"] < 1e-4, (name, mode, result)
+                    assert result["rel_diff"] < 1e-4, (name, mode, result)
+                    assert abs(result["loss"] - result["hand_loss"]) < 1e-4 * max(1.0, abs(result["hand_loss"]))
     for name in ("fsdp2_packed", "fsdp1_padded", "lora"):
         a, b = two[0][name], two[1][name]
         assert a["global"] == b["global"]  # every rank holds the whole step's batch
@@ -259,3 +276,6 @@ def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
             assert result == {"rows": 2 * (1 + rank), "turns": [1] * 2 * (1 + rank), "loss_is_attention": True,
                               "prompt_has_tools": True}, (rank, name, result)
     assert "ref_vs_base" in two[0]["fsdp2_packed"] and "ref_vs_base" in two[0]["lora"]
+    for out in two:  # LoRA: packed and padded both against the hand-computed loss, which tells the masks apart
+        assert {mode.split("/")[0] for mode in out["lora"]["grads"]} == {"planned", "padded"}
+        assert out["lora"]["every_token_rel_diff"] > 1e-2, out["lora"]["every_token_rel_diff"]
