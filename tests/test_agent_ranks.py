@@ -3,10 +3,10 @@ template tokens. With the scripted engine (tests/agent_script_plugin.py, every t
 its result, an answer) the token counts are known; the trainer's old and reference log-prob passes (FSDP2
 packed, FSDP1 padded, LoRA both) attend to the tool tokens (they equal the engine's teacher-forced log-probs at the
 model's tokens) and the gradients of every aggregation (with an entropy bonus) equal a hand-computed loss over
-the model's tokens only, on an unsharded copy of the engine's model (LoRA: a PEFT model holding the engine's
-gathered adapters, its packed and padded gradients both checked; a loss over every attended token instead gives
-other gradients, so the comparison can fail). The built-in engines run under the loop too. One 2-rank and one 1-rank
-spawn."""
+the model's tokens only, on an unsharded copy of the engine's model. LoRA: a PEFT model holding the engine's
+gathered adapters, its packed and padded gradients both checked, the KL to its base (which differs from it)
+included; a loss over every attended token, or one without the KL, gives other gradients, so the comparison can
+fail. The built-in engines run under the loop too. One 2-rank and one 1-rank spawn."""
 
 import dataclasses
 import json
@@ -87,16 +87,22 @@ def _expected_mask(tokenizer, prompt_ids):
     return [1] * len(model_call) + [0] * len(inserted) + [1] * len(answer)
 
 
-def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_token=False):
+def _token_log_probs(model, ids, start, end, temperature):
+    logits = model(input_ids=ids[None, :end]).logits[0, start - 1:end - 1].float() / temperature
+    log_softmax = torch.log_softmax(logits, -1)
+    return log_softmax.gather(-1, ids[start:end, None])[:, 0], log_softmax
+
+
+def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_token=False, reference=None,
+               kl_coef=0.0):
     """The mini-batch's loss on an unsharded copy, one whole sequence at a time (tool tokens in the forward),
-    aggregated by hand over the loss mask (``every_token``: over every attended token, the wrong loss)."""
-    sums, counts, entropies = [], [], []
+    aggregated by hand over the loss mask (``every_token``: over every attended token, the wrong loss); with a
+    ``reference`` model, plus ``kl_coef`` times the k3 KL to it over the same tokens."""
+    sums, counts, entropies, kls = [], [], [], []
     for i in indices:
         start, end = int(data.sequences.starts[i]), int(data.sequences.lengths[i])
-        ids = data.sequences.tokens[i, :end].unsqueeze(0)
-        logits = model(input_ids=ids).logits[0, start - 1:end - 1].float() / temperature
-        log_softmax = torch.log_softmax(logits, -1)
-        log_probs = log_softmax.gather(-1, ids[0, start:end].unsqueeze(-1)).squeeze(-1)
+        ids = data.sequences.tokens[i]
+        log_probs, log_softmax = _token_log_probs(model, ids, start, end, temperature)
         entropy = -(log_softmax.exp() * log_softmax).sum(-1)
         mask = data.loss_mask[i, :end - start].float()
         mask = torch.ones_like(mask) if every_token else mask
@@ -104,14 +110,23 @@ def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_tok
         sums.append((-data.advantages[i] * ratio * mask).sum())
         entropies.append((entropy * mask).sum())
         counts.append(mask.sum())
-    sums, entropies, counts = torch.stack(sums), torch.stack(entropies), torch.stack(counts)
-    if mode == "token-mean":
-        pg, ent = sums.sum() / counts.sum(), entropies.sum() / counts.sum()
-    elif mode == "token-sum":
-        pg, ent = sums.sum(), entropies.sum()
-    else:  # seq-mean-token-mean
-        pg, ent = (sums / counts).mean(), (entropies / counts).mean()
-    return pg - entropy_coeff * ent
+        if reference is not None:
+            with torch.no_grad():
+                reference_log_probs = _token_log_probs(reference, ids, start, end, temperature)[0]
+            log_ratio = reference_log_probs - log_probs
+            kls.append(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum())
+    counts = torch.stack(counts)
+
+    def aggregate(values):
+        values = torch.stack(values)
+        if mode == "token-mean":
+            return values.sum() / counts.sum()
+        if mode == "token-sum":
+            return values.sum()
+        return (values / counts).mean()  # seq-mean-token-mean
+
+    loss = aggregate(sums) - entropy_coeff * aggregate(entropies)
+    return loss + kl_coef * aggregate(kls) if reference is not None else loss
 
 
 def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padded=False):
@@ -127,7 +142,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
             if "lora_B" in param_name:  # non-zero adapters: the policy differs from the (adapter-free) reference
                 with torch.no_grad():
                     local = param.to_local() if hasattr(param, "to_local") else param
-                    local.normal_(std=0.3, generator=torch.Generator().manual_seed(5))
+                    local.normal_(std=0.03, generator=torch.Generator().manual_seed(5))
     real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_packed" else None
     batches, multi_turn = [], trainer.agent
     trainer.agent = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
@@ -161,14 +176,18 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
         with torch.no_grad():
             for i in mine:
                 start, end = int(data.sequences.starts[i]), int(data.sequences.lengths[i])
-                ids = data.sequences.tokens[i, :end]
-                want = torch.log_softmax(base(input_ids=ids[None]).logits[0, start - 1:end - 1] / 0.9, -1)
-                want = want.gather(-1, ids[start:end, None])[:, 0]
+                want = _token_log_probs(base, data.sequences.tokens[i], start, end, 0.9)[0]
                 got = data.ref_log_probs[i, :end - start]
                 worst = max(worst, (got - want)[mask[i, :end - start]].abs().max().item())
         out["ref_vs_base"] = worst
-    data.ref_log_probs = None  # the KL of the policy to itself is 0 with a 0 gradient: nothing to compare
-    trainer.config.algorithm.kl_loss_coef = 0.0
+    # LoRA's reference is its base (the adapters disabled) and its policy is not: the KL term has a gradient, and
+    # the hand loss has it over the model's tokens too. A second engine's reference is the policy itself at step 0
+    # (a KL of 0 with a 0 gradient): nothing to compare.
+    lora = trainer.actor.config.lora_rank > 0
+    kl_coef = 0.5 if lora and data.ref_log_probs is not None else 0.0
+    if not kl_coef:
+        data.ref_log_probs = None
+    trainer.config.algorithm.kl_loss_coef = kl_coef
     data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
     plans = {"planned": data}
     if also_padded:  # the same global batch in padded micro-batches (its old-log-prob pass: its rows differ)
@@ -179,7 +198,10 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
                                    rank, packed=False)
         with trainer.actor.eval_mode():
             plans["padded"].old_log_probs = planned_log_probs(trainer.actor, plans["padded"], 0.9, "old")
-    hand = _hand_model(trainer, model_dir) if trainer.actor.config.lora_rank > 0 else base
+        if kl_coef:
+            plans["padded"].ref_log_probs = trainer.reference_log_probs(plans["padded"])
+    hand = _hand_model(trainer, model_dir) if lora else base
+    reference = base if kl_coef else None
     out["grads"] = {}
     for mode, entropy_coeff in modes:
         trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
@@ -190,16 +212,23 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
                 got = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
             hand.zero_grad()
-            loss = _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff)
+            loss = _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, reference=reference,
+                              kl_coef=kl_coef)
             loss.backward()
             want = {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None}
             out["grads"][f"{plan_name}/{mode}/{entropy_coeff}"] = {
                 "loss": metrics["loss"], "hand_loss": loss.item(), "rel_diff": _rel_diff(got, want)}
     if also_padded:  # the check can fail: a loss over every attended token (tool tokens too) gives other gradients
         hand.zero_grad()
-        _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, every_token=True).backward()
+        _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, every_token=True, reference=reference,
+                   kl_coef=kl_coef).backward()
         wrong = {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None}
         out["every_token_rel_diff"] = _rel_diff(got, wrong)
+        if kl_coef:  # and the KL term weighs in the gradients compared (its mask matters too)
+            hand.zero_grad()
+            _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff).backward()
+            out["without_kl_rel_diff"] = _rel_diff(
+                got, {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None})
     return out
 
 
@@ -279,3 +308,4 @@ def test_tool_tokens_are_attended_to_but_get_no_loss(tmp_path):
     for out in two:  # LoRA: packed and padded both against the hand-computed loss, which tells the masks apart
         assert {mode.split("/")[0] for mode in out["lora"]["grads"]} == {"planned", "padded"}
         assert out["lora"]["every_token_rel_diff"] > 1e-2, out["lora"]["every_token_rel_diff"]
+        assert out["lora"]["without_kl_rel_diff"] > 1e-2, out["lora"]["without_kl_rel_diff"]
