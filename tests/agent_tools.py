@@ -118,6 +118,14 @@ class NoResetEnv:
         return str(amount)
 
 
+class ConfiguredEnv(CounterEnv):
+    """Needs an argument to be built: the trainer builds one per trajectory with none."""
+
+    def __init__(self, target: int):
+        super().__init__()
+        self.target = target
+
+
 class UndocumentedEnv:
     def reset(self, **kwargs):
         return None

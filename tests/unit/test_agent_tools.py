@@ -45,6 +45,7 @@ def test_an_environment_written_for_trl_exposes_its_public_methods():
     ("agent_tools:NoResetEnv", "has no reset() method"),
     ("agent_tools:UndocumentedEnv", "has no docstring"),
     ("agent_tools:calculator", "is not a class"),
+    ("agent_tools:ConfiguredEnv", "cannot be built with no arguments (its __init__ needs target)"),
 ])
 def test_a_bad_environment_is_named(spec, message):
     with pytest.raises(ToolError, match=message.replace("(", r"\(").replace(")", r"\)")):

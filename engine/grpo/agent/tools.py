@@ -76,6 +76,11 @@ def load_environment(spec: str):
     if not inspect.isclass(cls):
         raise ToolError(f"rollout.environment {spec!r} is not a class: give 'module:Class', a class built with no "
                         "arguments")
+    required = _required_parameters(cls)
+    if required:
+        raise ToolError(f"rollout.environment {spec!r} cannot be built with no arguments (its __init__ needs "
+                        f"{', '.join(required)}): one instance is made per trajectory as {cls.__name__}(); give "
+                        "those parameters defaults, or take the data row in reset(self, **row)")
     if not callable(getattr(cls, "reset", None)):
         raise ToolError(f"rollout.environment {spec!r} has no reset() method: add reset(self, **row), called with "
                         "the data row at the start of each trajectory")
@@ -87,6 +92,16 @@ def load_environment(spec: str):
     for name in methods:
         tool_schema(types.MethodType(getattr(cls, name), probe), f"rollout.environment {spec!r}")
     return cls
+
+
+def _required_parameters(cls) -> list[str]:
+    """The constructor's parameters without a default (``cls()`` would fail); none when it cannot be inspected."""
+    try:
+        parameters = inspect.signature(cls).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in parameters
+            if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def class_schemas(cls) -> list[dict]:
