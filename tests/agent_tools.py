@@ -126,6 +126,13 @@ class ConfiguredEnv(CounterEnv):
         self.target = target
 
 
+class DeafEnv(CounterEnv):
+    """Its reset() cannot take the data row."""
+
+    def reset(self):
+        self.total = 0
+
+
 class UndocumentedEnv:
     def reset(self, **kwargs):
         return None

@@ -46,6 +46,7 @@ def test_an_environment_written_for_trl_exposes_its_public_methods():
     ("agent_tools:UndocumentedEnv", "has no docstring"),
     ("agent_tools:calculator", "is not a class"),
     ("agent_tools:ConfiguredEnv", "cannot be built with no arguments (its __init__ needs target)"),
+    ("agent_tools:DeafEnv", "reset() takes no keyword arguments"),
 ])
 def test_a_bad_environment_is_named(spec, message):
     with pytest.raises(ToolError, match=message.replace("(", r"\(").replace(")", r"\)")):

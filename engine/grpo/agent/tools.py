@@ -84,6 +84,9 @@ def load_environment(spec: str):
     if not callable(getattr(cls, "reset", None)):
         raise ToolError(f"rollout.environment {spec!r} has no reset() method: add reset(self, **row), called with "
                         "the data row at the start of each trajectory")
+    if not _reset_takes_keywords(cls):
+        raise ToolError(f"rollout.environment {spec!r}: reset() takes no keyword arguments, but it is called with "
+                        "the data row's columns (the prompt at least): define it as reset(self, **row)")
     methods = environment_methods(cls)
     if not methods:
         raise ToolError(f"rollout.environment {spec!r} has no public method: each public method is a tool the "
@@ -102,6 +105,16 @@ def _required_parameters(cls) -> list[str]:
         return []
     return [p.name for p in parameters
             if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+
+
+def _reset_takes_keywords(cls) -> bool:
+    """Whether ``cls.reset`` accepts any keyword argument; True when it cannot be inspected."""
+    skip = 1 if inspect.isfunction(inspect.getattr_static(cls, "reset", None)) else 0  # a plain method's self
+    try:
+        parameters = list(inspect.signature(cls.reset).parameters.values())[skip:]
+    except (TypeError, ValueError):
+        return True
+    return any(p.kind in (p.VAR_KEYWORD, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
 
 
 def class_schemas(cls) -> list[dict]:
