@@ -53,6 +53,13 @@ def _rel_diff(got, want):
     return max((got[name] - want[name]).abs().max().item() for name in want) / scale
 
 
+def _grads_of(model, loss):
+    """``{name: gradient}`` of ``loss`` for ``model``'s trainable parameters (LoRA: the adapters only)."""
+    model.zero_grad()
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
 def _hand_model(trainer, model_dir):
     """An unsharded fp32 copy of the engine's model: the base from disk, for LoRA wrapped as the engine wraps it
     and holding every weight the engine gathers (its adapters included)."""
@@ -211,24 +218,18 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
                 metrics = trainer.actor.forward_backward_batch(plan.micro_batches(mini), trainer._step_fn)
                 got = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
-            hand.zero_grad()
             loss = _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, reference=reference,
                               kl_coef=kl_coef)
-            loss.backward()
-            want = {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None}
+            want = _grads_of(hand, loss)
             out["grads"][f"{plan_name}/{mode}/{entropy_coeff}"] = {
                 "loss": metrics["loss"], "hand_loss": loss.item(), "rel_diff": _rel_diff(got, want)}
     if also_padded:  # the check can fail: a loss over every attended token (tool tokens too) gives other gradients
-        hand.zero_grad()
-        _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, every_token=True, reference=reference,
-                   kl_coef=kl_coef).backward()
-        wrong = {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None}
-        out["every_token_rel_diff"] = _rel_diff(got, wrong)
+        out["every_token_rel_diff"] = _rel_diff(got, _grads_of(hand, _hand_loss(
+            hand, data, list(mini.indices), 0.9, mode, entropy_coeff, every_token=True, reference=reference,
+            kl_coef=kl_coef)))
         if kl_coef:  # and the KL term weighs in the gradients compared (its mask matters too)
-            hand.zero_grad()
-            _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff).backward()
-            out["without_kl_rel_diff"] = _rel_diff(
-                got, {name: p.grad.clone() for name, p in hand.named_parameters() if p.grad is not None})
+            out["without_kl_rel_diff"] = _rel_diff(got, _grads_of(hand, _hand_loss(
+                hand, data, list(mini.indices), 0.9, mode, entropy_coeff)))
     return out
 
 
