@@ -1,6 +1,7 @@
 """Tools and environments for the agent tests: good ones, one written to TRL's ``environment_factory`` contract,
 and each kind of bad one the config check must name."""
 
+import sys
 import time
 
 CONCURRENT = {"now": 0, "most": 0}
@@ -49,6 +50,15 @@ def broken(x: int) -> str:
         x: Anything.
     """
     raise RuntimeError(f"broken tool got {x}")
+
+
+def quitter(code: int) -> str:
+    """Calls sys.exit().
+
+    Args:
+        code: The exit status.
+    """
+    sys.exit(code)
 
 
 def verbose(words: int) -> str:

@@ -62,6 +62,8 @@ def test_failures_become_error_results():
     assert unknown.failed and "unknown tool 'search'" in json.loads(unknown.content)["error"]
     raised = call_tool(TOOLS, ToolCall("broken", {"x": 3}), 5)
     assert raised.failed and json.loads(raised.content) == {"error": "RuntimeError: broken tool got 3"}
+    exited = call_tool({"quitter": agent_tools.quitter}, ToolCall("quitter", {"code": 3}), 5)
+    assert exited.failed and json.loads(exited.content) == {"error": "SystemExit: 3"}
     wrong = call_tool(TOOLS, ToolCall("calculator", {"formula": "1 + 1"}), 5)
     assert wrong.failed and "TypeError" in json.loads(wrong.content)["error"]
     late = call_tool(TOOLS, ToolCall("sleepy", {"seconds": 3}), 0.05)

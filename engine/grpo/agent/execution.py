@@ -51,7 +51,7 @@ def call_tool(tools: dict[str, Callable], call: ToolCall, timeout_s: float) -> T
             if inspect.isawaitable(value):
                 value = asyncio.run(value)
             outcome["value"] = value
-        except Exception as exc:  # noqa: BLE001 - the model reads the error, the run goes on
+        except BaseException as exc:  # noqa: BLE001 - sys.exit() too: the model reads the error, the run goes on
             outcome["error"] = f"{type(exc).__name__}: {exc}"
 
     worker = threading.Thread(target=run, name=f"tool-{call.name}", daemon=True)
