@@ -50,6 +50,13 @@ class RolloutConfig:
     val_n: int = 1  # samples per validation prompt
     val_temperature: float = 0.0  # 0: greedy
     engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, or one a plugin registers
+    # Multi-turn rollouts with tools (docs/agents.md): set either or both to turn them on.
+    tools: list | None = None  # "module:function" names of tools the model may call
+    environment: str | None = None  # "module:Class": one instance per trajectory, its public methods are tools
+    max_tool_calls: int = 8  # per trajectory; a turn that would exceed it is the trajectory's answer
+    max_tool_response_tokens: int = 256  # each tool result is cut to this many tokens
+    tool_timeout_s: float = 30.0  # a call still running after this gets an error as its result
+    max_parallel_tool_calls: int = 8  # tool calls running at once (those of one round run concurrently)
 
 
 @dataclasses.dataclass
@@ -390,7 +397,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
         if path and not Path(path).exists():
             problems.append(f"{key} {path} does not exist")
-    if d.path and d.task == "echo" and not d.reward:
+    if d.path and d.task == "echo" and not d.reward and not config.rollout.environment:
         problems.append("data.path needs a reward: data.reward=module:function, or data.task=gsm8k for the GSM8K "
                         "answer check")
     if (d.val_path or d.val_fraction) and not d.path:
@@ -447,6 +454,10 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     from .rollout_engines import check_engine  # loads the plugins: an engine that fails to import stops us here
 
     problems += check_engine(r.engine)
+    from . import agent
+    from .model import build_model
+
+    problems += agent.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
     try:
         engine_config(config, world_size)
     except (ValueError, TypeError) as exc:

@@ -16,11 +16,32 @@ import random
 from pathlib import Path
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+# Qwen-style, with tools: the tool schemas go into the system message, an assistant's tool calls are rendered as
+# <tool_call>{json}</tool_call>, consecutive tool results form one user turn of <tool_response> blocks. Without
+# tools and tool messages it renders exactly as a plain ChatML template. Prefix-preserving: appending messages
+# never changes the text of earlier ones (what a multi-turn rollout needs, engine/grpo/agent/template.py).
+_TOOLS_BLOCK = (
+    "{% if tools %}{{ '\\n\\n' }}# Tools\nYou can call these functions (JSON schemas):\n<tools>"
+    "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n"
+    "To call one, answer with <tool_call>{\"name\": ..., \"arguments\": {...}}</tool_call>; each result comes "
+    "back inside <tool_response></tool_response>.{% endif %}"
+)
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
+    "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\nYou are a helpful assistant."
+    + _TOOLS_BLOCK + "<|im_end|>\n{% endif %}"
+    "{% if message['role'] == 'system' %}<|im_start|>system\n{{ message['content'] }}" + _TOOLS_BLOCK
+    + "<|im_end|>\n"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}<|im_start|>user{% endif %}"
+    "{{ '\\n' }}<tool_response>\n{{ message['content'] }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ message['role'] }}\n{{ message['content'] or '' }}"
+    "{% for call in message['tool_calls'] or [] %}"
+    "{% if message['content'] or not loop.first %}{{ '\\n' }}{% endif %}"
+    "<tool_call>\n{\"name\": \"{{ call['function']['name'] }}\", "
+    "\"arguments\": {{ call['function']['arguments'] | tojson }}}\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% endif %}"
-    "<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )

@@ -116,14 +116,26 @@ def _completion(sample: Sample, response: str) -> Any:
         {"role": "assistant", "content": response}]
 
 
-def _call(reward: Reward, samples: list[Sample], responses: list[str]) -> list[Any]:
+def _accepts(fn: Callable, name: str) -> bool:
+    try:
+        parameters = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind == p.VAR_KEYWORD for p in parameters)
+
+
+def _call(reward: Reward, samples: list[Sample], responses: list[str], completions: list | None = None,
+          environments: list | None = None) -> list[Any]:
     if reward.style == "trl":
         columns: dict[str, list] = {}
         for key in samples[0].row:
             if key != "prompt":
                 columns[key] = [s.row.get(key) for s in samples]
         prompts = [s.raw_prompt if s.raw_prompt is not None else s.prompt for s in samples]
-        completions = [_completion(s, r) for s, r in zip(samples, responses, strict=True)]
+        if completions is None:
+            completions = [_completion(s, r) for s, r in zip(samples, responses, strict=True)]
+        if environments is not None and _accepts(reward.fn, "environments"):  # TRL's environment_factory style
+            columns["environments"] = environments
         values = reward.fn(prompts=prompts, completions=completions, **columns)
         if not isinstance(values, (list, tuple)) or len(values) != len(samples):
             raise ValueError(f"reward function {reward.name} (TRL style) must return a list of {len(samples)} "
@@ -147,14 +159,16 @@ def _failure(reward: Reward, exc: Exception, rows: str, sample: Sample) -> Runti
                         f"{sample.prompt[-200:]!r})")
 
 
-def score_each(rewards: list[Reward], samples: list[Sample], responses: list[str]) -> list[list[float]]:
+def score_each(rewards: list[Reward], samples: list[Sample], responses: list[str], completions: list | None = None,
+               environments: list | None = None) -> list[list[float]]:
     """Every reward function's own (unweighted) value for each (sample, response), one list per function; a reward
-    that raises is named with its row."""
+    that raises is named with its row. A multi-turn rollout passes each trajectory's messages (``completions``,
+    what TRL-style rewards get) and environment instances."""
     scores = []
     for reward in rewards:
         if reward.style == "trl":
             try:
-                values = _call(reward, samples, responses)
+                values = _call(reward, samples, responses, completions, environments)
             except ValueError:
                 raise
             except Exception as exc:
@@ -173,9 +187,12 @@ def weighted_sum(rewards: list[Reward], scores: list[list[float]]) -> list[float
             for index in range(len(scores[0]) if scores else 0)]
 
 
-def score_all(rewards: list[Reward], samples: list[Sample], responses: list[str]) -> list[float]:
+def score_all(rewards: list[Reward], samples: list[Sample], responses: list[str], completions: list | None = None,
+              environments: list | None = None) -> list[float]:
     """The weighted sum of every reward for each (sample, response); a reward that raises is named with its row."""
-    return weighted_sum(rewards, score_each(rewards, samples, responses)) if rewards else [0.0] * len(samples)
+    if not rewards:
+        return [0.0] * len(samples)
+    return weighted_sum(rewards, score_each(rewards, samples, responses, completions, environments))
 
 
 def metric_names(rewards: list[Reward]) -> list[str]:

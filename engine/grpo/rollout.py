@@ -24,16 +24,25 @@ class RolloutBatch:
 
     input_ids: torch.Tensor  # [B, P + R]
     attention_mask: torch.Tensor  # [B, P + R]
-    response_mask: torch.Tensor  # [B, R]: response tokens up to and including the first EOS
+    response_mask: torch.Tensor  # [B, R]: the loss mask: the model's own response tokens, through the first EOS
     prompt_length: int
     responses: list[str]
     clipped: torch.Tensor  # [B] bool: the response reached max_new_tokens without an EOS
     sampling: SamplingConfig | None = None  # what the responses were sampled with
     tokens_computed: int = 0  # token positions the engine decoded (response_mask.sum() were kept)
     sampling_log_probs: torch.Tensor | None = None  # [B, R], when the sampling config asked the engine for them
+    # Multi-turn rollouts (engine/grpo/agent): tool and template tokens are in the response and attended to
+    # (attention_mask) but 0 in response_mask, the loss mask; this holds each row's messages, environment, counts.
+    agent: object | None = None  # agent.Trajectories
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
+
+    @property
+    def loss_mask(self) -> torch.Tensor:
+        """[B, R] the tokens the loss, KL and entropy count: ``response_mask`` (the attention mask covers more
+        with tools: their results are attended to, not trained on)."""
+        return self.response_mask
 
     @property
     def response_ids(self) -> torch.Tensor:

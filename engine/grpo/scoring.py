@@ -43,7 +43,9 @@ def score_rollout(rewards: list[Reward], samples: list[Sample], batch: RolloutBa
                   overlong_buffer_len: int = 0, overlong_penalty_factor: float = 1.0) -> ScoredRollout:
     """Score every response of ``batch`` (``n`` per sample) with every reward function."""
     per_row = [samples[i // n] for i in range(len(batch))]
-    values = score_each(rewards, per_row, batch.responses)
+    agent = batch.agent  # a multi-turn rollout: rewards see each trajectory's messages and environment
+    values = score_each(rewards, per_row, batch.responses, completions=agent and agent.completions,
+                        environments=agent and agent.instances)
     total = torch.tensor(weighted_sum(rewards, values) if rewards else [0.0] * len(batch), dtype=torch.float32)
     by_function = torch.tensor(values, dtype=torch.float32).view(len(rewards), len(batch))
     penalty = overlong_penalty(batch.response_mask.sum(dim=1), max_new_tokens, overlong_buffer_len,
@@ -58,7 +60,8 @@ def select_groups(scored: ScoredRollout, groups: list[int]) -> ScoredRollout:
     batch = dataclasses.replace(b, input_ids=b.input_ids[rows], attention_mask=b.attention_mask[rows],
                                 response_mask=b.response_mask[rows], responses=[b.responses[i] for i in rows.tolist()],
                                 clipped=b.clipped[rows],
-                                sampling_log_probs=None if b.sampling_log_probs is None else b.sampling_log_probs[rows])
+                                sampling_log_probs=None if b.sampling_log_probs is None else b.sampling_log_probs[rows],
+                                agent=None if b.agent is None else b.agent.select(rows.tolist()))
     return ScoredRollout([scored.samples[g] for g in groups], batch, scored.n, scored.rewards[rows],
                          scored.by_function[:, rows], scored.overlong[rows])
 
@@ -90,6 +93,8 @@ def concat(parts: list[ScoredRollout], pad_token_id: int) -> ScoredRollout:
         sampling=parts[0].batch.sampling,  # every draw samples alike: its truncation applies to the log-probs
         tokens_computed=sum(p.batch.tokens_computed for p in parts),
         sampling_log_probs=None if any(x is None for x in sampled) else torch.cat(sampled),
+        agent=None if parts[0].batch.agent is None else type(parts[0].batch.agent).concat([p.batch.agent
+                                                                                           for p in parts]),
     )
     return ScoredRollout([s for p in parts for s in p.samples], batch, parts[0].n,
                          torch.cat([p.rewards for p in parts]), torch.cat([p.by_function for p in parts], dim=1),
@@ -107,6 +112,9 @@ def rollout_sums(drawn: list[ScoredRollout], overlong: bool = False) -> dict[str
     by_function = torch.cat([part.by_function for part in drawn], dim=1)
     for index, values in enumerate(by_function):
         sums[f"reward_fn_{index}"] = values.sum().item()
+    if drawn[0].batch.agent is not None:  # tools/*, rollout/turns_mean, rollout/tool_tokens
+        for name, value in type(drawn[0].batch.agent).concat([part.batch.agent for part in drawn]).sums().items():
+            sums[name] = value
     if overlong:
         overlong_values = torch.cat([part.overlong for part in drawn])
         sums["overlong_sum"] = overlong_values.sum().item()
@@ -139,5 +147,8 @@ def sample_records(step: int, scored: ScoredRollout, advantages: torch.Tensor, p
                              for index, name in enumerate(names)}
         if bool(scored.overlong.any()):
             record["overlong_penalty"] = scored.overlong[row].item()
+        if scored.batch.agent is not None:  # each turn: the assistant's messages, their tool calls and results
+            record["turns"] = scored.batch.agent.completions[row]
+            record["tool_calls"] = int(scored.batch.agent.tool_calls[row])
         records.append(record)
     return records

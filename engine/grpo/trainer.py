@@ -28,7 +28,7 @@ from ..runs.loggers import Loggers
 from ..runs.progress import progress_bar
 from ..runs.retention import after_save
 from ..runtime import phase, sum_over_ranks
-from . import dynamic_sampling, scoring
+from . import agent, dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
 from .config import GRPOConfig, deprecation_notices, dist_timeout_s, engine_config, resolved, updates_per_step
@@ -57,7 +57,9 @@ class GRPOTrainer:
         runtime.stop_at_safe_point(config.run.save_on_interrupt)
         self.tokenizer, factory = build_model(config.model)
         self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
-        self.rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
+        # An environment's get_reward() is a reward of its own (then data.reward is optional).
+        specs = [] if config.rollout.environment and not config.data.reward else reward_specs(config.data)
+        self.rewards = load_rewards(specs, config.data.reward_style) + agent.environment_rewards(config)
         self.reward_names = metric_names(self.rewards)
         actor_config = engine_config(config, world_size)
         self.actor = FSDPEngine(factory, actor_config, self.backend)
@@ -79,6 +81,9 @@ class GRPOTrainer:
                                                                                           self.tokenizer))
         self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
             self.actor, self.tokenizer, factory, config.rollout))
+        # Tools or an environment: multi-turn rollouts (engine/grpo/agent), every rank's engine calls in step.
+        self.agent = agent.build(config, self.tokenizer,
+                                 lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))
         self.start_step = self._resume() if resume else 0
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
 
@@ -113,7 +118,10 @@ class GRPOTrainer:
         def draw() -> scoring.ScoredRollout:
             samples = self.task.sample(prompts_per_rank, generator)
             with phase("rollout"):
-                batch = rollout(self.rollout_engine, self.tokenizer, [s.prompt for s in samples], self.sampling)
+                if self.agent is not None:
+                    batch = self.agent(self.rollout_engine, samples, self.sampling)
+                else:
+                    batch = rollout(self.rollout_engine, self.tokenizer, [s.prompt for s in samples], self.sampling)
             with phase("reward"):
                 return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
                                              algo.overlong_buffer_len, algo.overlong_penalty_factor)
@@ -253,7 +261,8 @@ class GRPOTrainer:
         if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
             return {}
         return validate(self.actor, self.rollout_engine, self.tokenizer, self.val_samples, self.rewards,
-                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
+                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size),
+                        multi_turn=self.agent)
 
     def train(self) -> dict:
         cfg = self.config
@@ -307,6 +316,7 @@ class GRPOTrainer:
             }
             last.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
             last.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
+            last.update(agent.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
             last.update(self._packing_metrics(data))  # packed, micro_batches, token_imbalance, pad_tokens_*
             last.update(self._validate(step))
             if loggers is not None:

@@ -81,6 +81,7 @@ class RolloutEngine:
 
     name = "?"
     receives_weights = True
+    multi_turn = True  # generate() continues any token-id prefix: tools and environments can use it
 
     def __init__(self, context: RolloutContext) -> None:
         self.context = context
