@@ -87,10 +87,11 @@ def test_a_template_that_rewrites_earlier_turns_cannot_give_a_mask(tokenizers):
     plain, _ = tokenizers
     rewriting = build_tokenizer(512)
     # Like templates that drop earlier turns' reasoning: an assistant turn renders differently once it is not last.
+    content = "{{ message['content'] or '' }}"  # the assistant branch of the fixture's template
+    assert content in CHAT_TEMPLATE
     rewriting.chat_template = CHAT_TEMPLATE.replace(
-        "{{ message['content'] }}",
-        "{% if message['role'] == 'assistant' and not loop.last %}(earlier){% else %}{{ message['content'] }}"
-        "{% endif %}")
+        content, "{% if message['role'] == 'assistant' and not loop.last %}(earlier){% else %}" + content
+        + "{% endif %}")
     with pytest.raises(DataError, match=r"^chat.jsonl:7: the chat template cannot produce an assistant mask"):
         conversation_mask_by_turns(rewriting, CONVERSATION, None, "chat.jsonl:7")
 
