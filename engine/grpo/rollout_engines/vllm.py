@@ -66,8 +66,11 @@ def write_model_config(module, directory: Path) -> Path:
     model = next((m for m in module.modules() if isinstance(m, PreTrainedModel)), None)
     if model is None:
         raise RolloutEngineError("rollout.engine=vllm needs a Hugging Face model (a PreTrainedModel) as the policy")
+    from torch.distributed.fsdp import FSDPModule
+
     config = copy.deepcopy(model.config)
-    config.architectures = [type(model).__name__]  # what vLLM picks its implementation by
+    # What vLLM picks its implementation by: the model's own class, not FSDP2's subclass of it.
+    config.architectures = [next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule)).__name__]
     config.save_pretrained(directory)
     return directory
 
