@@ -13,8 +13,7 @@ from accel_backends.backends.cpu import CPUBackend
 from accel_backends.backends.cuda import CUDABackend
 from accel_backends.backends.npu import NPUBackend
 from engine.grpo.config import GRPOConfig, RolloutConfig, build_config, check, resolved
-from engine.grpo.rollout_engines import RolloutContext, RolloutEngineError, engine_names
-from engine.grpo.rollout_engines import vllm_settings
+from engine.grpo.rollout_engines import RolloutContext, RolloutEngineError, engine_names, vllm_settings
 from engine.grpo.rollout_engines.vllm import (
     VLLMRolloutEngine,
     request_seeds,
