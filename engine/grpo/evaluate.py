@@ -208,6 +208,11 @@ def main(argv: list[str]) -> int:
             checkpoint.checkpoint_meta(target["checkpoint"])  # complete, every file the size its save recorded
         world_size = worker_count(config, args.nproc)
         accel_backends.get_backend()  # an unknown or unusable backend stops us here
+        if config.rollout.engine == "vllm":  # vLLM missing, rollout.vllm.* settings: before any worker starts
+            from .config import vllm_check
+
+            if vllm_problems := vllm_check(config, world_size):
+                raise ExportError("cannot evaluate: " + "; ".join(vllm_problems))
         prompts = load_inputs(config)
         out = Path(args.out) if args.out else default_output(config, target)
         if out.exists() and not out.is_dir():
