@@ -34,7 +34,8 @@ class InferenceEngineFacts:
     weights as an iterator) or ``"load_weights"`` (the model's ``load_weights``, called on the worker).
     ``memory_fraction``: whether the engine's memory is sized by a share of the device (``gpu_memory_utilization``);
     ``kv_cache_env``: else, the environment variable that sizes its KV cache, in GiB. ``env``: variables the
-    engine's build needs on this device, set before it starts unless the user set them.
+    engine's build needs on this device, set before it starts unless the user set them. ``engine_args``: engine
+    arguments this device needs (the user's own arguments still win).
     """
 
     package: str = "vllm"
@@ -43,6 +44,7 @@ class InferenceEngineFacts:
     memory_fraction: bool = True
     kv_cache_env: str | None = None
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class DeviceBackend:

