@@ -243,3 +243,22 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
         assert row["rollout/is_masked_frac"] == 0.0
         assert row["response_length"] > 0
     assert "keeps its weights and KV cache in memory during updates" in result.stderr
+
+
+def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, model_dir):
+    import shutil
+
+    from engine.grpo.config import build_config, check
+
+    other = tmp_path / "model"
+    shutil.copytree(model_dir, other)
+    config_file = other / "config.json"
+    config_file.write_text(config_file.read_text().replace('"Qwen2ForCausalLM"', '"NoSuchModelForCausalLM"'))
+    config = build_config(None, None, ["rollout.engine=vllm", f"model.path={other}", "data.task=gsm8k",
+                                       f"data.path={config_file}", "data.reward=x:y"])
+    (problem,) = [p for p in check(config, 2) if "vLLM cannot load" in p]
+    assert problem.startswith(f"model.path {other}: vLLM cannot load architecture NoSuchModelForCausalLM (not "
+                              "among the ")
+    assert problem.endswith("choose rollout.engine=hf-continuous for this model")
+    assert not [p for p in check(build_config(None, None, ["rollout.engine=vllm", f"model.path={model_dir}"]), 2)
+                if "vLLM" in p]
