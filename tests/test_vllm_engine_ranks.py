@@ -155,7 +155,7 @@ def _checks(rank, model_dir):
     # More prompt tokens than one engine step schedules (4096): no prompt is cut over two steps on the CPU, where a
     # seeded request's generator cannot rewind ("CPU Generator does not use offset").
     many = SamplingConfig(n=4, max_new_tokens=4, eos_token_ids=eos, temperature=1.0)
-    out["many_rows"] = len(rollout(vllm, tokenizer, [" ".join(prompts * 3)] * 64, many))
+    out["many_rows"] = len(rollout(vllm, tokenizer, [" ".join(prompts)] * 64, many))  # ~10k prompt tokens
 
     # Fixed sequences: the engine's and the trainer's log-probs before, during (stale) and after the push.
     engine_before = _engine_log_probs(vllm.llm, batch)
