@@ -224,7 +224,8 @@ SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", 
          "run.progress=false", "rollout.engine=vllm", "data.max_prompt_tokens=64"]
 
 
-@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4"]], ids=["fsdp2", "lora-fsdp2"])
+@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4"], ["rollout.vllm.tensor_parallel_size=2"]],
+                         ids=["fsdp2", "lora-fsdp2", "tensor-parallel-2"])
 def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"

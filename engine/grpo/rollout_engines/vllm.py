@@ -20,6 +20,7 @@ the engine can sleep during the update and how its memory is sized are the devic
 from __future__ import annotations
 
 import atexit
+import contextlib
 import copy
 import os
 import shutil
@@ -138,6 +139,11 @@ class VLLMRolloutEngine(RolloutEngine):
             os.environ.setdefault(name, value)
         if self.facts.kv_cache_env and self.settings.kv_cache_gib is not None:
             os.environ[self.facts.kv_cache_env] = f"{self.settings.kv_cache_gib:g}"
+        if self.group is not None:  # an earlier job's segments would stop this one: remove them, then build
+            import torch.distributed as dist
+
+            _remove(_shared_memory())
+            dist.barrier()
         self.llm = (build_llm or _build_llm)(arguments)
 
     # -- start --------------------------------------------------------------------------------------------------
@@ -245,6 +251,22 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
+
+
+def _shared_memory() -> set[str]:
+    """vLLM's CPU collectives' shared-memory segments. A multi-rank group creates them under a name that does not
+    change from one job to the next when an external launcher starts vLLM, and they outlive the job: the next one
+    then fails (``create shm in SHMManager failed. errno: 17``). A tensor-parallel engine removes them before it
+    is built (two jobs on one host could not share them anyway)."""
+    import glob
+
+    return set(glob.glob("/dev/shm/*cpushm*"))
+
+
+def _remove(paths: set[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
 
 
 def _load_into_model(worker, weights) -> None:
