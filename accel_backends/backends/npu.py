@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from ..base import DeviceBackend
+from ..base import DeviceBackend, InferenceEngineFacts
 from ..errors import BackendUnavailableError
 from ..hookspecs import hookimpl
 
@@ -87,6 +87,15 @@ class NPUBackend(DeviceBackend):
         return (f"load CANN's environment in this shell before starting Python: source "
                 f"{_SET_ENV} (or install the CANN toolkit that matches torch_npu if it is missing); "
                 f"otherwise reinstall torch_npu for this torch: {_matching_torch_npu()}")
+
+    def inference_engine_facts(self) -> InferenceEngineFacts:
+        """vllm-ascend (public reports; not run here): sleep level 1 is the one that works; its worker has no
+        ``reload_weights``, so weights go through the model's ``load_weights``; pushing into sleeping memory
+        crashes (the engine wakes its weights first); the NZ weight layout must be off for weights replaced in
+        place (``VLLM_ASCEND_ENABLE_NZ=0``)."""
+        return InferenceEngineFacts(package="vllm-ascend (pip install vllm-ascend matching torch_npu and CANN)",
+                                    sleep_level=1, weight_reload="load_weights", memory_fraction=True,
+                                    env={"VLLM_ASCEND_ENABLE_NZ": "0"})
 
     def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
         """HCCL's connect and execution timeouts of at least 1800 s (Ascend's advice for FSDP), or the group's

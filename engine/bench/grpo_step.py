@@ -77,6 +77,7 @@ def _profile(trainer, step: int, rows: int) -> dict:
 def run(options, backend, rank) -> dict:
     from ..grpo import trainer as trainer_module
     from ..grpo.config import build_config, check
+    from ..grpo.rollout import sync_weights
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
     config = build_config(options["grpo_preset"], None, overrides)
@@ -94,11 +95,14 @@ def run(options, backend, rank) -> dict:
                 timer.reset()
                 start = time.perf_counter()
                 data, stats = trainer.collect(step)
+                trainer.rollout_engine.release_memory()  # as the trainer does (an engine sharing the device)
                 update_start = time.perf_counter()
                 trainer.update(data)
                 backend.synchronize()
+                update_end = time.perf_counter()
+                sync_weights(trainer.actor, trainer.rollout_engine)  # engines with their own copy: in "other"
                 end = time.perf_counter()
-                timer.seconds["update"], timer.calls["update"] = end - update_start, 1
+                timer.seconds["update"], timer.calls["update"] = update_end - update_start, 1
                 if step == 0:
                     continue
                 steps.append(end - start)

@@ -64,11 +64,17 @@ def print_rollout(s: dict) -> None:
     if engines:
         print(f"rollout engines on {engines['model']}: {engines['prompts_per_rank']} prompts x {engines['n']} per "
               f"rank, up to {engines['max_new_tokens']} new tokens, FSDP{engines['fsdp_version']}")
-        for name in ("hf", "hf-continuous"):
-            row = engines[name]
+        for name in ("hf", "hf-continuous", "vllm"):
+            row = engines.get(name)
+            if row is None:
+                continue
             print(f"  {name:14} {_ms(row):>32}, tokens per call: {row['tokens_produced_per_call']:.0f} produced, "
-                  f"{row['tokens_computed_per_call']:.0f} computed ({row['computed_over_produced']:.2f}x)")
+                  f"{row['tokens_computed_per_call']:.0f} computed ({row['computed_over_produced']:.2f}x), "
+                  f"{row.get('response_tokens_per_s', 0):.0f} response tokens/s")
         print(f"  hf-continuous / hf: {engines['continuous_over_hf']:.2f}")
+        if "vllm_over_continuous_per_token" in engines:
+            print(f"  vllm / hf-continuous, time per response token: {engines['vllm_over_continuous_per_token']:.2f}; "
+                  f"weight push {_ms(engines['vllm_weight_sync'])}")
         for name, counts in engines["collectives_per_call"].items():
             print(f"  collectives per call, {name}: {counts['all_gather']} all-gathers, {counts['all_reduce']} "
                   f"all-reduces")

@@ -7,9 +7,13 @@ responses spread over 1..128 tokens): how long a rollout call takes with ``hf`` 
 longest ends) and ``hf-continuous`` (finished rows leave the batch), and how many token positions each computes
 for the tokens it produces. Both sample the same prompts from the same seed in each round. It also counts the
 collectives of one call, before (``generate`` with ``synced_gpus``, an all-reduce per new token) and after.
+Where vLLM is importable ``vllm`` joins them (``rollout.engine=vllm``: its own copy of the model, started from the
+directory), with the time of a weight push (``FSDPEngine.iter_full_weights`` into the engine) per call.
 """
 
 from __future__ import annotations
+
+import importlib.util
 
 import torch
 
@@ -17,6 +21,11 @@ from .. import EngineConfig, FSDPEngine
 from .common import CommCounter, interleave, model_factory, ratio, summary, timed
 
 ENGINES = ("hf", "hf-continuous")
+
+
+def engines_here() -> tuple[str, ...]:
+    """The engines compared: ``vllm`` too where it is installed."""
+    return ENGINES + (("vllm",) if importlib.util.find_spec("vllm") else ())
 QUESTIONS = ("How many apples does Tom have after he buys {a} more than his {b}?",
              "Maria reads {a} pages a day for {b} days. How many pages is that?",
              "A box holds {a} pencils and a bag {b}. How many pencils in all?",
@@ -79,7 +88,7 @@ def question_prompts(tokenizer, count: int, rank: int) -> list[list[int]]:
 def _compare_engines(options, backend, rank) -> dict:
     from transformers import AutoTokenizer
 
-    from ..grpo.rollout import eos_token_ids
+    from ..grpo.rollout import eos_token_ids, sync_weights
     from ..grpo.rollout_engines import RolloutContext, SamplingConfig, create_rollout_engine
 
     path = options["rollout_model"]
@@ -89,16 +98,19 @@ def _compare_engines(options, backend, rank) -> dict:
     sampling = SamplingConfig(n=options["rollout_n"], max_new_tokens=options["rollout_max_new_tokens"],
                               eos_token_ids=tuple(eos_token_ids(policy.module, tokenizer)))
     prompts = question_prompts(tokenizer, options["rollout_prompts"], rank)
-    engines = {name: create_rollout_engine(name, RolloutContext(policy, tokenizer, path)) for name in ENGINES}
-    produced = {name: [] for name in ENGINES}
-    computed = {name: [] for name in ENGINES}
+    names = engines_here()
+    longest = max(len(p) for p in prompts) + sampling.max_new_tokens
+    engines = {name: create_rollout_engine(name, RolloutContext(policy, tokenizer, path, max_sequence_tokens=longest))
+               for name in names}
+    produced = {name: [] for name in names}
+    computed = {name: [] for name in names}
     result: dict = {"model": str(path), "prompts_per_rank": len(prompts), "n": sampling.n,
                     "max_new_tokens": sampling.max_new_tokens, "fsdp_version": policy.fsdp_version,
                     "sharded_units": policy.num_sharded_units, "collectives_per_call": {}}
     rounds = iter(range(1 << 30))
 
     def call(name: str) -> float:
-        torch.manual_seed(1000 * (next(rounds) // len(ENGINES)) + rank)  # a round's engines: the same seed
+        torch.manual_seed(1000 * (next(rounds) // len(names)) + rank)  # a round's engines: the same seed
         holder = {}
         seconds = timed(lambda: holder.update(out=engines[name].generate(prompts, sampling)), backend.synchronize)
         produced[name].append(int(holder["out"].mask.sum()))
@@ -106,7 +118,12 @@ def _compare_engines(options, backend, rank) -> dict:
         return seconds
 
     with policy.eval_mode():
-        for name in ENGINES:
+        if "vllm" in engines:
+            sync_weights(policy, engines["vllm"])
+            pushes = [timed(lambda: sync_weights(policy, engines["vllm"]), backend.synchronize)
+                      for _ in range(options["steps"])]
+            result["vllm_weight_sync"] = summary(pushes)
+        for name in names:
             engines[name].generate(prompts, sampling)  # warm-up
             with CommCounter() as comm:
                 engines[name].generate(prompts, sampling)
@@ -118,14 +135,20 @@ def _compare_engines(options, backend, rank) -> dict:
                 pad_token_id=tokenizer.pad_token_id, synced_gpus=True)
         result["collectives_per_call"]["hf_synced_16_tokens"] = comm.as_dict()
         for values in (produced, computed):
-            for name in ENGINES:
+            for name in names:
                 values[name].clear()
-        samples = interleave({name: (lambda name=name: call(name)) for name in ENGINES}, options["steps"])
-    for name in ENGINES:
+        samples = interleave({name: (lambda name=name: call(name)) for name in names}, options["steps"])
+    for name in names:
         result[name] = summary(samples[name])
         result[name].update(tokens_produced_per_call=sum(produced[name]) / len(produced[name]),
                             tokens_computed_per_call=sum(computed[name]) / len(computed[name]))
         result[name]["computed_over_produced"] = (result[name]["tokens_computed_per_call"]
                                                   / result[name]["tokens_produced_per_call"])
+        result[name]["response_tokens_per_s"] = (result[name]["tokens_produced_per_call"]
+                                                 / (result[name]["median_ms"] / 1e3))
     result["continuous_over_hf"] = ratio(samples["hf-continuous"], samples["hf"])
+    if "vllm" in samples:  # call time per response token produced, vllm over hf-continuous (each round)
+        result["vllm_over_continuous_per_token"] = ratio(
+            [t / max(p, 1) for t, p in zip(samples["vllm"], produced["vllm"], strict=True)],
+            [t / max(p, 1) for t, p in zip(samples["hf-continuous"], produced["hf-continuous"], strict=True)])
     return result

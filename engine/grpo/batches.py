@@ -56,6 +56,7 @@ class StepData:
     packed: bool
     old_log_probs: torch.Tensor | None = None  # [N, R]; None: one update per step, the policy's own are the old ones
     ref_log_probs: torch.Tensor | None = None  # [N, R]
+    sampling_log_probs: torch.Tensor | None = None  # [N, R]: the rollout engine's, when it returned them
     pad_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # counted per pass, on this rank
 
     @property
@@ -91,7 +92,8 @@ class StepData:
 
             micro_batches.append({"layout": micro, "loss_mask": part(self.loss_mask),
                                   "advantages": part(self.advantages), "old_log_probs": part(self.old_log_probs),
-                                  "ref_log_probs": part(self.ref_log_probs), "micro_batches": mini.plan.non_empty})
+                                  "ref_log_probs": part(self.ref_log_probs), "micro_batches": mini.plan.non_empty,
+                                  "sampling_log_probs": part(self.sampling_log_probs)})
         return micro_batches
 
     def plan_metrics(self) -> dict[str, float]:
@@ -103,8 +105,9 @@ class StepData:
 
 def rank_sequences(batch, advantages: torch.Tensor, trains: bool = True) -> dict[str, torch.Tensor]:
     """One rank's rollout (left-padded prompts, right-padded responses) as unpadded sequences, right-padded in
-    storage: tokens, lengths, starts (the prompt's length), the loss mask and the advantages. ``trains=False``: the
-    rows only keep the exchange's shapes (a rank with nothing to train on) and are left out of the step."""
+    storage: tokens, lengths, starts (the prompt's length), the loss mask, the advantages and the engine's
+    log-probs when it returned them. ``trains=False``: the rows only keep the exchange's shapes (a rank with
+    nothing to train on) and are left out of the step."""
     prompt_width = batch.prompt_length
     prompt_lengths = batch.attention_mask[:, :prompt_width].sum(dim=1)
     response_lengths = batch.attention_mask[:, prompt_width:].sum(dim=1)  # up to and including the first EOS
@@ -112,9 +115,12 @@ def rank_sequences(batch, advantages: torch.Tensor, trains: bool = True) -> dict
     tokens = torch.zeros(len(batch), int(lengths.max()), dtype=torch.long)
     for row, (p, r) in enumerate(zip(prompt_lengths.tolist(), response_lengths.tolist(), strict=True)):
         tokens[row, :p + r] = batch.input_ids[row, prompt_width - p:prompt_width + r]
-    return {"tokens": tokens, "lengths": lengths, "starts": prompt_lengths,
+    rows = {"tokens": tokens, "lengths": lengths, "starts": prompt_lengths,
             "loss_mask": batch.response_mask.long(), "advantages": advantages.float(),
             "trains": torch.full((len(batch),), int(trains), dtype=torch.long)}
+    if batch.sampling_log_probs is not None:
+        rows["sampling_log_probs"] = batch.sampling_log_probs.float()
+    return rows
 
 
 def mini_batch_ranges(total: int, size: int, group_size: int) -> list[range]:
@@ -148,4 +154,5 @@ def gather_step_data(local: dict[str, torch.Tensor], batching: Batching, rank: i
         everyone = {name: tensor[trains.bool()] for name, tensor in everyone.items()}
     sequences = SequenceBatch(everyone["tokens"], everyone["lengths"], everyone["starts"])
     return StepData(sequences, everyone["loss_mask"], everyone["advantages"],
-                    plan_updates(sequences, batching, world_size), rank, batching.packed)
+                    plan_updates(sequences, batching, world_size), rank, batching.packed,
+                    sampling_log_probs=everyone.get("sampling_log_probs"))

@@ -15,6 +15,8 @@ from ..runs.loggers import LOGGERS
 from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
 from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
+from .rollout_correction import CORRECTION_MODES, DEFAULT_CAP, DEFAULT_CORRECTION
+from .rollout_engines.vllm_settings import VLLMConfig
 
 
 @dataclasses.dataclass
@@ -49,7 +51,8 @@ class RolloutConfig:
     max_new_tokens: int = 4
     val_n: int = 1  # samples per validation prompt
     val_temperature: float = 0.0  # 0: greedy
-    engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, or one a plugin registers
+    engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, vllm, or one a plugin registers
+    vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)  # rollout.engine=vllm's settings
     # Multi-turn rollouts with tools (docs/agents.md): set either or both to turn them on.
     tools: list | None = None  # "module:function" names of tools the model may call
     environment: str | None = None  # "module:Class": one instance per trajectory, its public methods are tools
@@ -79,6 +82,10 @@ class AlgorithmConfig:
     mask_truncated: bool = False  # responses cut at rollout.max_new_tokens get no loss
     overlong_buffer_len: int = 0  # DAPO's soft overlong penalty over the last N tokens allowed (0: off)
     overlong_penalty_factor: float = 1.0  # the penalty at rollout.max_new_tokens
+    # Importance sampling against the rollout engine's own log-probs (engine/grpo/rollout_correction.py): none,
+    # token_truncate, token_mask, sequence_truncate or sequence_mask, with the ratio's cap.
+    rollout_correction: str = DEFAULT_CORRECTION
+    rollout_correction_cap: float = DEFAULT_CAP
     norm_by_std: bool | None = None  # deprecated: scale_rewards (true: group, false: none)
     kl_coef: float | None = None  # deprecated name of kl_loss_coef
 
@@ -247,6 +254,12 @@ def _check_algorithm(config: GRPOConfig) -> list[str]:
         problems.append(f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be smaller than "
                         f"rollout.max_new_tokens={r.max_new_tokens} (the penalty starts that many tokens before the "
                         "limit)")
+    if a.rollout_correction not in CORRECTION_MODES:
+        problems.append(f"algorithm.rollout_correction must be one of {', '.join(CORRECTION_MODES)}, got "
+                        f"{a.rollout_correction!r}"
+                        f"{did_you_mean(str(a.rollout_correction), CORRECTION_MODES, 'algorithm.rollout_correction=')}")
+    if not a.rollout_correction_cap > 1:
+        problems.append(f"algorithm.rollout_correction_cap must be > 1, got {a.rollout_correction_cap}")
     if config.run.log_samples < 0:
         problems.append(f"run.log_samples must be >= 0, got {config.run.log_samples}")
     if config.run.val_before_train and not (config.data.val_path or config.data.val_fraction):
@@ -287,6 +300,12 @@ def prompt_token_limit(config: GRPOConfig) -> int | None:
 
         return EchoTask().longest_prompt_chars()
     return None
+
+
+def max_sequence_tokens(config: GRPOConfig) -> int | None:
+    """The longest prompt + response a run can see, when the prompt limit is known before any data is read."""
+    limit = prompt_token_limit(config)
+    return None if limit is None else limit + config.rollout.max_new_tokens
 
 
 def deprecation_notices(config: GRPOConfig, world_size: int) -> list[str]:
@@ -343,6 +362,19 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
                          f"{', '.join(sorted(fields))}")
     options = {key: coerce(f"engine.{key}", value, fields[key].type) for key, value in options.items()}
     return EngineConfig(**options)
+
+
+def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
+    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
+    import accel_backends
+
+    from .rollout_engines.vllm_settings import vllm_problems
+
+    try:
+        facts = accel_backends.get_backend().inference_engine_facts()
+    except Exception:  # noqa: BLE001 - the backend's own problem is reported when the workers start
+        facts = accel_backends.InferenceEngineFacts()
+    return vllm_problems(config, world_size, max_sequence_tokens(config), facts)
 
 
 def dist_timeout_s(config: GRPOConfig) -> float:
@@ -458,6 +490,8 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     from .model import build_model
 
     problems += agent.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
+    if r.engine == "vllm":
+        problems += vllm_check(config, world_size)
     try:
         engine_config(config, world_size)
     except (ValueError, TypeError) as exc:

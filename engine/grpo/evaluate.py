@@ -74,6 +74,7 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     import accel_backends
 
     from .. import FSDPEngine
+    from .config import max_sequence_tokens
     from .model import build_model
     from .rewards import load_rewards
     from .rollout import eos_token_ids, sampling_configs, sync_weights
@@ -94,7 +95,7 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     # The same rollout engine and sampling settings as in-run validation (rollout.engine, rollout.val_*).
     _, val_sampling = sampling_configs(config.rollout, eos_token_ids(engine.module, tokenizer))
     rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
-        engine, tokenizer, weights or source, config.rollout))
+        engine, tokenizer, weights or source, config.rollout, max_sequence_tokens(config)))
     sync_weights(engine, rollout_engine)  # an engine holding its own copy starts from the evaluated weights
     records: list[dict] = []
     started = time.perf_counter()
@@ -207,6 +208,11 @@ def main(argv: list[str]) -> int:
             checkpoint.checkpoint_meta(target["checkpoint"])  # complete, every file the size its save recorded
         world_size = worker_count(config, args.nproc)
         accel_backends.get_backend()  # an unknown or unusable backend stops us here
+        if config.rollout.engine == "vllm":  # vLLM missing, rollout.vllm.* settings: before any worker starts
+            from .config import vllm_check
+
+            if vllm_problems := vllm_check(config, world_size):
+                raise ExportError("cannot evaluate: " + "; ".join(vllm_problems))
         prompts = load_inputs(config)
         out = Path(args.out) if args.out else default_output(config, target)
         if out.exists() and not out.is_dir():

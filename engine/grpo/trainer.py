@@ -38,6 +38,7 @@ from .model import build_model
 from .report import plot_curves
 from .rewards import load_rewards, metric_names
 from .rollout import eos_token_ids, rollout, sampling_configs, sync_weights
+from .rollout_correction import MismatchStats, importance_weights
 from .rollout_engines import RolloutContext, create_rollout_engine
 from .tasks import build_tasks, reward_specs
 from .validation import validate
@@ -79,8 +80,14 @@ class GRPOTrainer:
                 print(f"accel-grpo: note: {notice}", file=sys.stderr, flush=True)
         self.sampling, self.val_sampling = sampling_configs(config.rollout, eos_token_ids(self.actor.module,
                                                                                           self.tokenizer))
+        # The engine's log-probs, for the mismatch metrics and algorithm.rollout_correction; not from hf, which
+        # would keep every decoding step's full scores for them.
+        self.sampling = dataclasses.replace(self.sampling, log_probs=config.rollout.engine != "hf")
+        self.mismatch, self._first_epoch = MismatchStats(), True
+        from .config import max_sequence_tokens
+
         self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
-            self.actor, self.tokenizer, factory, config.rollout))
+            self.actor, self.tokenizer, factory, config.rollout, max_sequence_tokens(config)))
         # Tools or an environment: multi-turn rollouts (engine/grpo/agent), every rank's engine calls in step.
         self.agent = agent.build(config, self.tokenizer,
                                  lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))
@@ -185,7 +192,16 @@ class GRPOTrainer:
                                                 entropy_grad=bonus, top_k=roll.top_k, top_p=roll.top_p)
         old = log_probs.detach() if micro["old_log_probs"] is None else micro["old_log_probs"].to(device)
         agg, norm = settings.agg, settings.norm_length
-        loss, metrics = policy_loss(log_probs, old, micro["advantages"].to(device), mask,
+        advantages = micro["advantages"].to(device)
+        if micro["sampling_log_probs"] is not None:  # the engine's own: measure the mismatch, correct for it
+            algo = self.config.algorithm
+            sampled = micro["sampling_log_probs"].to(device)
+            weights, ratios, masked = importance_weights(old, sampled, mask, algo.rollout_correction,
+                                                         algo.rollout_correction_cap)
+            if self._first_epoch:
+                self.mismatch.add(old, sampled, mask, ratios, masked)
+            advantages = advantages.unsqueeze(-1) * weights  # weights each token's policy-gradient term
+        loss, metrics = policy_loss(log_probs, old, advantages, mask,
                                     loss_mode=settings.loss_mode, clip_low=settings.clip_low,
                                     clip_high=settings.clip_high, clip_c=settings.clip_c, agg=agg, norm_length=norm)
         # Normalisers over the whole mini-batch: every micro-batch of every rank; a filler counts for nothing.
@@ -208,8 +224,10 @@ class GRPOTrainer:
         train = self.config.train
         totals: dict[str, float] = {}
         updates, peak_gib = 0, 0.0
+        self.mismatch = MismatchStats()
         with self.actor.train_mode():
-            for _ in range(train.ppo_epochs):
+            for epoch in range(train.ppo_epochs):
+                self._first_epoch = epoch == 0  # the rollout's log-probs are compared once per step
                 for mini in data.mini_batches:
                     metrics = self.actor.forward_backward_batch(data.micro_batches(mini), self._step_fn)
                     metrics.pop("peak_memory_gib")  # covered by the step's figure below
@@ -283,7 +301,9 @@ class GRPOTrainer:
             data, stats = self.collect(step)
             rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
             rollout_done = time.perf_counter()
+            self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
             update = self.update(data)
+            synced = time.perf_counter()
             sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
             finished = time.perf_counter()
             totals = self._global({**stats, "stop_requested": float(runtime.stop_requested() > 0)})
@@ -318,6 +338,9 @@ class GRPOTrainer:
             last.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
             last.update(agent.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
             last.update(self._packing_metrics(data))  # packed, micro_batches, token_imbalance, pad_tokens_*
+            if self.rollout_engine.receives_weights:
+                last["rollout/weight_sync_s"] = finished - synced
+            last.update(self.mismatch.metrics(self._global, self._largest_over_ranks))  # rollout/logprob_diff_*...
             last.update(self._validate(step))
             if loggers is not None:
                 loggers.write(last)

@@ -160,27 +160,27 @@ def test_a_plugin_that_raises_on_import_is_named_before_training(tmp_path, monke
     from engine.grpo.config import GRPOConfig, check
 
     config = GRPOConfig()
-    config.rollout.engine = "vllm"
+    config.rollout.engine = "sglang"
     with pytest.warns(accel_backends.PluginLoadWarning, match="broken_rollout_plugin"):
         problems = check(config, world_size=2)
     (problem,) = [p for p in problems if "rollout.engine" in p]
-    assert "unknown rollout.engine 'vllm'" in problem and "registered engines are hf, hf-continuous" in problem
+    assert "unknown rollout.engine 'sglang'" in problem and "registered engines are hf, hf-continuous" in problem
     assert "'broken_rollout_plugin' (from ACCEL_BACKENDS_PLUGINS) failed to load: ImportError: libvllm.so" in problem
 
 
 def test_an_engine_that_fails_to_import_when_chosen_is_named_with_its_plugin(tmp_path, monkeypatch):
-    (tmp_path / "vllm_engine_impl.py").write_text("import not_installed_inference_library\n")
+    (tmp_path / "sglang_engine_impl.py").write_text("import not_installed_inference_library\n")
     _plugin(tmp_path, monkeypatch, "lazy_rollout_plugin", (
         "import accel_backends\n"
         "from engine.grpo.rollout_engines import hookspecs\n\n"
         "@accel_backends.hookimpl\n"
         "def register_rollout_engines(register):\n"
-        "    register('vllm', 'vllm_engine_impl:Engine')\n"))
-    assert "vllm" in engine_names()  # registering imported nothing
-    assert "vllm_engine_impl" not in sys.modules
-    (problem,) = check_engine("vllm")
-    assert problem.startswith("rollout.engine 'vllm' (from plugin 'lazy_rollout_plugin') failed to import "
-                              "'vllm_engine_impl:Engine': ModuleNotFoundError: No module named "
+        "    register('sglang', 'sglang_engine_impl:Engine')\n"))
+    assert "sglang" in engine_names()  # registering imported nothing
+    assert "sglang_engine_impl" not in sys.modules
+    (problem,) = check_engine("sglang")
+    assert problem.startswith("rollout.engine 'sglang' (from plugin 'lazy_rollout_plugin') failed to import "
+                              "'sglang_engine_impl:Engine': ModuleNotFoundError: No module named "
                               "'not_installed_inference_library'")
 
 

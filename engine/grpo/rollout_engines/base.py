@@ -62,12 +62,14 @@ class Responses:
 class RolloutContext:
     """What an engine is built from: the policy's engine (an ``engine.FSDPEngine``; its rank, world size and
     backend), the tokenizer, the model source (a local Hugging Face directory, or a zero-argument factory of the
-    built-in model) and the ``rollout`` section of the config."""
+    built-in model), the ``rollout`` section of the config and the longest prompt + response the run can see
+    (``None`` when it is not known before the data is read)."""
 
     policy: Any
     tokenizer: Any
     model: Any
     config: Any = None
+    max_sequence_tokens: int | None = None
 
 
 class RolloutEngine:
@@ -90,6 +92,11 @@ class RolloutEngine:
         """Sample ``sampling.n`` responses for each prompt (token ids, no padding). Every rank calls it with its
         own prompts, as many times as every other rank."""
         raise NotImplementedError(f"rollout engine {self.name!r} does not implement generate()")
+
+    def release_memory(self) -> None:
+        """Called before every update of the policy: an engine sharing the device with the trainer may free its
+        memory here (vLLM's sleep mode); ``load_weights`` (or the next ``generate``) brings it back. Default:
+        nothing."""
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the policy's full weights, ``(name, tensor)`` one at a time (each valid only until the next one

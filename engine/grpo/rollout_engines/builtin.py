@@ -1,4 +1,5 @@
-"""The built-in rollout engines, registered through the same hook as a third-party plugin's."""
+"""The built-in rollout engines, registered through the same hook as a third-party plugin's (``vllm`` by name:
+its module, and vLLM, are imported only when it is chosen)."""
 
 from accel_backends import hookimpl
 
@@ -11,3 +12,4 @@ from .hf_continuous import ContinuousRolloutEngine
 def register_rollout_engines(register):
     register("hf", HFRolloutEngine)
     register("hf-continuous", ContinuousRolloutEngine)
+    register("vllm", "engine.grpo.rollout_engines.vllm:VLLMRolloutEngine")  # imported only when chosen

@@ -1,0 +1,300 @@
+"""``vllm``: vLLM colocated with the trainer, one engine per rank (or per tensor-parallel group) in the trainer's
+own processes (``distributed_executor_backend="external_launcher"``: no Ray, no server).
+
+vLLM is imported when this engine is built, never when it is registered. The engine starts from the policy's
+model directory; a model without one (the built-in demo model, a checkpoint) is described to vLLM by its
+``config.json`` alone, in a scratch directory, with dummy weights that the first weight push replaces. Prompts go
+in as token ids and responses come back as token ids with their log-probs under the sampling distribution
+(``logprobs_mode="processed_logprobs"``: temperature, top-k and top-p applied, as ``base.sampling_scores``).
+The model's ``generation_config.json`` is never read (``generation_config="vllm"``): only the ``SamplingConfig``
+applies.
+
+After every update the policy's weights arrive one tensor at a time (``FSDPEngine.iter_full_weights``, LoRA
+merged) and are copied into the engine in place: each is checked against the model's names and shapes first, so
+a tensor the engine cannot take is an error naming it. The prefix cache is reset after a push; the engine never
+reloads weights from disk (it would sample from the base model from then on). How weights are replaced, whether
+the engine can sleep during the update and how its memory is sized are the device backend's facts
+(``DeviceBackend.inference_engine_facts``); nothing here names a device.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import copy
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import torch
+
+from .base import Responses, RolloutEngine, SamplingConfig
+from .registry import RolloutEngineError
+from .vllm_settings import VLLMConfig, missing_vllm_message
+
+DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+_SEED_RANGE = 2**31 - 1
+
+
+def tensor_parallel_groups(world_size: int, size: int) -> list[list[int]]:
+    """Consecutive ranks in groups of ``size``: each group runs one engine and shares its prompts."""
+    return [list(range(start, start + size)) for start in range(0, world_size, size)]
+
+
+def share_prompts(parts: list[tuple[list[list[int]], int]]) -> tuple[list[list[int]], int, list[slice]]:
+    """A tensor-parallel group's prompts, in member order: ``parts`` is each member's ``(prompts, seed)``; returns
+    every prompt, the group's seed (its first member's) and each member's slice of the prompts."""
+    prompts, slices, start = [], [], 0
+    for own, _ in parts:
+        prompts += own
+        slices.append(slice(start, start + len(own)))
+        start += len(own)
+    return prompts, parts[0][1], slices
+
+
+def request_seeds(seed: int, prompts: int, n: int) -> list[int]:
+    """One seed per prompt, ``n`` apart (vLLM draws a prompt's ``n`` samples from its seed onwards)."""
+    return [(seed + index * n) % _SEED_RANGE for index in range(prompts)]
+
+
+def write_model_config(module, directory: Path) -> Path:
+    """``config.json`` of the Hugging Face model inside ``module`` (a policy's, possibly wrapped), for vLLM."""
+    from transformers import PreTrainedModel
+
+    model = next((m for m in module.modules() if isinstance(m, PreTrainedModel)), None)
+    if model is None:
+        raise RolloutEngineError("rollout.engine=vllm needs a Hugging Face model (a PreTrainedModel) as the policy")
+    from torch.distributed.fsdp import FSDPModule
+
+    config = copy.deepcopy(model.config)
+    # What vLLM picks its implementation by: the model's own class, not FSDP2's subclass of it.
+    config.architectures = [next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule)).__name__]
+    config.save_pretrained(directory)
+    return directory
+
+
+def expected_weights(model_dir: Path) -> dict[str, torch.Size]:
+    """The model's parameter names and shapes as the trainer names them (built on the meta device: no memory)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: param.shape for name, param in model.named_parameters()}
+
+
+class CheckedWeights:
+    """The pushed weights, each checked against the model's names and shapes and copied before the engine sees it
+    (the policy's tensor is valid only until the next is drawn). ``last`` names the tensor being loaded."""
+
+    def __init__(self, weights: Iterable[tuple[str, torch.Tensor]], expected: dict[str, torch.Size]) -> None:
+        self.weights, self.expected = weights, expected
+        self.seen: set[str] = set()
+        self.last: str | None = None
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.weights:
+            self.last = name
+            shape = self.expected.get(name)
+            if shape is None:
+                raise RolloutEngineError(f"rollout engine 'vllm' cannot take weight {name!r}: the engine's model has "
+                                         "no tensor of that name (is the policy the model vLLM was started from?)")
+            if tuple(tensor.shape) != tuple(shape):
+                raise RolloutEngineError(f"rollout engine 'vllm' cannot take weight {name!r} of shape "
+                                         f"{tuple(tensor.shape)}: the engine's model has shape {tuple(shape)}")
+            self.seen.add(name)
+            yield name, tensor.detach().clone()
+
+    def missing(self) -> list[str]:
+        return sorted(set(self.expected) - self.seen)
+
+
+class VLLMRolloutEngine(RolloutEngine):
+    receives_weights = True
+    _noted_no_sleep = False  # said once per process
+
+    def __init__(self, context, build_llm: Callable[[dict], object] | None = None) -> None:
+        super().__init__(context)
+        policy = context.policy
+        self.settings = getattr(context.config, "vllm", None) or VLLMConfig()
+        self.facts = policy.backend.inference_engine_facts()
+        self.rank, self.world_size = policy.rank, policy.world_size
+        self.group_size = self.settings.tensor_parallel_size
+        self.group = None  # the tensor-parallel group's process group, when it has more than one rank
+        if self.group_size > 1:
+            import torch.distributed as dist
+
+            for members in tensor_parallel_groups(self.world_size, self.group_size):
+                created = dist.new_group(members)  # every rank creates every group
+                if self.rank in members:
+                    self.group = created
+        self.sleeping = False
+        model_dir, load_format = self._model_directory(context)
+        self.expected = expected_weights(model_dir)
+        arguments = self.llm_arguments(model_dir, load_format)
+        for name, value in self.facts.env.items():
+            os.environ.setdefault(name, value)
+        if self.facts.kv_cache_env and self.settings.kv_cache_gib is not None:
+            os.environ[self.facts.kv_cache_env] = f"{self.settings.kv_cache_gib:g}"
+        if self.group is not None:  # an earlier job's segments would stop this one: remove them, then build
+            import torch.distributed as dist
+
+            _remove(_shared_memory())
+            dist.barrier()
+        self.llm = (build_llm or _build_llm)(arguments)
+
+    # -- start --------------------------------------------------------------------------------------------------
+
+    def _model_directory(self, context) -> tuple[Path, str]:
+        """The policy's own model directory (weights read from it), or a scratch one with its config only."""
+        if isinstance(context.model, (str, Path)) and (Path(context.model) / "config.json").is_file():
+            return Path(context.model), "auto"
+        scratch = Path(tempfile.mkdtemp(prefix=f"accel-vllm-model-{self.rank}-"))
+        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+        return write_model_config(context.policy.module, scratch), "dummy"
+
+    def llm_arguments(self, model_dir: Path, load_format: str) -> dict:
+        """``LLM(...)``'s arguments: the engine's own, ``rollout.vllm.*`` and its ``llm_args`` pass-through."""
+        s, policy = self.settings, self.context.policy
+        dtype = s.dtype or DTYPE_NAMES.get(getattr(policy, "compute_dtype", torch.float32), "float32")
+        arguments = {
+            "model": str(model_dir), "skip_tokenizer_init": True, "load_format": load_format,
+            "distributed_executor_backend": "external_launcher", "tensor_parallel_size": s.tensor_parallel_size,
+            "dtype": dtype, "enforce_eager": s.enforce_eager, "generation_config": "vllm",
+            "logprobs_mode": "processed_logprobs", "seed": 0,
+            "enable_sleep_mode": self.facts.sleep_level > 0,
+        }
+        max_model_len = s.max_model_len or self.context.max_sequence_tokens  # null: the model's own limit
+        if max_model_len:
+            arguments["max_model_len"] = max_model_len
+        if self.facts.memory_fraction:
+            arguments["gpu_memory_utilization"] = s.gpu_memory_utilization
+        arguments.update(self.facts.engine_args)  # what the device needs, e.g. no chunked prefill on the CPU
+        arguments.update(s.llm_args)
+        return arguments
+
+    # -- sampling -----------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
+        self._wake_fully()
+        seed = int(torch.randint(0, _SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
+        mine = slice(0, len(prompts))
+        if self.group is not None:  # the group's engine runs every member's prompts, with one seed
+            import torch.distributed as dist
+
+            parts = [None] * self.group_size
+            dist.all_gather_object(parts, (prompts, seed), group=self.group)
+            prompts, seed, slices = share_prompts(parts)
+            mine = slices[dist.get_rank(self.group)]
+        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                    self.sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+        return responses_from(outputs[mine], sampling)
+
+    def sampling_params(self, sampling: SamplingConfig, prompts: int, seed: int) -> list:
+        """One ``SamplingParams`` per prompt: every ``SamplingConfig`` field, each prompt its own seed."""
+        from vllm import SamplingParams
+
+        want_log_probs = sampling.log_probs and not sampling.greedy
+        common = {"n": sampling.n, "max_tokens": sampling.max_new_tokens,
+                  "stop_token_ids": list(sampling.eos_token_ids), "detokenize": False,
+                  "logprobs": 0 if want_log_probs else None, "repetition_penalty": 1.0}
+        if sampling.greedy:
+            common.update(temperature=0.0)
+        else:
+            common.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                          top_k=sampling.top_k if sampling.top_k > 0 else 0)
+        return [SamplingParams(seed=s, **common) for s in request_seeds(seed, prompts, sampling.n)]
+
+    # -- weights and memory -------------------------------------------------------------------------------------
+
+    def release_memory(self) -> None:
+        """Sleep during the update where the device has a sleep mode; else keep everything (said once)."""
+        if self.facts.sleep_level > 0:
+            if not self.sleeping:
+                self.llm.sleep(level=self.facts.sleep_level)
+                self.sleeping = True
+            return
+        if self.rank == 0 and not VLLMRolloutEngine._noted_no_sleep:
+            VLLMRolloutEngine._noted_no_sleep = True
+            print("accel-grpo: note: rollout.engine=vllm keeps its weights and KV cache in memory during updates "
+                  "(vLLM has no sleep mode on this device)", file=sys.stderr, flush=True)
+
+    def _wake_fully(self) -> None:
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Wake the weights (never push into sleeping memory), push, reset the prefix cache, wake the KV cache."""
+        if self.sleeping:
+            self.llm.wake_up(tags=["weights"])
+        checked = CheckedWeights(weights, self.expected)
+        try:
+            if self.facts.weight_reload == "reload_weights":
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(checked)})
+            else:
+                self.llm.collective_rpc(_load_into_model, args=(iter(checked),))
+        except RolloutEngineError:
+            raise
+        except Exception as exc:
+            raise RolloutEngineError(f"rollout engine 'vllm' failed to take weight {checked.last!r}: "
+                                     f"{type(exc).__name__}: {exc}") from exc
+        missing = checked.missing()
+        if missing:
+            raise RolloutEngineError(f"rollout engine 'vllm' received no weight for {', '.join(missing[:3])}"
+                                     f"{' and others' if len(missing) > 3 else ''}: its copy would be part old, "
+                                     "part new")
+        self.llm.reset_prefix_cache()
+        if self.sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping = False
+
+
+def _shared_memory() -> set[str]:
+    """vLLM's CPU collectives' shared-memory segments. A multi-rank group creates them under a name that does not
+    change from one job to the next when an external launcher starts vLLM, and they outlive the job: the next one
+    then fails (``create shm in SHMManager failed. errno: 17``). A tensor-parallel engine removes them before it
+    is built (two jobs on one host could not share them anyway)."""
+    import glob
+
+    return set(glob.glob("/dev/shm/*cpushm*"))
+
+
+def _remove(paths: set[str]) -> None:
+    for path in paths:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+
+
+def _load_into_model(worker, weights) -> None:
+    """Run on a vLLM worker: the model's own ``load_weights`` (where the worker has no ``reload_weights``)."""
+    worker.model_runner.get_model().load_weights(weights=weights)
+
+
+def _build_llm(arguments: dict):
+    try:
+        from vllm import LLM
+    except ImportError as exc:
+        raise RolloutEngineError(f"{missing_vllm_message('vllm')} ({exc})") from None
+    return LLM(**arguments)
+
+
+def responses_from(outputs, sampling: SamplingConfig) -> Responses:
+    """vLLM's ``RequestOutput``s (one per prompt, ``n`` completions each) as right-padded ``Responses``."""
+    rows = [completion for output in outputs for completion in sorted(output.outputs, key=lambda c: c.index)]
+    width = max([len(c.token_ids) for c in rows] + [1])
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    want_log_probs = sampling.log_probs and not sampling.greedy
+    log_probs = torch.zeros(len(rows), width) if want_log_probs else None
+    for row, completion in enumerate(rows):
+        tokens = list(completion.token_ids)
+        ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, :len(tokens)] = 1
+        if log_probs is not None:
+            log_probs[row, :len(tokens)] = torch.tensor(
+                [completion.logprobs[t][token].logprob for t, token in enumerate(tokens)])
+    return Responses(token_ids=ids, mask=mask, tokens_computed=int(mask.sum()), log_probs=log_probs)

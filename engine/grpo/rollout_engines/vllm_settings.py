@@ -1,0 +1,112 @@
+"""``rollout.vllm.*``: the settings of ``rollout.engine=vllm`` and their checks, without importing vLLM.
+
+The config check runs in the launching process before any worker starts: a missing vLLM is named there with the
+package this device needs (the backend's ``inference_engine_facts().package``), and so are a tensor-parallel
+size that does not divide the ranks, a context shorter than the longest sequence, an architecture vLLM cannot
+load and ``LLM(...)`` arguments that the engine sets itself.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+from pathlib import Path
+
+DTYPES = ("float32", "bfloat16", "float16")
+# LLM(...) arguments the engine sets itself: passing them through would break the colocation or the sampling.
+MANAGED_ARGS = {
+    "model": "model.path", "tokenizer": "model.path", "skip_tokenizer_init": None,
+    "distributed_executor_backend": None, "tensor_parallel_size": "rollout.vllm.tensor_parallel_size",
+    "dtype": "rollout.vllm.dtype", "max_model_len": "rollout.vllm.max_model_len",
+    "enforce_eager": "rollout.vllm.enforce_eager", "gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
+    "seed": "train.seed", "logprobs_mode": None, "generation_config": None, "enable_sleep_mode": None,
+    "load_format": None,
+}
+
+
+@dataclasses.dataclass
+class VLLMConfig:
+    tensor_parallel_size: int = 1  # consecutive ranks share one engine (and their prompts); must divide the ranks
+    gpu_memory_utilization: float = 0.3  # the device share vLLM may take (weights + KV cache), where sized by share
+    kv_cache_gib: float | None = None  # the KV cache in GiB where the device sizes it so (the CPU); null: as set
+    max_model_len: int | None = None  # null: the longest prompt allowed + rollout.max_new_tokens
+    enforce_eager: bool = True  # no graph capture or compilation: starts in seconds; false on GPUs for speed
+    dtype: str | None = None  # null: the dtype the trainer computes in (its weights are pushed in that dtype)
+    llm_args: dict = dataclasses.field(default_factory=dict)  # other LLM(...) arguments, passed as they are
+
+
+def vllm_installed() -> bool:
+    return importlib.util.find_spec("vllm") is not None
+
+
+def missing_vllm_message(package: str) -> str:
+    return (f"rollout.engine=vllm needs vLLM, which is not installed in this Python: install {package}, or choose "
+            "rollout.engine=hf-continuous")
+
+
+def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int | None) -> list[str]:
+    """Problems with ``rollout.vllm.*`` (types included), as sentences. ``longest_sequence``: the prompt limit +
+    ``rollout.max_new_tokens`` when the prompt limit is known before any data is read."""
+    problems = []
+    tp = settings.tensor_parallel_size
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        problems.append(f"rollout.vllm.tensor_parallel_size must be a positive integer, got {tp!r}")
+    elif world_size % tp:
+        problems.append(f"rollout.vllm.tensor_parallel_size={tp} does not divide the {world_size} ranks: each "
+                        f"engine spans {tp} consecutive ranks; choose a divisor of {world_size} or change nproc")
+    share = settings.gpu_memory_utilization
+    if not isinstance(share, (int, float)) or not 0 < share <= 1:
+        problems.append(f"rollout.vllm.gpu_memory_utilization must be in (0, 1], got {share!r}")
+    if settings.kv_cache_gib is not None and not settings.kv_cache_gib > 0:
+        problems.append(f"rollout.vllm.kv_cache_gib must be > 0 or null, got {settings.kv_cache_gib!r}")
+    length = settings.max_model_len
+    if length is not None:
+        if not isinstance(length, int) or length < 1:
+            problems.append(f"rollout.vllm.max_model_len must be a positive integer or null, got {length!r}")
+        elif longest_sequence is not None and length < longest_sequence:
+            problems.append(f"rollout.vllm.max_model_len={length} is shorter than the longest sequence, "
+                            f"{longest_sequence} tokens (prompt limit + rollout.max_new_tokens): raise it to at "
+                            f"least {longest_sequence} or leave it null")
+    if settings.dtype is not None and settings.dtype not in DTYPES:
+        problems.append(f"rollout.vllm.dtype must be one of {', '.join(DTYPES)} or null (the trainer's compute "
+                        f"dtype), got {settings.dtype!r}")
+    if not isinstance(settings.enforce_eager, bool):
+        problems.append(f"rollout.vllm.enforce_eager must be true or false, got {settings.enforce_eager!r}")
+    if not isinstance(settings.llm_args, dict):
+        problems.append(f"rollout.vllm.llm_args must be a mapping of LLM(...) arguments, got {settings.llm_args!r}")
+    else:
+        for key in sorted(set(settings.llm_args) & set(MANAGED_ARGS)):
+            instead = MANAGED_ARGS[key]
+            problems.append(f"rollout.vllm.llm_args.{key} is set by the engine itself"
+                            + (f": use {instead}" if instead else ": remove it"))
+    return problems
+
+
+def check_architecture(model_path: str) -> list[str]:
+    """A model directory whose architecture this vLLM cannot load (vLLM imported: call only when installed)."""
+    config_file = Path(model_path) / "config.json"
+    if not config_file.is_file():
+        return []  # check_model_dir says so
+    try:
+        architectures = json.loads(config_file.read_text()).get("architectures") or []
+    except json.JSONDecodeError:
+        return []
+    from vllm import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    if architectures and not set(architectures) & supported:
+        return [f"model.path {model_path}: vLLM cannot load architecture {', '.join(architectures)} (not among the "
+                f"{len(supported)} it supports): choose rollout.engine=hf-continuous for this model"]
+    return []
+
+
+def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) -> list[str]:
+    """Everything wrong with ``rollout.engine=vllm`` for ``config`` (a ``GRPOConfig``), before any worker starts.
+    ``facts``: the backend's ``inference_engine_facts()`` (for the package to name)."""
+    problems = check_settings(config.rollout.vllm, world_size, longest_sequence)
+    if not vllm_installed():
+        return [missing_vllm_message(facts.package)] + problems
+    if not problems and config.model.path and not str(config.model.path).startswith("builtin:"):
+        problems += check_architecture(config.model.path)
+    return problems

@@ -1,0 +1,265 @@
+"""rollout.engine=vllm for real (the vLLM leg, ci/test-vllm.sh: vLLM's CPU build): two gloo ranks, each with its
+FSDP2 policy and its own vLLM engine in the same process.
+
+One spawn checks, on a tiny Qwen2.5-like model directory: greedy responses of vllm against hf on the same prompts;
+sampled log-probs against the trainer's (temperature 0.7, top-k, top-p); the engine's log-probs of fixed token
+sequences equal to the trainer's before an update, stale after an update with a large learning rate, equal again
+after the weight push (and different from before it, so the check can fail); the same with a LoRA policy (merged
+adapters pushed); the sleep / wake / push order with the real engine wrapped in a recorder (the CPU has no sleep
+mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with rollout.engine=vllm (FSDP2, LoRA).
+Skipped where vLLM is not importable (the main leg).
+"""
+
+import importlib.util
+import json
+import os
+
+import pytest
+from conftest import REPO, run_python
+from distributed import run_ranks
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow,
+              pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("ACCEL_EXPECT_VLLM"),
+                                 reason="needs vLLM (the vLLM leg: bash ci/test-vllm.sh)")]
+
+HIDDEN = 128  # vLLM's CPU attention has kernels for head sizes 32 and up: hidden 128 / 4 heads
+ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from engine.grpo.fixture import make_tiny_model
+
+    # No EOS boost: greedy decoding would otherwise end every response at its first token.
+    return make_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=HIDDEN, layers=2, eos_bias=0.0)
+
+
+def _engine_log_probs(llm, batch):
+    """vLLM's log-probs of each response token of ``batch`` as a fixed sequence (prompt log-probs, temperature 1)."""
+    import torch
+    from vllm import SamplingParams
+
+    rows, width, start = len(batch), batch.response_ids.size(1), batch.prompt_length
+    result = torch.zeros(rows, width)
+    sequences = [batch.input_ids[row][batch.attention_mask[row].bool()].tolist() for row in range(rows)]
+    outputs = llm.generate([{"prompt_token_ids": s} for s in sequences],
+                           SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False),
+                           use_tqdm=False)
+    for row, output in enumerate(outputs):
+        prompt_length = int(batch.attention_mask[row, :start].sum())
+        for t in range(int(batch.response_mask[row].sum())):
+            token = sequences[row][prompt_length + t]
+            result[row, t] = output.prompt_logprobs[prompt_length + t][token].logprob
+    return result
+
+
+def _trainer_log_probs(policy, batch, temperature=1.0, top_k=0, top_p=1.0):
+    import torch
+
+    from engine.grpo.logprobs import response_log_probs
+
+    with policy.eval_mode(), torch.no_grad():
+        return response_log_probs(policy.module, batch.input_ids, batch.attention_mask, batch.prompt_length,
+                                  temperature, top_k=top_k, top_p=top_p).float().cpu()
+
+
+def _largest_gap(a, b, mask):
+    return float(((a - b).abs() * mask).max())
+
+
+def _big_update(policy, batch):
+    """One optimizer step that raises the log-probs of ``batch``'s responses (large learning rate)."""
+    from engine.grpo.logprobs import response_log_probs
+
+    mask = batch.response_mask.float()
+
+    def step(module, _):
+        log_probs = response_log_probs(module, batch.input_ids, batch.attention_mask, batch.prompt_length, 1.0)
+        return -(log_probs * mask).sum() / mask.sum()
+
+    with policy.train_mode():
+        policy.forward_backward_batch([None], step)
+        policy.optimizer_step()
+
+
+class Recorder:
+    """Wraps the real vllm.LLM: records sleep / wake_up (which the CPU build lacks) and forwards everything else."""
+
+    def __init__(self, llm):
+        self.llm, self.calls = llm, []
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags=None):
+        self.calls.append(("wake_up", tuple(tags) if tags else None))
+
+    def collective_rpc(self, method, *args, **kwargs):
+        self.calls.append(("push", method))
+        return self.llm.collective_rpc(method, *args, **kwargs)
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+        return self.llm.reset_prefix_cache()
+
+    def generate(self, *args, **kwargs):
+        self.calls.append(("generate",))
+        return self.llm.generate(*args, **kwargs)
+
+
+def _checks(rank, model_dir):
+    import dataclasses
+    import time
+
+    import torch
+    from transformers import AutoTokenizer
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.grpo.config import RolloutConfig
+    from engine.grpo.rollout import eos_token_ids, rollout, sync_weights
+    from engine.grpo.rollout_engines import RolloutContext, RolloutEngineError, SamplingConfig, create_rollout_engine
+
+    out = {}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9))
+    config = RolloutConfig(engine="vllm")
+    context = RolloutContext(policy, tokenizer, str(model_dir), config, max_sequence_tokens=96)
+    started = time.perf_counter()
+    vllm = create_rollout_engine("vllm", context)
+    out["build_s"] = time.perf_counter() - started
+    hf = create_rollout_engine("hf", context)
+    started = time.perf_counter()
+    sync_weights(policy, vllm)
+    out["sync_s"] = time.perf_counter() - started
+    eos = tuple(eos_token_ids(policy.module, tokenizer))
+    prompts = [f"how many apples does {name} have {rank}" for name in ("Tom", "Maria", "Sam", "Ana")]
+
+    greedy = SamplingConfig(n=1, max_new_tokens=24, eos_token_ids=eos, temperature=0.0)
+    with policy.eval_mode():
+        by_vllm = rollout(vllm, tokenizer, prompts, greedy)
+        by_hf = rollout(hf, tokenizer, prompts, greedy)
+    out["greedy_equal"] = [a == b for a, b in zip(by_vllm.responses, by_hf.responses, strict=True)]
+    out["greedy_tokens"] = int(by_vllm.response_mask.sum())
+
+    sampled = SamplingConfig(n=4, max_new_tokens=24, eos_token_ids=eos, temperature=0.7, top_k=20, top_p=0.8,
+                             log_probs=True)
+    torch.manual_seed(1234 + rank)
+    batch = rollout(vllm, tokenizer, prompts, sampled)
+    torch.manual_seed(1234 + rank)
+    again = rollout(vllm, tokenizer, prompts, sampled)
+    out["same_seed_same_tokens"] = torch.equal(batch.input_ids, again.input_ids)
+    mask = batch.response_mask.float()
+    trainer = _trainer_log_probs(policy, batch, 0.7, top_k=20, top_p=0.8)
+    out["sampled_gap"] = _largest_gap(batch.sampling_log_probs, trainer, mask)
+
+    # More prompt tokens than one engine step schedules (4096): no prompt is cut over two steps on the CPU, where a
+    # seeded request's generator cannot rewind ("CPU Generator does not use offset").
+    many = SamplingConfig(n=4, max_new_tokens=4, eos_token_ids=eos, temperature=1.0)
+    out["many_rows"] = len(rollout(vllm, tokenizer, [" ".join(prompts)] * 64, many))  # ~10k prompt tokens
+
+    # Fixed sequences: the engine's and the trainer's log-probs before, during (stale) and after the push.
+    engine_before = _engine_log_probs(vllm.llm, batch)
+    trainer_before = _trainer_log_probs(policy, batch)
+    out["before_gap"] = _largest_gap(engine_before, trainer_before, mask)
+    _big_update(policy, batch)
+    trainer_after = _trainer_log_probs(policy, batch)
+    out["stale_gap"] = _largest_gap(_engine_log_probs(vllm.llm, batch), trainer_after, mask)
+    started = time.perf_counter()
+    sync_weights(policy, vllm)
+    out["sync_after_update_s"] = time.perf_counter() - started
+    engine_after = _engine_log_probs(vllm.llm, batch)
+    out["after_gap"] = _largest_gap(engine_after, trainer_after, mask)
+    out["moved"] = _largest_gap(engine_after, engine_before, mask)
+
+    # LoRA: the merged adapters arrive under the plain names.
+    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
+    _big_update(lora, batch)
+    lora_log_probs = _trainer_log_probs(lora, batch)
+    sync_weights(lora, vllm)
+    out["lora_gap"] = _largest_gap(_engine_log_probs(vllm.llm, batch), lora_log_probs, mask)
+    out["lora_moved"] = _largest_gap(lora_log_probs, trainer_after, mask)
+
+    # The hand-over order, as on a device with a sleep mode: the real engine behind a recorder.
+    real = vllm.llm
+    vllm.llm, vllm.facts = Recorder(real), dataclasses.replace(vllm.facts, sleep_level=1)
+    vllm.release_memory()
+    sync_weights(policy, vllm)
+    with policy.eval_mode():
+        rollout(vllm, tokenizer, prompts, greedy)
+    out["order"] = vllm.llm.calls
+    out["after_order_gap"] = _largest_gap(_engine_log_probs(real, batch), trainer_after, mask)
+    vllm.llm, vllm.facts = real, dataclasses.replace(vllm.facts, sleep_level=0)
+
+    bad = [(name, tensor.clone()) for name, tensor in policy.iter_full_weights()]  # each valid until the next
+    bad[-1] = (bad[-1][0], torch.zeros(3, 3))
+    out["bad_name"] = bad[-1][0]
+    try:
+        vllm.load_weights(iter(bad))
+    except RolloutEngineError as exc:
+        out["bad_tensor"] = str(exc)
+    return out
+
+
+def test_vllm_engine_on_two_ranks(model_dir):
+    outs = run_ranks(_checks, model_dir, env=ENV, timeout=400)
+    for out in outs:
+        assert all(out["greedy_equal"]), out["greedy_equal"]  # vllm and hf decode the same greedy responses
+        assert out["greedy_tokens"] > 8
+        assert out["same_seed_same_tokens"]
+        assert out["many_rows"] == 256
+        assert out["sampled_gap"] < 1e-4, out  # temperature 0.7, top-k 20, top-p 0.8
+        assert out["before_gap"] < 1e-4, out
+        assert out["stale_gap"] > 0.05, out  # the update moved the policy; the engine has not seen it yet
+        assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
+        assert out["lora_gap"] < 1e-4 and out["lora_moved"] > 0.05, out
+        assert out["after_order_gap"] < 1e-4, out
+        assert out["order"] == [("sleep", 1), ("wake_up", ("weights",)), ("push", "reload_weights"),
+                                ("reset_prefix_cache",), ("wake_up", ("kv_cache",)), ("generate",)], out["order"]
+        assert f"cannot take weight '{out['bad_name']}' of shape (3, 3): the engine's model has shape" in \
+            out["bad_tensor"], out
+    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "sync_after_update_s")})
+
+
+SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
+         "run.progress=false", "rollout.engine=vllm", "data.max_prompt_tokens=64"]
+
+
+@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4"], ["rollout.vllm.tensor_parallel_size=2"]],
+                         ids=["fsdp2", "lora-fsdp2", "tensor-parallel-2"])
+def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
+                            for i in range(16)))
+    env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
+    result = run_python(["-m", "engine.grpo.cli", *SMALL, *variant, f"model.path={model_dir}", "data.task=gsm8k",
+                         f"data.path={data}", "train.steps=3", f"run.output_dir={tmp_path}", "run.name=vllm"],
+                        env=env, timeout=400)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "vllm" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    for row in rows:
+        assert row["rollout/weight_sync_s"] > 0
+        assert row["rollout/logprob_diff_max"] < 1e-3, row  # the engine samples the trainer's policy
+        assert 0.99 < row["rollout/is_ratio_min"] <= row["rollout/is_ratio_max"] < 1.01, row
+        assert row["rollout/is_masked_frac"] == 0.0
+        assert row["response_length"] > 0
+    assert "keeps its weights and KV cache in memory during updates" in result.stderr
+
+
+def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, model_dir):
+    import shutil
+
+    from engine.grpo.config import build_config, check
+
+    other = tmp_path / "model"
+    shutil.copytree(model_dir, other)
+    config_file = other / "config.json"
+    config_file.write_text(config_file.read_text().replace('"Qwen2ForCausalLM"', '"NoSuchModelForCausalLM"'))
+    config = build_config(None, None, ["rollout.engine=vllm", f"model.path={other}", "data.task=gsm8k",
+                                       f"data.path={config_file}", "data.reward=x:y"])
+    (problem,) = [p for p in check(config, 2) if "vLLM cannot load" in p]
+    assert problem.startswith(f"model.path {other}: vLLM cannot load architecture NoSuchModelForCausalLM (not "
+                              "among the ")
+    assert problem.endswith("choose rollout.engine=hf-continuous for this model")
+    assert not [p for p in check(build_config(None, None, ["rollout.engine=vllm", f"model.path={model_dir}"]), 2)
+                if "vLLM" in p]
