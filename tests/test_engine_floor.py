@@ -1,8 +1,8 @@
 """The engine at the floor, counted on 2 real ranks (counts and orders, never times).
 
-One spawn per FSDP version checks: mode switches that walk no submodule, one all-gather per sharded unit per
-``generate`` call, the memory-aware gradient-sync decision, step-only optimizer onload, non-blocking timed moves
-and a peak-memory figure that covers a whole update.
+One spawn per FSDP version (a module fixture; each test asserts one part of its reports) checks: mode switches that
+walk no submodule, one all-gather per sharded unit per ``generate`` call, the memory-aware gradient-sync decision,
+step-only optimizer onload, non-blocking timed moves and a peak-memory figure that covers a whole update.
 """
 
 import pytest
@@ -254,13 +254,33 @@ def _assert_update_peak(log):
         assert any(e == ("memory_stats",) for e in update[last_copy:]), "the step's peak is read after its moves"
 
 
-def test_fsdp2_engine_at_the_floor():
-    results = run_ranks(_fsdp2_checks)
-    for rank, result in enumerate(results):
-        _assert_generate(result["generate"])
-        _assert_generate(result["generate_lora"])
+@pytest.fixture(scope="module")
+def fsdp2_results():
+    """Both ranks' reports of the one FSDP2 spawn; each test below checks one part of them."""
+    return run_ranks(_fsdp2_checks)
+
+
+@pytest.fixture(scope="module")
+def fsdp1_results():
+    """Both ranks' reports of the one FSDP1 spawn."""
+    return run_ranks(_fsdp1_checks)
+
+
+@pytest.mark.parametrize("fsdp_version", [2, 1])
+@pytest.mark.parametrize("part", ["generate", "generate_lora"])
+def test_generate_gathers_each_unit_once_per_call(request, fsdp_version, part):
+    for result in request.getfixturevalue(f"fsdp{fsdp_version}_results"):
+        _assert_generate(result[part])
+
+
+@pytest.mark.parametrize("fsdp_version", [2, 1])
+def test_mode_switches_walk_no_submodule(request, fsdp_version):
+    for result in request.getfixturevalue(f"fsdp{fsdp_version}_results"):
         _assert_mode_switch(result["mode_switch"])
 
+
+def test_fsdp2_gradient_sync_decision_fits_the_free_memory(fsdp2_results):
+    for rank, result in enumerate(fsdp2_results):
         sync = result["grad_sync"]
         units = sync["roomy"]["units"]
         assert sync["roomy"]["mode"] == "deferred" and sync["roomy"]["reduce_scatter"] == units
@@ -276,6 +296,9 @@ def test_fsdp2_engine_at_the_floor():
                   ("WARNING", "gradient sync: every_micro_batch"), ("INFO", "gradient sync: deferred")]
         assert sync["log"] == (logged if rank == 0 else []), "once per engine, on rank 0 only"
 
+
+def test_fsdp2_optimizer_onload_is_step_only_with_timed_non_blocking_moves(fsdp2_results):
+    for result in fsdp2_results:
         onload = result["step_onload"]
         assert {r for o, r in onload["residency"] if o == "step"} == {"cpu"}
         assert {r for o, r in onload["residency"] if o == "mode"} == {"device"}
@@ -293,10 +316,3 @@ def test_fsdp2_engine_at_the_floor():
             assert log.count(("synchronize",)) == len(entry["moves"]), "one synchronisation per move"
             _assert_update_peak(log)
             assert entry["peak"] > 0
-
-
-def test_fsdp1_engine_at_the_floor():
-    for result in run_ranks(_fsdp1_checks):
-        _assert_generate(result["generate"])
-        _assert_generate(result["generate_lora"])
-        _assert_mode_switch(result["mode_switch"])

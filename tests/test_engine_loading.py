@@ -130,21 +130,39 @@ def _checks_fail(rank, model_dir):
     return outcome
 
 
-def test_rank0_loading_trains_like_every_rank_loading(tmp_path):
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    """Both ranks' reports of the one 2-rank spawn; each test below checks one property of them."""
     from tiny import tiny_qwen2
 
-    tiny_qwen2().save_pretrained(tmp_path / "model")
-    reports = run_ranks(_loading, str(tmp_path / "model"))
-    for rank, report in enumerate(reports):
+    model_dir = tmp_path_factory.mktemp("loading") / "model"
+    tiny_qwen2().save_pretrained(model_dir)
+    return run_ranks(_loading, str(model_dir))
+
+
+def test_every_engine_kind_loads_on_rank0(reports):
+    for report in reports:
         for name in ("fsdp2_path", "fsdp2_lora_factory", "fsdp1_tied_factory", "fsdp1_lora_path"):
             assert report[name]["loaded_on_rank0"] is True
         assert report["fsdp1_tied_factory:tied"] is True
-        # The factory ran once per rank: for real on rank 0, on the meta device elsewhere.
+
+
+def test_the_factory_runs_for_real_on_rank0_and_on_the_meta_device_elsewhere(reports):
+    # The factory ran once per rank: for real on rank 0, on the meta device elsewhere.
+    for rank, report in enumerate(reports):
         want = ["cpu"] if rank == 0 else ["meta"]
         assert report["fsdp2_lora_factory"]["factory_devices"] == want
         assert report["fsdp1_tied_factory"]["factory_devices"] == want
+
+
+def test_a_factory_refusing_the_meta_device_is_built_in_full_with_a_warning_and_trains_the_same(reports):
+    for rank, report in enumerate(reports):
         assert report["pretrained_factory_warned"] is (rank == 1)
         assert report["pretrained_factory_losses"] == report["path_losses"]
+
+
+def test_rank0_loading_failures_are_explained(reports):
+    for report in reports:
         assert "rank-0 loading failed" in report["missed_element"]
         assert "ranks built different model weights" in report["different_weights"]
         assert "a layout this test made up" in report["layout_problem"]

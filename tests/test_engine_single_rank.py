@@ -7,6 +7,8 @@ from distributed import run_ranks
 from engine_checks import assert_grads_close, full_grads, full_params
 from tiny import make_micro_batches, reference_grads, tiny_qwen2, token_loss
 
+pytestmark = pytest.mark.slow
+
 
 def _train(engine, steps=2):
     for step in range(steps):
@@ -57,21 +59,39 @@ def _load_sharded(rank, checkpoint_dir):
     return {"version": engine.fsdp_version, "step": engine.global_step, "params": loaded}
 
 
-@pytest.mark.slow
-def test_one_rank_runs_unwrapped_and_matches_the_wrapped_model(tmp_path):
-    report = run_ranks(_one_rank, str(tmp_path / "ckpt"), world_size=1)[0]
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """The 1-rank spawn's report and the checkpoint it wrote; each test below checks one property of them."""
+    checkpoint_dir = tmp_path_factory.mktemp("single-rank") / "ckpt"
+    return run_ranks(_one_rank, str(checkpoint_dir), world_size=1)[0], checkpoint_dir
+
+
+def test_one_rank_runs_unwrapped(one_rank):
+    report, _ = one_rank
     assert report["versions"] == [0, 2, 0, 2]  # bf16 compute keeps FSDP, which does the casting
     assert report["units"] == 0 and report["fsdp_modules"][0] == 0 and report["fsdp_modules"][1] > 0
     assert report["fsdp_modules"][2] > 0
+
+
+def test_one_rank_gradients_match_the_reference(one_rank):
+    report, _ = one_rank
     want = reference_grads([make_micro_batches(0, 3)])
     for grads in report["grads"].values():
         assert_grads_close(grads, want)
+
+
+def test_one_rank_trains_offloads_and_generates_as_the_wrapped_model(one_rank):
+    report, _ = one_rank
     for name in ("wrapped", "offloaded"):
         assert_grads_close(report["params"]["plain"], report["params"][name], atol=1e-6, rtol=1e-5)
     assert report["offloaded_residency"] == {"params": "cpu", "optimizer": "cpu"}
     assert report["generated"][0] == report["generated"][1]
+
+
+def test_a_checkpoint_of_the_unwrapped_model_loads_sharded_and_training_goes_on(one_rank):
     # A checkpoint of the unwrapped model loads into a sharded one (2 ranks, FSDP2) and training goes on.
-    loaded = run_ranks(_load_sharded, str(tmp_path / "ckpt"))
+    report, checkpoint_dir = one_rank
+    loaded = run_ranks(_load_sharded, str(checkpoint_dir))
     assert [r["version"] for r in loaded] == [2, 2] and [r["step"] for r in loaded] == [3, 3]
     for r in loaded:
         assert_grads_close(r["params"], report["params"]["plain"], atol=0, rtol=0)

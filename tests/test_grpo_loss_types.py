@@ -1,7 +1,8 @@
 """The loss types in the trainer on 2 real gloo ranks (built-in model, echo prompts): each recipe's loss over the
 global batch equals its formula, every loss type trains with ppo_epochs=2 (old log-probs computed and used), DAPO
 dynamic sampling refills the batch when all of one rank's first groups are filtered (no hang), the batch-wide
-reward std, the entropy bonus and masked truncated responses. One spawn runs all the checks."""
+reward std, the entropy bonus and masked truncated responses. One spawn (a module fixture) runs all the checks;
+each test asserts one property of its results, so that one failure does not hide the others."""
 
 import math
 
@@ -113,9 +114,14 @@ def _checks(rank, tmp):
     return out
 
 
-def test_loss_types_on_two_ranks(tmp_path):
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    """Both ranks' results of the one spawn; each test below checks one property of them."""
     flat = str(PROMPTS_PER_RANK * N)  # rank 1's first draw: every response 0.0
-    results = run_ranks(_checks, str(tmp_path), env={"GRPO_FLAT_CALLS": flat})
+    return run_ranks(_checks, str(tmp_path_factory.mktemp("loss-types")), env={"GRPO_FLAT_CALLS": flat})
+
+
+def test_dynamic_sampling_refills_the_batch_when_one_rank_filters_every_group(results):
     for rank, out in enumerate(results):
         sampling = out["sampling"]
         assert sampling["sampling/draws"] == 2.0, (rank, sampling)  # both ranks drew twice: rank 1 had to
@@ -123,24 +129,44 @@ def test_loss_types_on_two_ranks(tmp_path):
         assert out["rows"] == 2 * PROMPTS_PER_RANK * N and out["has_signal"]
         if rank == 1:
             assert sampling["sampling/groups_filtered"] >= PROMPTS_PER_RANK, sampling
+
+
+def test_each_recipes_global_loss_equals_its_formula(results):
+    for out in results:
         for loss_type, got in out["pg_loss"].items():
             assert len(got) == 2, got  # 16 sequences, 8 per update
             assert got == pytest.approx(out["pg_loss_expected"][loss_type], rel=1e-4, abs=1e-5), (loss_type, out)
-        steps = out["steps"]
-        for loss_type in LOSS_TYPES:
-            step = steps[loss_type]
-            assert step["old_used"] and step["updates"] == 4.0, (loss_type, step)  # 2 epochs x 2 mini-batches
-            for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy"):
-                assert math.isfinite(step[key]), (loss_type, key, step)
-            assert step["approx_kl"] != 0.0, (loss_type, step)  # the second epoch sees a changed policy
-            bonus = 0.05 * step["entropy"] if loss_type == "cispo" else 0.0  # token-mean: the metric's mean
-            assert step["loss"] == pytest.approx(step["pg_loss"] + 0.01 * step["kl"] - bonus, rel=1e-4, abs=1e-6)
-        assert steps["gspo"]["clip_frac"] > 0  # its clip range is 3e-4 / 4e-4
-        masked = steps["dapo-masked"]
+    assert results[0]["pg_loss"] == results[1]["pg_loss"]
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_loss_type_trains_two_epochs_on_the_old_log_probs(results, loss_type):
+    for out in results:
+        step = out["steps"][loss_type]
+        assert step["old_used"] and step["updates"] == 4.0, (loss_type, step)  # 2 epochs x 2 mini-batches
+        for key in ("loss", "pg_loss", "kl", "grad_norm", "entropy"):
+            assert math.isfinite(step[key]), (loss_type, key, step)
+        assert step["approx_kl"] != 0.0, (loss_type, step)  # the second epoch sees a changed policy
+        bonus = 0.05 * step["entropy"] if loss_type == "cispo" else 0.0  # token-mean: the metric's mean
+        assert step["loss"] == pytest.approx(step["pg_loss"] + 0.01 * step["kl"] - bonus, rel=1e-4, abs=1e-6)
+
+
+def test_gspo_clips(results):
+    for out in results:
+        assert out["steps"]["gspo"]["clip_frac"] > 0  # its clip range is 3e-4 / 4e-4
+
+
+def test_truncated_responses_are_masked(results):
+    for out in results:
+        masked = out["steps"]["dapo-masked"]
         assert masked["truncated_tokens_left"] == 0 and masked["other_tokens_kept"] and masked["updates"] == 4.0
         if masked["all_truncated"]:  # the tiny model rarely ends before 4 tokens: nothing to learn, no error
             assert masked["loss"] == 0.0 and masked["grad_norm"] == 0.0, masked
-        # scale_rewards=batch: centred per group, divided by the std of every reward of both ranks
+
+
+def test_batch_reward_scaling_divides_by_the_std_of_both_ranks_rewards(results):
+    # scale_rewards=batch: centred per group, divided by the std of every reward of both ranks
+    for out in results:
         pairs = out["steps"]["dr_grpo"]["reward_advantage"]
         rewards = [reward for reward, _ in pairs]
         mean = sum(rewards) / len(rewards)
@@ -149,4 +175,3 @@ def test_loss_types_on_two_ranks(tmp_path):
             group = rewards[start:start + N]
             for reward, advantage in pairs[start:start + N]:
                 assert advantage == pytest.approx((reward - sum(group) / N) / (std + 1e-6), abs=1e-5)
-    assert results[0]["pg_loss"] == results[1]["pg_loss"]

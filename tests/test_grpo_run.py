@@ -23,26 +23,56 @@ def metrics(tmp_path, name):
     return [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_fsdp2_run_writes_metrics_and_checkpoints_and_resumes_identically(tmp_path):
-    two_updates = "train.prompts_per_update=2"  # 2 of the 4 prompts (8 sequences) per update: two optimizer steps
-    straight = grpo(tmp_path, "train.steps=4", "run.save_every=2", "run.name=straight", two_updates)
-    assert straight.returncode == 0, straight.stderr[-3000:]
-    assert "metrics:" in straight.stdout and "curves:" in straight.stdout
-    rows = metrics(tmp_path, "straight")
+TWO_UPDATES = "train.prompts_per_update=2"  # 2 of the 4 prompts (8 sequences) per update: two optimizer steps
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """A 4-step fsdp2 run saving every 2 steps: its output directory, its stdout and its metrics rows."""
+    tmp_path = tmp_path_factory.mktemp("grpo-run")
+    result = grpo(tmp_path, "train.steps=4", "run.save_every=2", "run.name=straight", TWO_UPDATES)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp_path, result.stdout, metrics(tmp_path, "straight")
+
+
+@pytest.fixture(scope="module")
+def resumed(straight):
+    """The same run stopped after 2 steps and resumed to 4: its metrics rows."""
+    tmp_path = straight[0]
+    first = grpo(tmp_path, "train.steps=2", "run.name=resumed", TWO_UPDATES)
+    assert first.returncode == 0, first.stderr[-3000:]
+    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume", TWO_UPDATES)
+    assert second.returncode == 0, second.stderr[-3000:]
+    return metrics(tmp_path, "resumed")
+
+
+def test_fsdp2_run_says_where_its_metrics_and_curves_are(straight):
+    _, stdout, _ = straight
+    assert "metrics:" in stdout and "curves:" in stdout
+
+
+def test_fsdp2_run_writes_finite_metrics_every_step(straight):
+    _, _, rows = straight
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(row["updates"] == 2.0 for row in rows)
     for row in rows:
         for key in (*COMPARED, "tokens_per_s", "step_time_s", "peak_memory_gib"):
             assert isinstance(row[key], float) and row[key] == row[key] and abs(row[key]) != float("inf"), key
+
+
+def test_fsdp2_run_draws_its_curves(straight):
+    tmp_path, _, _ = straight
     assert (tmp_path / "straight" / "curves.png").stat().st_size > 10_000
+
+
+def test_fsdp2_run_saves_checkpoints(straight):
+    tmp_path, _, _ = straight
     for step in (2, 4):
         assert (tmp_path / "straight" / "checkpoints" / f"step_{step:06d}" / "engine_meta.json").exists()
 
-    first = grpo(tmp_path, "train.steps=2", "run.name=resumed", two_updates)
-    assert first.returncode == 0, first.stderr[-3000:]
-    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume", two_updates)
-    assert second.returncode == 0, second.stderr[-3000:]
-    resumed = metrics(tmp_path, "resumed")
+
+def test_fsdp2_run_resumes_identically(straight, resumed):
+    _, _, rows = straight
     assert [r["step"] for r in resumed] == [1, 2, 3, 4]
     for got, want in zip(resumed, rows, strict=False):
         for key in COMPARED:
@@ -106,10 +136,13 @@ def test_the_cpu_demo_learns(tmp_path):
     assert "reward mean over the first 10 steps" in result.stdout
 
 
-def test_real_model_path_end_to_end(tmp_path):
-    """The fixture Qwen2.5-like model, verl parquet files, a verl-style reward, validation, both loggers, resume."""
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory):
+    """The fixture Qwen2.5-like model, verl parquet files, a verl-style reward, validation, both loggers, resume:
+    2 steps, then resumed to 3. Its run directory and metrics rows."""
     from grpo_data import QUESTIONS, fixture_model, verl_rows, write_parquet
 
+    tmp_path = tmp_path_factory.mktemp("grpo-real")
     model = fixture_model(tmp_path / "tiny-qwen")
     train = write_parquet(tmp_path / "train.parquet", verl_rows(QUESTIONS[:8]))
     val = write_parquet(tmp_path / "test.parquet", verl_rows(QUESTIONS[8:], split="test"))
@@ -123,19 +156,37 @@ def test_real_model_path_end_to_end(tmp_path):
     assert first.returncode == 0, first.stderr[-3000:]
     second = grpo(tmp_path, "train.steps=3", "--resume", *args)
     assert second.returncode == 0, second.stderr[-3000:]
-    rows = metrics(tmp_path, "real")
+    return tmp_path / "real", metrics(tmp_path, "real")
+
+
+def test_real_model_run_validates_before_every_2_steps_and_at_the_end(real_run):
+    _, rows = real_run
     assert [r["step"] for r in rows] == [0, 1, 2, 3]  # step 0: the baseline validation (run.val_before_train)
     assert [("val/accuracy" in r) for r in rows] == [True, False, True, True]  # before, every 2 steps, at the end
+
+
+def test_real_model_run_scores_its_validation_responses(real_run):
+    _, rows = real_run
     # Random responses earn no accuracy and a length penalty: the validation responses were really scored.
     validated = [r for r in rows if "val/accuracy" in r]
     assert all(r["val/accuracy"] == 0.0 and -0.5 < r["val/reward_mean"] < 0.0 for r in validated), rows
+
+
+def test_real_model_run_step_metrics(real_run):
+    _, rows = real_run
     for row in rows[1:]:
         assert 0 < row["response_length"] <= row["response_length_max"] <= 12
         assert 0.0 <= row["response_clip_frac"] < 1.0 and row["entropy"] > 0.0
         # each reward function's own mean: compute_score is 0 (no right answers), length_penalty in (-0.5, 0)
         assert row["reward/compute_score"] == 0.0 and -0.5 < row["reward/length_penalty"] < 0.0
         assert row["reward_mean"] == pytest.approx(0.5 * row["reward/length_penalty"], abs=1e-6)
-    samples = [json.loads(line) for line in (tmp_path / "real" / "samples.jsonl").read_text().splitlines()]
+    shown = [{k: round(r[k], 4) for k in ("reward_mean", "entropy", "response_length")} for r in rows[1:]]
+    print(f"fixture run: {shown}")
+
+
+def test_real_model_run_logs_samples(real_run):
+    run_dir, _ = real_run
+    samples = [json.loads(line) for line in (run_dir / "samples.jsonl").read_text().splitlines()]
     assert [s["step"] for s in samples] == [1] * 4 + [2] * 4 + [3] * 4  # run.log_samples=1: a prompt's 4 responses
     assert len({s["prompt"] for s in samples[:4]}) == 1 and set(samples[0]["rewards"]) == {"compute_score",
                                                                                        "length_penalty"}
@@ -143,13 +194,15 @@ def test_real_model_path_end_to_end(tmp_path):
         assert sample["prompt"].startswith("<|im_start|>system\n") and "<|im_start|>user\nTom has" in sample["prompt"]
         assert sample["prompt"].endswith("<|im_start|>assistant\n") and "<|im_end|>" not in sample["response"]
         assert sample["response_tokens"] < 12 or not sample["ended_by_eos"]
+
+
+def test_real_model_run_logs_to_tensorboard(real_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    events = EventAccumulator(str(tmp_path / "real" / "tensorboard"))
+    run_dir, _ = real_run
+    events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     assert {"reward_mean", "entropy", "val/accuracy", "response_clip_frac"} <= set(events.Tags()["scalars"])
     assert [e.step for e in events.Scalars("reward_mean")] == [1, 2, 3]
     assert [e.step for e in events.Scalars("val/accuracy")] == [0, 2, 3]
     assert "samples/text_summary" in events.Tags()["tensors"]
-    shown = [{k: round(r[k], 4) for k in ("reward_mean", "entropy", "response_length")} for r in rows[1:]]
-    print(f"fixture run: {shown}")

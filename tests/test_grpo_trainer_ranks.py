@@ -1,7 +1,8 @@
 """GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine (top-k and
 top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
 weights, the loss modes' gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA
-reference and the process-group timeout. One spawn runs all the checks (a spawn costs seconds of imports)."""
+reference and the process-group timeout. One spawn (a module fixture) runs all the checks, as a spawn costs seconds
+of imports; each test asserts one property of its results, so that one failure does not hide the others."""
 
 import dataclasses
 import shutil
@@ -16,6 +17,8 @@ pytestmark = pytest.mark.slow
 
 ENGINES = ("hf", "hf-continuous", "test-copy")  # the built-in engines and tests/rollout_copy_plugin.py's
 TOP_K, TOP_P = 400, 0.9  # both truncate: 400 of the 2,048 tokens at most, then the top 90% of what is left
+LOSS_AGG_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
+                  "micro-batch-token-mean")
 
 BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.prompts_per_update=2", "train.micro_batch_size=2",
         "rollout.max_new_tokens=10", "rollout.temperature=0.9", "algorithm.kl_loss_coef=0", "run.progress=false",
@@ -192,8 +195,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
 
     # -- every loss_agg mode: gradients over 2 packed micro-batches x 2 ranks equal a hand-computed global loss --
     out["agg_max_rel_diff"] = {}
-    for mode in ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
-                 "micro-batch-token-mean"):
+    for mode in LOSS_AGG_MODES:
         trainer.config.algorithm.loss_agg = mode
         with trainer.actor.train_mode():
             trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
@@ -257,40 +259,89 @@ def fixture_dirs(tmp_path_factory):
     return root, model_dir, greedy_dir, data_path
 
 
-def test_trainer_on_two_ranks(fixture_dirs):
+@pytest.fixture(scope="module")
+def outs(fixture_dirs):
+    """Every rank's results of the one spawn; each test below checks one property of them."""
     root, model_dir, greedy_dir, data_path = fixture_dirs
-    outs = run_ranks(_checks, str(root / "run"), str(model_dir), str(greedy_dir), str(data_path),
+    return run_ranks(_checks, str(root / "run"), str(model_dir), str(greedy_dir), str(data_path),
                      env={"ACCEL_BACKENDS_PLUGINS": "rollout_copy_plugin"})
-    for rank, out in enumerate(outs):
+
+
+def test_process_group_timeout_comes_from_the_config(outs):
+    for out in outs:
         assert out["timeout_s"] == 77.0
+
+
+def test_prompts_use_the_chat_template_sampling_stops_at_both_eos_ids_and_every_engine_ran(outs):
+    for out in outs:
         assert out["prompt_has_template"] and out["eos_ids"]
         assert set(out["engines"]) == set(ENGINES)
-        for name, engine in out["engines"].items():
-            # Sampled from sampling_scores (temperature, top-k, top-p), not the model's greedy / penalised config,
-            # and the trainer's log-probs are of that same distribution.
-            assert engine["on_policy_max_diff"] < 1e-4, (name, engine["on_policy_max_diff"])
-            assert engine["distinct_in_group"] >= 2, name
-            for first_eos, mask_length, width in engine["eos_ends"]:
-                assert mask_length == (first_eos + 1 if first_eos is not None else width), (name, engine)
-            assert any(first is not None for first, _, _ in engine["eos_ends"]), f"{name}: the EOS never came"
-            assert engine["tokens"] > 2 * 8, (name, "responses too short to say anything")
-        # Over both ranks and every engine, both EOS ids ended responses.
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_samples_from_the_trainers_distribution(outs, name):
+    # Sampled from sampling_scores (temperature, top-k, top-p), not the model's greedy / penalised config, and the
+    # trainer's log-probs are of that same distribution.
+    for out in outs:
+        engine = out["engines"][name]
+        assert engine["on_policy_max_diff"] < 1e-4, (name, engine["on_policy_max_diff"])
+        assert engine["distinct_in_group"] >= 2, name
+
+
+@pytest.mark.parametrize("name", ENGINES)
+def test_engine_masks_responses_after_their_first_eos(outs, name):
+    for out in outs:
+        engine = out["engines"][name]
+        for first_eos, mask_length, width in engine["eos_ends"]:
+            assert mask_length == (first_eos + 1 if first_eos is not None else width), (name, engine)
+        assert any(first is not None for first, _, _ in engine["eos_ends"]), f"{name}: the EOS never came"
+        assert engine["tokens"] > 2 * 8, (name, "responses too short to say anything")
+
+
+def test_both_eos_ids_ended_responses(outs):
+    # Over both ranks and every engine, both EOS ids ended responses.
+    for out in outs:
         assert {kind for o in outs for e in o["engines"].values() for kind in e["eos_kinds"]} == set(out["eos_ids"])
+
+
+def test_plugin_engine_copy_receives_exactly_the_trained_weights(outs):
+    for out in outs:
         copy = out["copy_engine"]
         # At the start and after each of the 2 updates: every tensor, bit for bit, and the weights did change.
         assert copy["received"] == copy["expected"] and len(copy["received"]) == 3
         first, second, third = copy["expected"]
         assert first != second and second != third and first != third  # each update changed the weights
         assert copy["own_equals_actor"]
-        # Old path: one log-prob forward per micro-batch of this rank (8 sequences over 2 ranks, 2 per micro-batch)
-        # in collect; new path: none.
+
+
+def test_reusing_the_policy_log_probs_skips_the_old_log_prob_forward(outs):
+    # Old path: one log-prob forward per micro-batch of this rank (8 sequences over 2 ranks, 2 per micro-batch) in
+    # collect; new path: none.
+    for out in outs:
         assert out["micro_batches_per_rank"] == 2
         assert out["collect_forwards_False"] == 2 and out["collect_forwards_True"] == 0, out
+
+
+def test_without_old_log_probs_the_gradients_and_loss_are_the_same(outs):
+    for out in outs:
         assert out["grad_max_diff"] < 1e-5 and out["loss_old_new"][0] == pytest.approx(out["loss_old_new"][1],
                                                                                         abs=1e-6)
-        for mode, diff in out["agg_max_rel_diff"].items():
-            assert diff < 1e-4, (rank, mode, diff)
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+def test_loss_agg_mode_gradients_equal_a_hand_computed_global_loss(outs, mode):
+    for rank, out in enumerate(outs):
+        diff = out["agg_max_rel_diff"][mode]
+        assert diff < 1e-4, (rank, mode, diff)
+
+
+def test_lora_reference_is_the_actors_base_not_a_second_copy(outs):
+    for out in outs:
         assert not out["lora_reference_engine"]
         local, full = out["base_numel_local_vs_full"]
         assert local <= full / 2 * 1.05, "more than one (sharded) copy of the base weights on a rank"
+
+
+def test_lora_reference_log_probs_are_the_base_models(outs):
+    for out in outs:
         assert out["ref_vs_base"] < 1e-5 and out["actor_vs_base"] > 1e-3, out

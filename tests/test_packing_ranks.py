@@ -1,7 +1,8 @@
 """Packed micro-batches on real gloo ranks with the GRPO trainer: the same gradients as padded ones in every loss
 mode (FSDP1, FSDP2, LoRA with a KL reference), ranks holding different numbers of sequences, a sequence that alone
 fills the token budget; the fallback for an attention that cannot take packed input; and the same updates on 1 and
-2 ranks from the same settings. One 2-rank job and one 1-rank job (a spawn costs seconds of imports)."""
+2 ranks from the same settings. One 2-rank job and one 1-rank job (module fixtures, as a spawn costs seconds of
+imports); each test asserts one property of their results, so that one failure does not hide the others."""
 
 from pathlib import Path
 
@@ -191,19 +192,38 @@ def _one_rank(rank, tmp):
     return _same_updates(_trainer(tmp, "engine.fsdp_version=2"), rank, 1)
 
 
-def test_packed_equals_padded_on_two_ranks_and_updates_do_not_depend_on_the_world_size(tmp_path):
-    two = run_ranks(_two_ranks, str(tmp_path / "two"))
-    one = run_ranks(_one_rank, str(tmp_path / "one"), world_size=1)[0]
+@pytest.fixture(scope="module")
+def two(tmp_path_factory):
+    """Both ranks' results of the 2-rank job; each test below checks one property of them."""
+    return run_ranks(_two_ranks, str(tmp_path_factory.mktemp("packing") / "two"))
+
+
+@pytest.fixture(scope="module")
+def one(tmp_path_factory):
+    """The 1-rank job's updates from the same settings."""
+    return run_ranks(_one_rank, str(tmp_path_factory.mktemp("packing") / "one"), world_size=1)[0]
+
+
+def test_the_exchange_gives_every_rank_the_whole_batch(two):
+    # The exchange: both ranks hold rank 0's 5 sequences then rank 1's 3, as the 1-rank view has them.
     whole = _local_sequences(0, world_size=1)
-    for rank, out in enumerate(two):
-        # The exchange: both ranks hold rank 0's 5 sequences then rank 1's 3, as the 1-rank view has them.
+    for out in two:
         assert out["global_lengths"] == whole["lengths"].tolist()
         for row, length in enumerate(out["global_lengths"]):
             assert out["global_tokens"][row][:length] == whole["tokens"][row, :length].tolist()
+
+
+def test_packed_gradients_equal_padded_ones_in_every_mode(two):
+    for rank, out in enumerate(two):
         for name, worst in out["parity"].items():
             assert out[f"{name}_packed"], name
             for mode, error in worst.items():
                 assert error <= 1e-5, (rank, name, mode, error)
+    print("packed vs padded, max relative gradient difference:", two[0]["parity"])
+
+
+def test_micro_batch_plans_keep_the_token_budget(two):
+    for out in two:
         packed_plan, imbalance, _ = out["plans"]["fsdp2"]["packed"]
         assert len(packed_plan[0]) == len(packed_plan[1]) and imbalance >= 1.0  # same count on both ranks
         assert (1,) in [micro for ranks in packed_plan for micro in ranks]  # the 24-token sequence runs alone
@@ -211,10 +231,18 @@ def test_packed_equals_padded_on_two_ranks_and_updates_do_not_depend_on_the_worl
         lengths = out["global_lengths"]
         for micro in (m for ranks in padded_plan for m in ranks if m):  # rows x longest within the budget
             assert len(micro) * max(lengths[i] for i in micro) <= BUDGET
+
+
+def test_a_packed_lora_step_has_no_pad_tokens(two):
+    for out in two:
         step = out["lora_step"]
         assert step["packed"] == 1.0 and step["pad_tokens_update"] == 0 and step["pad_tokens_ref"] == 0, step
         assert step["micro_batches"] >= 1 and step["token_imbalance"] >= 1.0
-        # The fallback: taken, said once (rank 0), padded micro-batches that compute the right log-probs.
+
+
+def test_an_attention_without_packed_input_falls_back_to_padding_once_said(two):
+    # The fallback: taken, said once (rank 0), padded micro-batches that compute the right log-probs.
+    for rank, out in enumerate(two):
         assert not out["fallback_packed"] and out["fallback_attention"] == "test_whole_row_causal"
         assert len(out["fallback_warnings"]) == (1 if rank == 0 else 0), out["fallback_warnings"]
         if rank == 0:
@@ -222,9 +250,12 @@ def test_packed_equals_padded_on_two_ranks_and_updates_do_not_depend_on_the_worl
         assert out["fallback_step"]["packed"] == 0.0 and out["fallback_uneven"]["packed"] == 0.0
         assert out["fallback_uneven"]["pad_tokens_update"] > 0 and out["fallback_uneven"]["pad_tokens_old"] > 0
         assert out["fallback_vs_sdpa"] < 1e-5 and sum(o["fallback_rows_compared"] for o in two) > 0
-        # The same settings on 1 and 2 ranks: the same number of updates, the same losses.
+
+
+def test_updates_do_not_depend_on_the_world_size(two, one):
+    # The same settings on 1 and 2 ranks: the same number of updates, the same losses.
+    for out in two:
         updates = out["updates"]
         assert updates["updates"] == one["updates"] == 2.0
         assert updates["losses"] == pytest.approx(one["losses"], rel=1e-4, abs=1e-6), (updates, one)
         assert updates["grad_norm"] == pytest.approx(one["grad_norm"], rel=1e-4)
-    print("packed vs padded, max relative gradient difference:", two[0]["parity"])

@@ -4,7 +4,8 @@ With the whole model gathered for the call (``generate_gather="once"``, the defa
 per-token all-reduce, and the ranks decode different numbers of tokens without waiting for each other. Before,
 ``generate(synced_gpus=True)`` paid one all-reduce per new token. With ``"per_layer"`` every forward is a
 collective, and both engines keep the ranks in step. ``iter_full_weights`` gives every weight, gathered one unit
-at a time (one all-gather per unit), with LoRA merged into plain names. FSDP2, FSDP1 and LoRA; one spawn for all.
+at a time (one all-gather per unit), with LoRA merged into plain names. FSDP2, FSDP1 and LoRA; one spawn for all
+(a module fixture; each test asserts one part of its counts, so that one failure does not hide the others).
 """
 
 import pytest
@@ -86,34 +87,50 @@ def _full_weights(policy, build_plain_model):
     return result
 
 
-def test_collectives_per_call_and_full_weights():
-    outs = run_ranks(_counts)
+@pytest.fixture(scope="module")
+def outs():
+    """Both ranks' counts of the one spawn; each test below checks one policy's or one engine's part of them."""
+    return run_ranks(_counts)
+
+
+@pytest.mark.parametrize("label", POLICIES)
+def test_collectives_per_generate_call(outs, label):
     for rank, out in enumerate(outs):
         length = 2 + 5 * rank
-        for label, row in out.items():
-            units = row["units"]
-            assert units == 3, (label, row)  # two decoder layers and the root
-            for name in ENGINES:
-                counts = row[name]
-                assert counts["lengths"] == [length] * 4, (label, name, counts)
-                assert counts.get("reduce_scatter", 0) == 0
-                if label == "fsdp2_per_layer":
-                    # Forwards are collectives: one "anyone still decoding?" all-reduce per step (hf's synced_gpus
-                    # too) for the longer rank's 7 steps + the final one; the root gathered for the call and each
-                    # layer on each of the 7 forwards (the shorter rank's last 5 keep the other company).
-                    assert row["collective_generation"] and counts["all_reduce"] == 8, (label, name, counts)
-                    assert counts["all_gather"] == 1 + (units - 1) * 7, (label, name, counts)
-                else:
-                    assert not row["collective_generation"]
-                    assert counts.get("all_reduce", 0) == 0, (label, name, counts)
-                    assert counts["all_gather"] == units, (label, name, counts)  # each unit once per call
-            assert row["generate_synced"]["all_reduce"] == 8, (label, row)  # before: one per token + 1
-            if "weights" in row:
-                weights = row["weights"]
-                assert weights["all_gather"] == units and weights["names_are_the_plain_models"], (label, weights)
-                if label == "lora":
-                    assert weights["lora_changes_the_output"] > 1e-2 and weights["merged_max_diff"] < 1e-4, weights
-                else:
-                    assert weights["equal"], label
-        # hf keeps every row for every step; hf-continuous computes what it produces.
+        row = out[label]
+        units = row["units"]
+        assert units == 3, (label, row)  # two decoder layers and the root
+        for name in ENGINES:
+            counts = row[name]
+            assert counts["lengths"] == [length] * 4, (label, name, counts)
+            assert counts.get("reduce_scatter", 0) == 0
+            if label == "fsdp2_per_layer":
+                # Forwards are collectives: one "anyone still decoding?" all-reduce per step (hf's synced_gpus
+                # too) for the longer rank's 7 steps + the final one; the root gathered for the call and each
+                # layer on each of the 7 forwards (the shorter rank's last 5 keep the other company).
+                assert row["collective_generation"] and counts["all_reduce"] == 8, (label, name, counts)
+                assert counts["all_gather"] == 1 + (units - 1) * 7, (label, name, counts)
+            else:
+                assert not row["collective_generation"]
+                assert counts.get("all_reduce", 0) == 0, (label, name, counts)
+                assert counts["all_gather"] == units, (label, name, counts)  # each unit once per call
+        assert row["generate_synced"]["all_reduce"] == 8, (label, row)  # before: one per token + 1
+
+
+@pytest.mark.parametrize("label", [label for label in POLICIES if label != "fsdp2_per_layer"])
+def test_full_weights_one_unit_at_a_time(outs, label):
+    for out in outs:
+        row = out[label]
+        weights = row["weights"]
+        assert weights["all_gather"] == row["units"] and weights["names_are_the_plain_models"], (label, weights)
+        if label == "lora":
+            assert weights["lora_changes_the_output"] > 1e-2 and weights["merged_max_diff"] < 1e-4, weights
+        else:
+            assert weights["equal"], label
+
+
+def test_continuous_batching_computes_only_what_it_produces(outs):
+    # hf keeps every row for every step; hf-continuous computes what it produces.
+    for rank, out in enumerate(outs):
+        length = 2 + 5 * rank
         assert out["fsdp2"]["hf"]["computed"] == out["fsdp2"]["hf-continuous"]["computed"] == 4 * length

@@ -1,7 +1,8 @@
 """The SFT loss is exact over the global batch: on 2 real gloo ranks (FSDP2, deferred gradient sync), packed in one
 micro-batch per rank, packed within a small token budget, and padded one sequence per micro-batch (8 per rank),
 the loss and every gradient equal those of one plain process computing the whole batch at once (sum over the
-supervised tokens / their count); and packed sequences never attend to each other. One spawn."""
+supervised tokens / their count); and packed sequences never attend to each other. One spawn (a module fixture);
+each test asserts one property of its results."""
 
 import pytest
 from distributed import run_ranks
@@ -104,17 +105,34 @@ def _exactness(rank: int, model_dir: str) -> dict:
     return results
 
 
-def test_loss_and_gradients_are_exact_however_the_global_batch_is_split(tiny_model_dir):
-    results = run_ranks(_exactness, str(tiny_model_dir), world_size=2)
+@pytest.fixture(scope="module")
+def results(tiny_model_dir):
+    """Both ranks' results of the one spawn; each test below checks one property of them."""
+    return run_ranks(_exactness, str(tiny_model_dir), world_size=2)
+
+
+def test_the_gradient_sync_is_deferred(results):
     for result in results:
         assert result["grad_sync"] == "deferred"
+
+
+def test_packed_sequences_do_not_attend_to_each_other(results):
+    for result in results:
         assert result["others_moved"] < 1e-5, result["others_moved"]
+
+
+def test_each_way_of_splitting_makes_its_micro_batches(results):
+    for result in results:
         assert result["packed, 1 micro-batch"]["micro_batches"] == 1
         assert result["packed, 96-token budget"]["micro_batches"] > 1
         assert result["padded, 8 micro-batches"]["micro_batches"] == 8
-        for name in VARIANTS:
-            got = result[name]
-            assert got["num_tokens"] == result["reference_tokens"], name  # supervised tokens over both ranks
-            assert got["loss_error"] <= 1e-5, (name, got)
-            assert got["grad_error"] <= 1e-5, (name, got)
-            assert got["accuracy_error"] <= 1e-6, (name, got)
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_loss_and_gradients_are_exact_however_the_global_batch_is_split(results, name):
+    for result in results:
+        got = result[name]
+        assert got["num_tokens"] == result["reference_tokens"], name  # supervised tokens over both ranks
+        assert got["loss_error"] <= 1e-5, (name, got)
+        assert got["grad_error"] <= 1e-5, (name, got)
+        assert got["accuracy_error"] <= 1e-6, (name, got)
