@@ -11,7 +11,7 @@ PACKAGES = ("accel_backends", "engine")
 
 # What engine/grpo may use of the engine: its public API, not the mechanics under it.
 GRPO_MAY_IMPORT = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing",
-                   "engine.tiny_model", "engine.hookspecs")
+                   "engine.tiny_model", "engine.hookspecs", "engine.output_layer")
 # engine/runs (what both trainers share) stands on that same public API and knows no trainer.
 RUNS_MAY_IMPORT = GRPO_MAY_IMPORT
 # engine/sft: the public API, engine/runs, and GRPO's tiny model directory writer (a shared test fixture).

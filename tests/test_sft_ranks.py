@@ -1,8 +1,9 @@
 """The SFT loss is exact over the global batch: on 2 real gloo ranks (FSDP2, deferred gradient sync), packed in one
 micro-batch per rank, packed within a small token budget, and padded one sequence per micro-batch (8 per rank),
 the loss and every gradient equal those of one plain process computing the whole batch at once (sum over the
-supervised tokens / their count); and packed sequences never attend to each other. One spawn (a module fixture);
-each test asserts one property of its results."""
+supervised tokens / their count), the ranks' logits computed in chunks of 16 positions and the reference's in one;
+and packed sequences never attend to each other. One spawn (a module fixture); each test asserts one property of
+its results."""
 
 import pytest
 from distributed import run_ranks
@@ -87,6 +88,8 @@ def _exactness(rank: int, model_dir: str) -> dict:
     after, rows_after = packed_logits([trio[0], changed, trio[2]])
     others_moved = max(float((before[rows_before == r] - after[rows_after == r]).abs().max()) for r in (0, 2))
 
+    from engine.sft import loss
+    loss.ROWS_PER_CHUNK = 16  # the engine's micro-batches run as several checkpointed logit chunks; the reference, one
     backend = accel_backends.get_backend()
     engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=2, grad_sync="deferred"), backend)
     results = {"others_moved": others_moved, "grad_sync": engine.grad_sync_mode,

@@ -19,6 +19,8 @@ import contextlib
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from ..output_layer import plain_output_layer as _plain_output_layer
+from ..output_layer import replaced_forward
 from .rollout_engines.base import sampling_scores
 
 SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32
@@ -115,15 +117,6 @@ def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
                       logits.size(-1), entropy_grad)
 
 
-def _plain_output_layer(module):
-    """The model's output ``nn.Linear`` when logits are exactly ``hidden @ weight.T (+ bias)``; else ``None``."""
-    get = getattr(module, "get_output_embeddings", None)
-    head = get() if callable(get) else None
-    config = getattr(module, "config", None)
-    changes_logits = any(getattr(config, key, None) for key in ("final_logit_softcapping", "logit_scale"))
-    return head if type(head) is torch.nn.Linear and not changes_logits else None
-
-
 @contextlib.contextmanager
 def _fused_output_layer(head, select, targets: torch.Tensor, temperature: float, with_entropy: bool,
                         entropy_out: list, entropy_grad: bool = False, top_k: int = 0, top_p: float = 1.0):
@@ -147,11 +140,8 @@ def _fused_output_layer(head, select, targets: torch.Tensor, temperature: float,
         # A new tensor, not a view: FSDP hooks the model's outputs for backward.
         return log_probs.clone()
 
-    head.forward = forward
-    try:
+    with replaced_forward(head, forward):
         yield
-    finally:
-        del head.forward  # back to the class's forward
 
 
 def _scored_log_probs(module, inputs: dict, logits_to_keep: torch.Tensor, select, targets: torch.Tensor,

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 import accel_backends
 
@@ -24,6 +23,7 @@ from ..runtime import sum_over_ranks
 from .batches import rank_micro_batches, schedule
 from .config import SFTConfig, engine_config, resolved
 from .dataset import build_data
+from .loss import per_token_losses
 from .model import load_tokenizer
 
 CURVES = (("loss", "loss (supervised tokens)"), ("val/loss", "validation loss"),
@@ -34,15 +34,14 @@ CURVES = (("loss", "loss (supervised tokens)"), ("val/loss", "validation loss"),
 
 def token_loss(module, micro, device) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Mean cross-entropy over the micro-batch's supervised tokens, weighted by their count (the engine then
-    divides by the count of the whole global batch): ``(loss, weight, {"mean_token_accuracy": ...})``."""
+    divides by the count of the whole global batch): ``(loss, weight, {"mean_token_accuracy": ...})``; logits are
+    computed in chunks (``loss.py``)."""
     layout, mask = micro.layout.to(device), micro.mask.to(device)
-    outputs = module(**layout.inputs, logits_to_keep=layout.logits_to_keep, use_cache=False)
-    logits = layout.select(outputs.logits).float()
-    per_token = F.cross_entropy(logits, layout.targets, reduction="none")
+    per_token, hits = per_token_losses(module, layout)  # logits exist one chunk of positions at a time
     count = mask.sum()
     denominator = count.clamp(min=1.0)
     loss = (per_token * mask).sum() / denominator
-    correct = ((logits.detach().argmax(-1) == layout.targets).float() * mask).sum() / denominator
+    correct = (hits.float() * mask).sum() / denominator
     return loss, count.detach(), {"mean_token_accuracy": correct}
 
 
