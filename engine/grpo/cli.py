@@ -26,7 +26,7 @@ from pathlib import Path
 from ..runs.run_dir import resume_hint
 from ..runs.run_dir import run_dir as run_dir_of
 from ..runs.workers import parse_nproc, world_size
-from .config import PRESETS, apply_loss_type, build_config, check, resolved
+from .config import PRESETS, load_config, require_valid, resolved
 from .report import read_metrics
 
 
@@ -121,17 +121,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
 
     try:
-        config = build_config(args.preset, args.config, args.overrides)
-        for notice in apply_loss_type(config):
+        config, notices = load_config(args.preset, args.config, args.overrides)
+        for notice in notices:
             if os.environ.get("RANK", "0") == "0":
                 print(f"accel-grpo: notice: {notice}", file=sys.stderr)
         if args.nproc is not None:
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
-        problems = check(config, workers)
-        if problems:  # one line for one problem, a list for several
-            raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
-                             "invalid configuration:\n  - " + "\n  - ".join(problems))
+        require_valid(config, workers)
         check_inputs(config, verbose=not args.print_config)  # the printed config stays valid JSON
         if args.print_config:
             print(json.dumps(resolved(config, workers), indent=2))

@@ -23,7 +23,7 @@ from .. import checkpoint
 from ..checkpoint import META_FILE
 from ..runs.workers import parse_nproc
 from ..runs.workers import world_size as worker_count
-from .config import GRPOConfig, apply, build_config, dist_timeout_s, engine_config, parse_override, prompts_per_rank
+from .config import GRPOConfig, build_config, dist_timeout_s, engine_config, load_config, prompts_per_rank
 from .export import ExportError, export, locate, run_config
 from .model import BUILTIN_MODEL, check_model_dir
 
@@ -129,32 +129,19 @@ def configure(args) -> tuple[GRPOConfig, dict]:
         if args.preset:
             raise ExportError("--preset is for a model directory: a run is evaluated with its own config.json")
         run_dir, found = locate(source, args.step)
-        config = run_config(run_dir)
+        base = run_config(run_dir)
         target = {"run": str(run_dir), "checkpoint": str(found), "step": checkpoint.step_of(found)}
     else:
         if args.step is not None:
             raise ExportError(f"--step chooses a run's checkpoint; {source} is not a run directory")
-        config = build_config(args.preset, None, [])
-        config.model.path = str(source)
+        base = build_config(args.preset, None, [])  # the preset alone: migrations come after the overrides
+        base.model.path = str(source)
         target = {"model": str(source)}
-    if args.config:
-        config = build_config_on(config, args.config)
-    for override in args.overrides:
-        apply(config, parse_override(override))
+    config, notices = load_config(None, args.config, args.overrides, base=base)  # training's pipeline
+    for notice in notices:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"accel-grpo eval: notice: {notice}", file=sys.stderr)
     return config, target
-
-
-def build_config_on(config: GRPOConfig, path: str) -> GRPOConfig:
-    import yaml
-
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"config file {file} does not exist")
-    loaded = yaml.safe_load(file.read_text()) or {}
-    if not isinstance(loaded, dict):
-        raise ValueError(f"config file {file} must hold a mapping of sections")
-    apply(config, loaded)
-    return config
 
 
 def load_inputs(config: GRPOConfig) -> int:
