@@ -195,7 +195,7 @@ def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer, capsys):
 
 def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokenizer, monkeypatch):
     from engine.grpo.config import GRPOConfig
-    from engine.grpo.tasks import build_tasks
+    from engine.grpo.tasks import build_tasks, data_spec
     from engine.runs.loggers import require_tensorboard
 
     root = tmp_path / "dd"
@@ -203,12 +203,12 @@ def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokeniz
     (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     config = GRPOConfig()
     config.data.path, config.data.val_fraction, config.data.task = str(root), 0.25, "gsm8k"
-    task, validation = build_tasks(config.data, tokenizer, seed=0)
+    task, validation = build_tasks(data_spec(config), tokenizer)
     assert len(task.samples) == 9 and len(validation) == 3
     assert not {s.where for s in task.samples} & {s.where for s in validation}
     (root / "dataset_dict.json").write_text(json.dumps({"splits": ["test"]}))
     with pytest.raises(ValueError, match="DatasetDict without a train split"):
-        build_tasks(config.data, tokenizer, seed=0)
+        build_tasks(data_spec(config), tokenizer)
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an environment without it looks like
     with pytest.raises(ValueError, match=r"tensorboard, which is not installed: pip install 'accel-backends\[tens"):
         require_tensorboard()

@@ -52,13 +52,14 @@ def check_inputs(config, verbose: bool = True) -> None:
     from ..runs.loggers import require_loggers
     from .model import build_model
     from .rewards import load_rewards
-    from .tasks import build_tasks, reward_specs
+    from .tasks import build_tasks, data_spec, needs_answers
 
-    load_rewards(reward_specs(config.data), config.data.reward_style)
+    spec = data_spec(config)
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
     require_loggers(config.run.loggers)
-    if config.data.path:
+    if spec.path:
         tokenizer, _ = build_model(config.model)
-        build_tasks(config.data, tokenizer, config.train.seed, verbose=verbose and os.environ.get("RANK", "0") == "0")
+        build_tasks(spec, tokenizer, needs_answers(rewards), verbose=verbose and os.environ.get("RANK", "0") == "0")
 
 
 def make_tiny_model_main(argv: list[str]) -> int:

@@ -28,21 +28,6 @@ from .export import ExportError, export, locate, run_config
 from .model import BUILTIN_MODEL, check_model_dir
 
 
-def validation_samples(config: GRPOConfig, tokenizer, verbose: bool = True):
-    """The held-out prompts as in-run validation reads them: ``data.val_path``, or the ``data.val_fraction`` share
-    of ``data.path``."""
-    from .data import PromptFormatter, drop_long_prompts, load_samples
-    from .tasks import build_tasks, reward_styles
-
-    data = config.data
-    if data.path:
-        return build_tasks(data, tokenizer, config.train.seed, verbose=verbose)[1]
-    formatter = PromptFormatter(tokenizer, data.chat_template, data.system_prompt)
-    need_answer = any(style != "trl" for style in reward_styles(data))
-    samples = load_samples(data.val_path, formatter, data.prompt_key, data.answer_key, need_answer)
-    return drop_long_prompts(samples, tokenizer, data.max_prompt_tokens, data.val_path, verbose)
-
-
 def problems(config: GRPOConfig, check_model: bool = True) -> list[str]:
     """What would stop an evaluation, as sentences (the training-only rules of ``config.check`` do not apply)."""
     found = []
@@ -78,7 +63,7 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     from .rewards import load_rewards
     from .rollout import eos_token_ids, sampling_configs, sync_weights
     from .rollout_engines import RolloutContext, create_rollout_engine
-    from .tasks import reward_specs
+    from .tasks import data_spec, needs_answers, validation_set
     from .validation import validate
 
     logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
@@ -86,8 +71,9 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     backend = accel_backends.get_backend()
     world_size = backend.init_distributed(timeout=dist_timeout_s(config)).world_size
     tokenizer, source = build_model(config.model)
-    samples = validation_samples(config, tokenizer, verbose=False)
-    rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
+    spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
+    samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is.
     options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0)
     engine = FSDPEngine(weights or source, options, backend)
@@ -149,11 +135,12 @@ def load_inputs(config: GRPOConfig) -> int:
     number of held-out prompts."""
     from .model import build_model
     from .rewards import load_rewards
-    from .tasks import reward_specs
+    from .tasks import data_spec, needs_answers, validation_set
 
-    load_rewards(reward_specs(config.data), config.data.reward_style)
+    spec = data_spec(config)
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
     tokenizer, _ = build_model(config.model)
-    samples = validation_samples(config, tokenizer, verbose=True)
+    samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=True)
     if not samples:
         raise ValueError("the validation set is empty")
     return len(samples)
