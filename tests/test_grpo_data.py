@@ -195,7 +195,7 @@ def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer, capsys):
 
 def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokenizer, monkeypatch):
     from engine.grpo.config import GRPOConfig
-    from engine.grpo.tasks import build_tasks
+    from engine.grpo.tasks import build_tasks, data_spec
     from engine.runs.loggers import require_tensorboard
 
     root = tmp_path / "dd"
@@ -203,12 +203,33 @@ def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokeniz
     (root / "dataset_dict.json").write_text(json.dumps({"splits": ["train", "test"]}))
     config = GRPOConfig()
     config.data.path, config.data.val_fraction, config.data.task = str(root), 0.25, "gsm8k"
-    task, validation = build_tasks(config.data, tokenizer, seed=0)
+    task, validation = build_tasks(data_spec(config), tokenizer)
     assert len(task.samples) == 9 and len(validation) == 3
     assert not {s.where for s in task.samples} & {s.where for s in validation}
     (root / "dataset_dict.json").write_text(json.dumps({"splits": ["test"]}))
     with pytest.raises(ValueError, match="DatasetDict without a train split"):
-        build_tasks(config.data, tokenizer, seed=0)
+        build_tasks(data_spec(config), tokenizer)
     monkeypatch.setitem(sys.modules, "tensorboard", None)  # what an environment without it looks like
     with pytest.raises(ValueError, match=r"tensorboard, which is not installed: pip install 'accel-backends\[tens"):
         require_tensorboard()
+
+
+def test_the_config_enters_data_loading_once_and_answers_are_needed_only_for_non_trl_rewards(tmp_path, tokenizer):
+    from engine.grpo.config import GRPOConfig
+    from engine.grpo.tasks import build_tasks, data_spec, needs_answers, validation_set
+
+    path = write_jsonl(tmp_path / "q.jsonl", [{"prompt": f"What is {n} + 1?"} for n in range(6)])  # no answers
+    config = GRPOConfig()
+    config.data.path, config.data.val_fraction = str(path), 0.5
+    config.data.reward, config.data.reward_weights = ["grpo_rewards:length_penalty"], [0.5]
+    spec = data_spec(config)
+    config.data.path = "elsewhere.jsonl"  # the spec holds what was resolved; nothing reads the config again
+    assert spec.rewards == (("grpo_rewards:length_penalty", 0.5),) and spec.path == str(path)
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
+    assert not needs_answers(rewards)  # TRL style: no answer column needed
+    task, validation = build_tasks(spec, tokenizer, needs_answers(rewards))
+    assert len(task.samples) == len(validation) == 3
+    assert validation_set(spec, tokenizer, need_answer=False) == validation  # accel-grpo eval's held-out rows
+    simple = load_rewards(parse_specs("grpo_rewards:short_reply", None))
+    with pytest.raises(ValueError, match="no answer column"):
+        build_tasks(spec, tokenizer, needs_answers(simple))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -198,12 +199,14 @@ def _run_and_report(args, options: dict) -> int:
 
 def _check_grpo_settings(parser, args) -> None:
     """Preset and overrides are checked here, before any worker starts."""
-    from ..grpo.config import build_config, check
+    from ..grpo.config import check, load_config
 
     try:
-        config = build_config(args.grpo_preset, None, args.grpo_overrides)
+        config, notices = load_config(args.grpo_preset, None, args.grpo_overrides)
     except (ValueError, FileNotFoundError) as exc:
         parser.error(f"grpo: {exc}")
+    for notice in notices:
+        print(f"accel-bench: notice: grpo: {notice}", file=sys.stderr)
     problems = check(config, args.nproc)
     if problems:
         parser.error("grpo: " + "; ".join(problems))

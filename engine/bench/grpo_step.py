@@ -76,11 +76,11 @@ def _profile(trainer, step: int, rows: int) -> dict:
 
 def run(options, backend, rank) -> dict:
     from ..grpo import trainer as trainer_module
-    from ..grpo.config import build_config, check
+    from ..grpo.config import check, load_config
     from ..grpo.rollout import sync_weights
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
-    config = build_config(options["grpo_preset"], None, overrides)
+    config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices
     with tempfile.TemporaryDirectory() as run_dir:
         import torch.distributed as dist
 

@@ -133,11 +133,11 @@ def run(options, backend, rank) -> dict:
     import torch.distributed as dist
 
     from ..grpo import batches
-    from ..grpo.config import build_config, check
+    from ..grpo.config import check, load_config
     from ..grpo.trainer import GRPOTrainer
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
-    config = build_config(options["grpo_preset"], None, overrides)
+    config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices
     world_size = dist.get_world_size()
     problems = check(config, world_size)
     if problems:

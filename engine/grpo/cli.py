@@ -26,7 +26,7 @@ from pathlib import Path
 from ..runs.run_dir import resume_hint
 from ..runs.run_dir import run_dir as run_dir_of
 from ..runs.workers import parse_nproc, world_size
-from .config import PRESETS, apply_loss_type, build_config, check, resolved
+from .config import PRESETS, load_config, require_valid, resolved
 from .report import read_metrics
 
 
@@ -52,13 +52,14 @@ def check_inputs(config, verbose: bool = True) -> None:
     from ..runs.loggers import require_loggers
     from .model import build_model
     from .rewards import load_rewards
-    from .tasks import build_tasks, reward_specs
+    from .tasks import build_tasks, data_spec, needs_answers
 
-    load_rewards(reward_specs(config.data), config.data.reward_style)
+    spec = data_spec(config)
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
     require_loggers(config.run.loggers)
-    if config.data.path:
+    if spec.path:
         tokenizer, _ = build_model(config.model)
-        build_tasks(config.data, tokenizer, config.train.seed, verbose=verbose and os.environ.get("RANK", "0") == "0")
+        build_tasks(spec, tokenizer, needs_answers(rewards), verbose=verbose and os.environ.get("RANK", "0") == "0")
 
 
 def make_tiny_model_main(argv: list[str]) -> int:
@@ -121,17 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
 
     try:
-        config = build_config(args.preset, args.config, args.overrides)
-        for notice in apply_loss_type(config):
+        config, notices = load_config(args.preset, args.config, args.overrides)
+        for notice in notices:
             if os.environ.get("RANK", "0") == "0":
                 print(f"accel-grpo: notice: {notice}", file=sys.stderr)
         if args.nproc is not None:
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
-        problems = check(config, workers)
-        if problems:  # one line for one problem, a list for several
-            raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
-                             "invalid configuration:\n  - " + "\n  - ".join(problems))
+        require_valid(config, workers)
         check_inputs(config, verbose=not args.print_config)  # the printed config stays valid JSON
         if args.print_config:
             print(json.dumps(resolved(config, workers), indent=2))

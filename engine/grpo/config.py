@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -180,6 +182,33 @@ PRESETS["ascend-910b"] = _accelerator_preset(micro_batch_tokens=4096)  # 64 GB H
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> GRPOConfig:
     """Preset, then the YAML file, then the overrides, in that order (``engine.runs.config``)."""
     return runs_config.build_config(GRPOConfig, PRESETS, preset, config_file, overrides)
+
+
+def load_config(preset: str | None = None, config_file: str | None = None, overrides: Sequence[str] = (), *,
+                base: GRPOConfig | None = None) -> tuple[GRPOConfig, list[str]]:
+    """The one way training, eval and bench make a GRPO config: ``base`` (a run's ``config.json``, a model
+    directory's preset) or the preset, then the YAML file, then the ``key=value`` overrides, then the migrations of
+    renamed keys (``apply_loss_type``, applied here and nowhere else). Returns the config and the migrations'
+    notices; ``require_valid`` (or eval's own rules) checks it next."""
+    if base is None:
+        config = build_config(preset, config_file, list(overrides))
+    else:
+        if preset:
+            raise ValueError("--preset is for a new config: this one starts from an existing configuration")
+        config = copy.deepcopy(base)
+        if config_file:
+            apply(config, runs_config.read_config_file(config_file))
+        for override in overrides:
+            apply(config, parse_override(override))
+    return config, apply_loss_type(config)
+
+
+def require_valid(config: GRPOConfig, world_size: int) -> None:
+    """``check``'s problems as one ValueError: one line for one problem, a list for several."""
+    problems = check(config, world_size)
+    if problems:
+        raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
+                         "invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
 def apply_loss_type(config: GRPOConfig) -> list[str]:

@@ -23,24 +23,9 @@ from .. import checkpoint
 from ..checkpoint import META_FILE
 from ..runs.workers import parse_nproc
 from ..runs.workers import world_size as worker_count
-from .config import GRPOConfig, apply, build_config, dist_timeout_s, engine_config, parse_override, prompts_per_rank
+from .config import GRPOConfig, build_config, dist_timeout_s, engine_config, load_config, prompts_per_rank
 from .export import ExportError, export, locate, run_config
 from .model import BUILTIN_MODEL, check_model_dir
-
-
-def validation_samples(config: GRPOConfig, tokenizer, verbose: bool = True):
-    """The held-out prompts as in-run validation reads them: ``data.val_path``, or the ``data.val_fraction`` share
-    of ``data.path``."""
-    from .data import PromptFormatter, drop_long_prompts, load_samples
-    from .tasks import build_tasks, reward_styles
-
-    data = config.data
-    if data.path:
-        return build_tasks(data, tokenizer, config.train.seed, verbose=verbose)[1]
-    formatter = PromptFormatter(tokenizer, data.chat_template, data.system_prompt)
-    need_answer = any(style != "trl" for style in reward_styles(data))
-    samples = load_samples(data.val_path, formatter, data.prompt_key, data.answer_key, need_answer)
-    return drop_long_prompts(samples, tokenizer, data.max_prompt_tokens, data.val_path, verbose)
 
 
 def problems(config: GRPOConfig, check_model: bool = True) -> list[str]:
@@ -79,7 +64,7 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     from .rewards import load_rewards
     from .rollout import eos_token_ids, sampling_configs, sync_weights
     from .rollout_engines import RolloutContext, create_rollout_engine
-    from .tasks import reward_specs
+    from .tasks import data_spec, needs_answers, validation_set
     from .validation import validate
 
     logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
@@ -87,8 +72,9 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     backend = accel_backends.get_backend()
     world_size = backend.init_distributed(timeout=dist_timeout_s(config)).world_size
     tokenizer, source = build_model(config.model)
-    samples = validation_samples(config, tokenizer, verbose=False)
-    rewards = load_rewards(reward_specs(config.data), config.data.reward_style)
+    spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
+    samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is.
     options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0)
     engine = FSDPEngine(weights or source, options, backend)
@@ -130,32 +116,19 @@ def configure(args) -> tuple[GRPOConfig, dict]:
         if args.preset:
             raise ExportError("--preset is for a model directory: a run is evaluated with its own config.json")
         run_dir, found = locate(source, args.step)
-        config = run_config(run_dir)
+        base = run_config(run_dir)
         target = {"run": str(run_dir), "checkpoint": str(found), "step": checkpoint.step_of(found)}
     else:
         if args.step is not None:
             raise ExportError(f"--step chooses a run's checkpoint; {source} is not a run directory")
-        config = build_config(args.preset, None, [])
-        config.model.path = str(source)
+        base = build_config(args.preset, None, [])  # the preset alone: migrations come after the overrides
+        base.model.path = str(source)
         target = {"model": str(source)}
-    if args.config:
-        config = build_config_on(config, args.config)
-    for override in args.overrides:
-        apply(config, parse_override(override))
+    config, notices = load_config(None, args.config, args.overrides, base=base)  # training's pipeline
+    for notice in notices:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"accel-grpo eval: notice: {notice}", file=sys.stderr)
     return config, target
-
-
-def build_config_on(config: GRPOConfig, path: str) -> GRPOConfig:
-    import yaml
-
-    file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(f"config file {file} does not exist")
-    loaded = yaml.safe_load(file.read_text()) or {}
-    if not isinstance(loaded, dict):
-        raise ValueError(f"config file {file} must hold a mapping of sections")
-    apply(config, loaded)
-    return config
 
 
 def load_inputs(config: GRPOConfig) -> int:
@@ -163,11 +136,12 @@ def load_inputs(config: GRPOConfig) -> int:
     number of held-out prompts."""
     from .model import build_model
     from .rewards import load_rewards
-    from .tasks import reward_specs
+    from .tasks import data_spec, needs_answers, validation_set
 
-    load_rewards(reward_specs(config.data), config.data.reward_style)
+    spec = data_spec(config)
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
     tokenizer, _ = build_model(config.model)
-    samples = validation_samples(config, tokenizer, verbose=True)
+    samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=True)
     if not samples:
         raise ValueError("the validation set is empty")
     return len(samples)

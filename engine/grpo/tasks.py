@@ -7,12 +7,13 @@ of every style are called by ``rewards.py``.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import torch
 
 from .data import FileTask, PromptFormatter, Sample, drop_long_prompts, load_samples, split_validation
-from .rewards import load_rewards, parse_specs
+from .rewards import Reward, parse_specs
 
 # -- the synthetic task -------------------------------------------------------------------------------------------
 
@@ -74,29 +75,71 @@ def gsm8k_reward(prompt: str, response: str, answer: str) -> float:
 BUILTIN_REWARDS = {"echo": "engine.grpo.tasks:echo_reward", "gsm8k": "engine.grpo.tasks:gsm8k_reward"}
 
 
-def build_tasks(data, tokenizer, seed: int, verbose: bool = True):
-    """(training task, validation samples or None) for ``DataConfig``: the echo task, or a data file's prompts."""
-    if not data.path:
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+    """What a run reads, resolved once from its config (``data_spec``) and passed down: its prompt files, how a row
+    becomes a prompt, and its reward functions. ``data.py`` and ``rewards.py`` take these as arguments and never see
+    the config, so inputs load in one direction: config -> spec -> rewards -> prompts."""
+
+    path: str | None = None
+    val_path: str | None = None
+    val_fraction: float = 0.0
+    prompt_key: str | None = None
+    answer_key: str | None = None
+    chat_template: str = "auto"
+    system_prompt: str | None = None
+    max_prompt_tokens: int | None = None
+    seed: int = 0  # of the data.val_fraction split
+    rewards: tuple[tuple[str, float], ...] = ()  # (module:function, weight): data.reward, else the task's own
+    reward_style: str = "auto"
+
+
+def data_spec(config) -> DataSpec:
+    """The one place a run's config enters data loading (a bad ``data.reward`` / ``data.reward_weights`` raises)."""
+    d = config.data
+    return DataSpec(path=d.path, val_path=d.val_path, val_fraction=d.val_fraction, prompt_key=d.prompt_key,
+                    answer_key=d.answer_key, chat_template=d.chat_template, system_prompt=d.system_prompt,
+                    max_prompt_tokens=d.max_prompt_tokens, seed=config.train.seed,
+                    rewards=tuple(parse_specs(d.reward or BUILTIN_REWARDS[d.task], d.reward_weights)),
+                    reward_style=d.reward_style)
+
+
+def needs_answers(rewards: list[Reward]) -> bool:
+    """Whether every row must have an answer column: only TRL-style rewards do without one."""
+    return any(reward.style != "trl" for reward in rewards)
+
+
+def build_tasks(spec: DataSpec, tokenizer, need_answer: bool = True, verbose: bool = True):
+    """(training task, validation samples or None): the echo task, or the prompts of ``spec.path``."""
+    if not spec.path:
         return EchoTask(), None
-    formatter = PromptFormatter(tokenizer, data.chat_template, data.system_prompt)
-    if data.chat_template == "auto" and not formatter.use_template and verbose:
-        print("accel-grpo: the tokenizer has no chat template: prompts are used as plain text", flush=True)
-    need_answer = any(style != "trl" for style in reward_styles(data))
-
-    def load(path):
-        samples = load_samples(path, formatter, data.prompt_key, data.answer_key, need_answer)
-        return drop_long_prompts(samples, tokenizer, data.max_prompt_tokens, path, verbose)
-
-    train = load(data.path)
-    validation = load(data.val_path) if data.val_path else None
-    if validation is None and data.val_fraction:
-        train, validation = split_validation(train, data.val_fraction, seed)
+    formatter = _formatter(spec, tokenizer, verbose)
+    train = _load(spec, spec.path, formatter, tokenizer, need_answer, verbose)
+    validation = _load(spec, spec.val_path, formatter, tokenizer, need_answer, verbose) if spec.val_path else None
+    if validation is None and spec.val_fraction:
+        train, validation = split_validation(train, spec.val_fraction, spec.seed)
     return FileTask(train), validation
 
 
-def reward_specs(data) -> list[tuple[str, float]]:
-    return parse_specs(data.reward or BUILTIN_REWARDS[data.task], data.reward_weights)
+def validation_set(spec: DataSpec, tokenizer, need_answer: bool = True, verbose: bool = True) -> list[Sample] | None:
+    """The held-out prompts as in-run validation reads them: ``spec.val_path``, or the ``spec.val_fraction`` share
+    of ``spec.path`` (``accel-grpo eval``)."""
+    if spec.path:
+        return build_tasks(spec, tokenizer, need_answer, verbose)[1]
+    if not spec.val_path:
+        return None
+    formatter = PromptFormatter(tokenizer, spec.chat_template, spec.system_prompt)
+    return _load(spec, spec.val_path, formatter, tokenizer, need_answer, verbose)
 
 
-def reward_styles(data) -> list[str]:
-    return [reward.style for reward in load_rewards(reward_specs(data), data.reward_style)]
+def _formatter(spec: DataSpec, tokenizer, verbose: bool) -> PromptFormatter:
+    formatter = PromptFormatter(tokenizer, spec.chat_template, spec.system_prompt)
+    if spec.chat_template == "auto" and not formatter.use_template and verbose:
+        print("accel-grpo: the tokenizer has no chat template: prompts are used as plain text", flush=True)
+    return formatter
+
+
+def _load(spec: DataSpec, path: str, formatter: PromptFormatter, tokenizer, need_answer: bool,
+          verbose: bool) -> list[Sample]:
+    samples = load_samples(path, formatter, spec.prompt_key, spec.answer_key, need_answer)
+    return drop_long_prompts(samples, tokenizer, spec.max_prompt_tokens, path, verbose)

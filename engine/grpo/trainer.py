@@ -40,7 +40,7 @@ from .rewards import load_rewards, metric_names
 from .rollout import eos_token_ids, rollout, sampling_configs, sync_weights
 from .rollout_correction import MismatchStats, importance_weights
 from .rollout_engines import RolloutContext, create_rollout_engine
-from .tasks import build_tasks, reward_specs
+from .tasks import build_tasks, data_spec, needs_answers
 from .validation import validate
 
 
@@ -57,10 +57,12 @@ class GRPOTrainer:
         world_size = self.backend.init_distributed(timeout=dist_timeout_s(config)).world_size
         runtime.stop_at_safe_point(config.run.save_on_interrupt)
         self.tokenizer, factory = build_model(config.model)
-        self.task, self.val_samples = build_tasks(config.data, self.tokenizer, config.train.seed, verbose=False)
+        spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
+        file_rewards = load_rewards(list(spec.rewards), spec.reward_style)
+        self.task, self.val_samples = build_tasks(spec, self.tokenizer, needs_answers(file_rewards), verbose=False)
         # An environment's get_reward() is a reward of its own (then data.reward is optional).
-        specs = [] if config.rollout.environment and not config.data.reward else reward_specs(config.data)
-        self.rewards = load_rewards(specs, config.data.reward_style) + agent.environment_rewards(config)
+        used = [] if config.rollout.environment and not config.data.reward else file_rewards
+        self.rewards = used + agent.environment_rewards(config)
         self.reward_names = metric_names(self.rewards)
         actor_config = engine_config(config, world_size)
         self.actor = FSDPEngine(factory, actor_config, self.backend)
