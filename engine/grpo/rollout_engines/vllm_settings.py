@@ -101,10 +101,41 @@ def check_architecture(model_path: str) -> list[str]:
     return []
 
 
+def head_size(model_config) -> int | None:
+    """The attention head size of ``model.*``: the built-in model's (4 heads), or a directory's ``config.json``."""
+    path = model_config.path
+    if path and str(path).startswith("builtin:"):
+        return model_config.hidden_size // 4  # engine/tiny_model.py: 4 attention heads
+    try:
+        fields = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, TypeError, json.JSONDecodeError):
+        return None  # check_model_dir says what is wrong with the directory
+    fields = fields.get("text_config", fields)
+    if fields.get("head_dim"):
+        return int(fields["head_dim"])
+    if fields.get("hidden_size") and fields.get("num_attention_heads"):
+        return int(fields["hidden_size"]) // int(fields["num_attention_heads"])
+    return None
+
+
+def check_head_size(model_config, minimum: int) -> list[str]:
+    """A model whose attention heads are smaller than this device's engine kernels take."""
+    size = head_size(model_config)
+    if not minimum or size is None or size >= minimum:
+        return []
+    if str(model_config.path).startswith("builtin:"):
+        fix = f"set model.hidden_size={4 * minimum} or more (the built-in model has 4 heads)"
+    else:
+        fix = "choose rollout.engine=hf-continuous for this model"
+    return [f"rollout.engine=vllm: the model's attention heads have {size} dimensions, and vLLM on this device "
+            f"takes {minimum} or more: {fix}"]
+
+
 def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) -> list[str]:
     """Everything wrong with ``rollout.engine=vllm`` for ``config`` (a ``GRPOConfig``), before any worker starts.
     ``facts``: the backend's ``inference_engine_facts()`` (for the package to name)."""
     problems = check_settings(config.rollout.vllm, world_size, longest_sequence)
+    problems += check_head_size(config.model, facts.min_head_size)
     if not vllm_installed():
         return [missing_vllm_message(facts.package)] + problems
     if not problems and config.model.path and not str(config.model.path).startswith("builtin:"):
