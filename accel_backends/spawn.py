@@ -192,9 +192,26 @@ def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> 
     os.replace(partial, Path(directory, f"rank{rank}.pkl"))
     sys.stdout.flush()
     sys.stderr.flush()
+    _release_named_semaphores()
     # Leave without tearing the process group down: that can block on peers that are gone, and gloo's exit-time
     # cleanup sometimes aborts ("terminate called without an active exception") after the work is done.
     os._exit(code)
+
+
+def _release_named_semaphores() -> None:
+    """Unlink the named semaphores that libraries made in this rank (multiprocessing locks: vLLM's, tqdm's), as a
+    normal exit would. ``os._exit`` skips multiprocessing's finalizers, and Python's resource tracker then ends
+    the job with "There appear to be N leaked semaphore objects". Only the semaphores' own finalizers run; the
+    registry and ``_callback`` are multiprocessing's private names (CPython 3.10-3.13), so any surprise is
+    ignored: the warning is cosmetic."""
+    try:
+        from multiprocessing import synchronize, util
+
+        for finalizer in list(util._finalizer_registry.values()):
+            if getattr(finalizer, "_callback", None) is synchronize.SemLock._cleanup:
+                finalizer()
+    except Exception:  # noqa: BLE001 - never let tidying up change how a rank ends
+        pass
 
 
 def _details(describe, exc: BaseException) -> dict:

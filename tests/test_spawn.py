@@ -25,6 +25,17 @@ def _sleep():
     time.sleep(60)
 
 
+_KEPT = []
+
+
+def _make_named_semaphore():
+    import multiprocessing
+
+    lock = multiprocessing.Lock()  # a named semaphore, as tqdm's and vLLM's locks are
+    _KEPT.append(lock)  # still alive when the rank leaves (os._exit skips multiprocessing's finalizers)
+    return lock._semlock.name
+
+
 def _describe(exc):
     return {"kind": type(exc).__name__}
 
@@ -69,3 +80,12 @@ def test_a_record_cut_short_reads_as_no_record():
         outcomes = job.outcomes
     assert outcomes[0].returned and outcomes[0].result["RANK"] == "0"
     assert not outcomes[1].returned and outcomes[1].error is None and outcomes[1].exitcode == 0
+
+
+def test_named_semaphores_a_rank_made_are_unlinked_when_it_leaves():
+    # Left linked, Python's resource tracker ends the job with "There appear to be N leaked semaphore objects".
+    with LocalJob(_make_named_semaphore, (), 2) as job:
+        assert job.wait(timeout=120) == "done"
+    names = [o.result for o in job.outcomes]
+    assert len(set(names)) == 2 and all(names)
+    assert [n for n in names if os.path.exists("/dev/shm/sem." + n.lstrip("/"))] == []

@@ -33,7 +33,7 @@ import torch
 
 from .base import Responses, RolloutEngine, SamplingConfig
 from .registry import RolloutEngineError
-from .vllm_settings import VLLMConfig, missing_vllm_message
+from .vllm_settings import VLLMConfig, missing_vllm_message, quiet_vllm_logging
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _SEED_RANGE = 2**31 - 1
@@ -144,7 +144,7 @@ class VLLMRolloutEngine(RolloutEngine):
 
             _remove(_shared_memory())
             dist.barrier()
-        self.llm = (build_llm or _build_llm)(arguments)
+        self.llm = build_llm(arguments) if build_llm else _build_llm(arguments, self.facts.package)
 
     # -- start --------------------------------------------------------------------------------------------------
 
@@ -274,11 +274,12 @@ def _load_into_model(worker, weights) -> None:
     worker.model_runner.get_model().load_weights(weights=weights)
 
 
-def _build_llm(arguments: dict):
+def _build_llm(arguments: dict, package: str):
+    quiet_vllm_logging()
     try:
         from vllm import LLM
     except ImportError as exc:
-        raise RolloutEngineError(f"{missing_vllm_message('vllm')} ({exc})") from None
+        raise RolloutEngineError(f"{missing_vllm_message(package)} ({exc})") from None
     return LLM(**arguments)
 
 

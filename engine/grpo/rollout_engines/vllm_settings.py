@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import logging
+import os
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -34,6 +36,17 @@ class VLLMConfig:
     enforce_eager: bool = True  # no graph capture or compilation: starts in seconds; false on GPUs for speed
     dtype: str | None = None  # null: the dtype the trainer computes in (its weights are pushed in that dtype)
     llm_args: dict = dataclasses.field(default_factory=dict)  # other LLM(...) arguments, passed as they are
+
+
+def quiet_vllm_logging() -> None:
+    """vLLM's own log at errors only, unless ``VLLM_LOGGING_LEVEL`` is set: its INFO lines and the warnings that do
+    not apply to a colocated engine without a tokenizer (a chat-template warm-up traceback at start, a note on
+    every weight push) would drown the trainer's output. Set before vLLM is imported (the variable) and after
+    (its logger), since rank 0 may have imported it already for the config check."""
+    if "VLLM_LOGGING_LEVEL" in os.environ:
+        return
+    os.environ["VLLM_LOGGING_LEVEL"] = "ERROR"
+    logging.getLogger("vllm").setLevel(logging.ERROR)
 
 
 def vllm_installed() -> bool:
@@ -92,6 +105,7 @@ def check_architecture(model_path: str) -> list[str]:
         architectures = json.loads(config_file.read_text()).get("architectures") or []
     except json.JSONDecodeError:
         return []
+    quiet_vllm_logging()
     from vllm import ModelRegistry
 
     supported = set(ModelRegistry.get_supported_archs())
