@@ -15,6 +15,22 @@ from accel_backends.names import did_you_mean
 from ..config import EngineConfig
 
 
+class ConfigRoot:
+    """What a trainer's config root (a dataclass with a ``preset`` field) shares: to and from a plain dict."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """From ``to_dict()`` or a run's ``config.json`` (its ``derived`` section is computed, not read)."""
+        data = dict(data)
+        data.pop("derived", None)
+        config = cls(preset=data.pop("preset", "cpu-demo"))
+        apply(config, data)
+        return config
+
+
 def apply(config: Any, data: dict, prefix: str = "") -> None:
     """Set fields from a nested mapping; an unknown key is named with the closest valid one."""
     for key, value in data.items():
