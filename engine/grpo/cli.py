@@ -23,9 +23,10 @@ import sys
 import time
 from pathlib import Path
 
+from ..runs.cli import parse_run_args, run_subcommand
 from ..runs.run_dir import resume_hint
 from ..runs.run_dir import run_dir as run_dir_of
-from ..runs.workers import parse_nproc, world_size
+from ..runs.workers import world_size
 from .config import PRESETS, load_config, require_valid, resolved
 from .report import read_metrics
 
@@ -94,28 +95,14 @@ def make_tiny_model_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["make-tiny-model"]:
-        return make_tiny_model_main(argv[1:])
-    if argv[:1] == ["export"]:
-        from .export import main as export_main
-
-        return export_main(argv[1:])
-    if argv[:1] == ["eval"]:
-        from .evaluate import main as eval_main
-
-        return eval_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="accel-grpo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
-    parser.add_argument("--config",
-                        help="a YAML file of sections (model, data, rollout, algorithm, train, run, engine)")
-    parser.add_argument("--nproc", type=parse_nproc,
-                        help="worker processes on this node, or auto: one per visible device (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    parser.add_argument("--print-config", action="store_true",
-                        help="check the config, print it resolved (engine defaults, derived sizes) and exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=10 rollout.n=4")
-    args = parser.parse_intermixed_args(argv)
+    status = run_subcommand(argv, __package__, {"make-tiny-model": make_tiny_model_main, "export": ".export",
+                                                "eval": ".evaluate"})
+    if status is not None:
+        return status
+    args = parse_run_args(argv, "accel-grpo", __doc__, PRESETS,
+                          sections="model, data, rollout, algorithm, train, run, engine",
+                          print_config="check the config, print it resolved (engine defaults, derived sizes) and exit",
+                          example="train.steps=10 rollout.n=4")
 
     import accel_backends
 

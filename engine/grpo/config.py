@@ -193,10 +193,7 @@ def load_config(preset: str | None = None, config_file: str | None = None, overr
 
 def require_valid(config: GRPOConfig, world_size: int) -> None:
     """``check``'s problems as one ValueError: one line for one problem, a list for several."""
-    problems = check(config, world_size)
-    if problems:
-        raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
-                         "invalid configuration:\n  - " + "\n  - ".join(problems))
+    runs_config.require_valid(check(config, world_size))
 
 
 def apply_loss_type(config: GRPOConfig) -> list[str]:

@@ -140,6 +140,13 @@ def build_config(schema: type, presets: dict[str, dict], preset: str | None, con
     return config
 
 
+def require_valid(problems: list[str]) -> None:
+    """A config check's problems as one ValueError: one line for one problem, a list for several."""
+    if problems:
+        raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
+                         "invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
 def engine_options(options: dict, defaults: dict) -> EngineConfig:
     """``EngineConfig`` from a run's ``engine`` section (``defaults`` fill what it leaves out); an unknown option is
     named with the closest valid one and the list of valid ones."""

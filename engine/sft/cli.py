@@ -13,16 +13,17 @@ Options, runs, checkpoints, loggers and exit statuses are those of accel-grpo (d
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
+from ..runs.cli import parse_run_args, run_subcommand
+from ..runs.config import require_valid
 from ..runs.report import read_metrics
 from ..runs.run_dir import resume_hint, run_dir
-from ..runs.workers import parse_nproc, world_size
+from ..runs.workers import world_size
 from .config import PRESETS, build_config, check, resolved
 
 TOOL = "accel-sft"
@@ -56,31 +57,14 @@ def derived(config, data, workers: int) -> dict:
             "train_examples": len(data.train), "val_examples": len(data.val)}
 
 
-def parse(argv: list[str]):
-    parser = argparse.ArgumentParser(prog=TOOL, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
-    parser.add_argument("--config", help="a YAML file of sections (model, data, train, run, engine)")
-    parser.add_argument("--nproc", type=parse_nproc,
-                        help="worker processes on this node, or auto: one per visible device (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    parser.add_argument("--print-config", action="store_true",
-                        help="check the config and the data, print the config resolved and exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.batch_size=32")
-    return parser.parse_intermixed_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["export"]:
-        from .export import main as export_main
-
-        return export_main(argv[1:])
-    if argv[:1] == ["eval"]:
-        from .evaluate import main as eval_main
-
-        return eval_main(argv[1:])
-    args = parse(argv)
+    status = run_subcommand(argv, __package__, {"export": ".export", "eval": ".evaluate"})
+    if status is not None:
+        return status
+    args = parse_run_args(argv, TOOL, __doc__, PRESETS, sections="model, data, train, run, engine",
+                          print_config="check the config and the data, print the config resolved and exit",
+                          example="train.batch_size=32")
     import accel_backends
 
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
@@ -92,10 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.nproc is not None:
             config.nproc = args.nproc
         workers = world_size(config, args.nproc)
-        problems = check(config, workers)
-        if problems:
-            raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
-                             "invalid configuration:\n  - " + "\n  - ".join(problems))
+        require_valid(check(config, workers))
         resolve_model_path(config)
         data = check_inputs(config)
         figures = derived(config, data, workers)
