@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from .workers import parse_nproc
 
@@ -37,3 +40,37 @@ def run_subcommand(argv: list[str], package: str, commands: dict[str, str | Call
     if isinstance(command, str):
         command = importlib.import_module(command, package).main
     return command(argv[1:])
+
+
+def is_rank0() -> bool:
+    """Under torchrun every rank runs the CLI; only rank 0 speaks."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+def input_error(tool: str, exc: Exception) -> int:
+    """Bad input found before any worker starts: one line, exit status 2."""
+    print(f"{tool}: error: {exc}", file=sys.stderr)
+    return 2
+
+
+def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
+                steps: int) -> int | None:
+    """Say what runs where (rank 0), run ``worker`` on every rank and wait: the exit status of a run that ended
+    early (a failed rank, an interrupt: with how to resume), None when it finished."""
+    from ..runtime import Interrupted, WorkerFailed, report_early_end, run
+    from .run_dir import resume_hint
+
+    if is_rank0():
+        print(f"{tool}: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), {workers} "
+              f"process(es), {steps} steps; run directory {directory}", flush=True)
+    try:
+        run(worker, workers, config.to_dict(), str(directory), resume)
+    except (WorkerFailed, Interrupted) as exc:
+        return report_early_end(tool, exc, resume_hint(directory, tool))
+    return None
+
+
+def print_outputs(directory: Path) -> None:
+    """Where a finished run left its metrics, curves and checkpoints."""
+    print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {directory / 'curves.png'}\n"
+          f"checkpoints: {directory / 'checkpoints'}")

@@ -14,15 +14,14 @@ Options, runs, checkpoints, loggers and exit statuses are those of accel-grpo (d
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from ..runs.cli import parse_run_args, run_subcommand
+from ..runs.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
 from ..runs.config import require_valid
 from ..runs.report import read_metrics
-from ..runs.run_dir import resume_hint, run_dir
+from ..runs.run_dir import run_dir
 from ..runs.workers import world_size
 from .config import PRESETS, build_config, check, resolved
 
@@ -67,10 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                           example="train.batch_size=32")
     import accel_backends
 
-    from ..runtime import Interrupted, WorkerFailed, report_early_end, run
     from .model import resolve_model_path
 
-    is_rank0 = os.environ.get("RANK", "0") == "0"
     try:
         config = build_config(args.preset, args.config, args.overrides)
         if args.nproc is not None:
@@ -83,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             print(json.dumps(resolved(config, figures), indent=2))
             return 0
-        if is_rank0:
+        if is_rank0():
             print(f"{TOOL}: data: {data.summary()}" + (" (data.format=auto chose it)" if config.data.format == "auto"
                                                          and config.data.path else ""), file=sys.stderr)
         backend = accel_backends.get_backend()
@@ -93,17 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(resolved(config, figures), indent=2))
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
-        print(f"{TOOL}: error: {exc}", file=sys.stderr)
-        return 2
-    if is_rank0:
-        print(f"{TOOL}: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), {workers} "
-              f"process(es), {figures['total_steps']} steps; run directory {directory}", flush=True)
+        return input_error(TOOL, exc)
     started = time.perf_counter()
-    try:
-        run(worker, workers, config.to_dict(), str(directory), args.resume)
-    except (WorkerFailed, Interrupted) as exc:
-        return report_early_end(TOOL, exc, resume_hint(directory, TOOL))
-    if not is_rank0:
+    status = run_workers(TOOL, worker, config, workers, directory, args.resume, backend=backend,
+                         steps=figures["total_steps"])
+    if status is not None:
+        return status
+    if not is_rank0():
         return 0
     rows = [row for row in read_metrics(directory / "metrics.jsonl") if "loss" in row]
     if rows:
@@ -116,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             line += (f"; validation loss {vals[-1]['val/loss']:.3f}, token accuracy "
                      f"{vals[-1]['val/mean_token_accuracy']:.3f}")
         print(line)
-    print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {directory / 'curves.png'}\n"
-          f"checkpoints: {directory / 'checkpoints'}")
+    print_outputs(directory)
     return 0
 
 
