@@ -18,24 +18,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
-from ..runs.run_dir import resume_hint
+from ..runs.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
 from ..runs.run_dir import run_dir as run_dir_of
-from ..runs.workers import parse_nproc, world_size
+from ..runs.workers import world_size
 from .config import PRESETS, load_config, require_valid, resolved
 from .report import read_metrics
 
 
 def _run_dir(config, resume: bool) -> Path:
     return run_dir_of(config, resume)
-
-
-def _resume_hint(run_dir: Path) -> str:
-    return resume_hint(run_dir, "accel-grpo")
 
 
 def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
@@ -59,7 +54,7 @@ def check_inputs(config, verbose: bool = True) -> None:
     require_loggers(config.run.loggers)
     if spec.path:
         tokenizer, _ = build_model(config.model)
-        build_tasks(spec, tokenizer, needs_answers(rewards), verbose=verbose and os.environ.get("RANK", "0") == "0")
+        build_tasks(spec, tokenizer, needs_answers(rewards), verbose=verbose and is_rank0())
 
 
 def make_tiny_model_main(argv: list[str]) -> int:
@@ -94,37 +89,21 @@ def make_tiny_model_main(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["make-tiny-model"]:
-        return make_tiny_model_main(argv[1:])
-    if argv[:1] == ["export"]:
-        from .export import main as export_main
-
-        return export_main(argv[1:])
-    if argv[:1] == ["eval"]:
-        from .evaluate import main as eval_main
-
-        return eval_main(argv[1:])
-    parser = argparse.ArgumentParser(prog="accel-grpo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
-    parser.add_argument("--config",
-                        help="a YAML file of sections (model, data, rollout, algorithm, train, run, engine)")
-    parser.add_argument("--nproc", type=parse_nproc,
-                        help="worker processes on this node, or auto: one per visible device (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    parser.add_argument("--print-config", action="store_true",
-                        help="check the config, print it resolved (engine defaults, derived sizes) and exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.steps=10 rollout.n=4")
-    args = parser.parse_intermixed_args(argv)
+    status = run_subcommand(argv, __package__, {"make-tiny-model": make_tiny_model_main, "export": ".export",
+                                                "eval": ".evaluate"})
+    if status is not None:
+        return status
+    args = parse_run_args(argv, "accel-grpo", __doc__, PRESETS,
+                          sections="model, data, rollout, algorithm, train, run, engine",
+                          print_config="check the config, print it resolved (engine defaults, derived sizes) and exit",
+                          example="train.steps=10 rollout.n=4")
 
     import accel_backends
-
-    from ..runtime import Interrupted, WorkerFailed, report_early_end, run
 
     try:
         config, notices = load_config(args.preset, args.config, args.overrides)
         for notice in notices:
-            if os.environ.get("RANK", "0") == "0":
+            if is_rank0():
                 print(f"accel-grpo: notice: {notice}", file=sys.stderr)
         if args.nproc is not None:
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
@@ -144,28 +123,22 @@ def main(argv: list[str] | None = None) -> int:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(json.dumps(resolved(config, workers), indent=2))
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
-        print(f"accel-grpo: error: {exc}", file=sys.stderr)
-        return 2
+        return input_error("accel-grpo", exc)
 
-    is_rank0 = os.environ.get("RANK", "0") == "0"
-    if is_rank0:
-        print(f"accel-grpo: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), "
-              f"{workers} process(es), {config.train.steps} steps; run directory {run_dir}", flush=True)
     started = time.perf_counter()
-    try:
-        run(worker, workers, config.to_dict(), str(run_dir), args.resume)
-    except (WorkerFailed, Interrupted) as exc:
-        return report_early_end("accel-grpo", exc, _resume_hint(run_dir))
+    status = run_workers("accel-grpo", worker, config, workers, run_dir, args.resume, backend=backend,
+                         steps=config.train.steps)
+    if status is not None:
+        return status
     elapsed = time.perf_counter() - started
-    if not is_rank0:
+    if not is_rank0():
         return 0
     rewards = [row["reward_mean"] for row in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in row]
     if rewards:
         first, final = rewards[:10], rewards[-10:]
         print(f"accel-grpo: done in {elapsed:.0f} s; reward mean over the first {len(first)} steps "
               f"{sum(first) / len(first):.3f}, over the last {len(final)} steps {sum(final) / len(final):.3f}")
-    print(f"metrics: {run_dir / 'metrics.jsonl'}\ncurves:  {run_dir / 'curves.png'}\n"
-          f"checkpoints: {run_dir / 'checkpoints'}")
+    print_outputs(run_dir)
     return 0
 
 

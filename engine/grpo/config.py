@@ -121,7 +121,7 @@ class RunConfig:
 
 
 @dataclasses.dataclass
-class GRPOConfig:
+class GRPOConfig(runs_config.ConfigRoot):
     preset: str = "cpu-demo"
     nproc: int | str = 2  # worker processes on this node; "auto": one per visible accelerator
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -131,18 +131,6 @@ class GRPOConfig:
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineConfig fields
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> GRPOConfig:
-        """From ``to_dict()`` or a run's ``config.json`` (its ``derived`` section is computed, not read)."""
-        data = dict(data)
-        data.pop("derived", None)
-        config = cls(preset=data.pop("preset", "cpu-demo"))
-        apply(config, data)
-        return config
 
 
 PRESETS: dict[str, dict] = {
@@ -205,10 +193,7 @@ def load_config(preset: str | None = None, config_file: str | None = None, overr
 
 def require_valid(config: GRPOConfig, world_size: int) -> None:
     """``check``'s problems as one ValueError: one line for one problem, a list for several."""
-    problems = check(config, world_size)
-    if problems:
-        raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
-                         "invalid configuration:\n  - " + "\n  - ".join(problems))
+    runs_config.require_valid(check(config, world_size))
 
 
 def apply_loss_type(config: GRPOConfig) -> list[str]:
@@ -383,14 +368,7 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
                 "lora_alpha", "lora_target_modules", "attn_implementation"}
         options = {k: v for k, v in options.items() if k in keep}
         options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
-    fields = {f.name: f for f in dataclasses.fields(EngineConfig)}
-    unknown = sorted(set(options) - set(fields))
-    if unknown:
-        hints = "".join(did_you_mean(u, fields, "engine.") for u in unknown[:1])
-        raise ValueError(f"unknown engine option(s) {', '.join('engine.' + u for u in unknown)}{hints}; valid: "
-                         f"{', '.join(sorted(fields))}")
-    options = {key: coerce(f"engine.{key}", value, fields[key].type) for key, value in options.items()}
-    return EngineConfig(**options)
+    return runs_config.engine_options(options, {})
 
 
 def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:

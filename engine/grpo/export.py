@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..runs import export as shared
@@ -14,16 +13,7 @@ from .model import BUILTIN_MODEL, build_model
 
 def run_config(run_dir: Path) -> GRPOConfig:
     """The configuration a run was started with (its ``config.json``)."""
-    try:
-        data = json.loads((run_dir / "config.json").read_text())
-    except ValueError as exc:
-        raise ExportError(f"{run_dir / 'config.json'} is not valid JSON: {exc}") from exc
-    if data.get("trainer") == "sft":
-        raise ExportError(f"{run_dir} is an accel-sft run: use accel-sft export (or accel-sft eval)")
-    try:
-        return GRPOConfig.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ExportError(f"{run_dir / 'config.json'} is not a readable accel-grpo config: {exc}") from exc
+    return shared.run_config(run_dir, GRPOConfig, "accel-grpo", "accel-sft", trainer=None)
 
 
 def load_run(run_dir: Path) -> shared.RunModel:

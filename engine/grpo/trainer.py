@@ -26,7 +26,7 @@ import accel_backends
 from .. import FSDPEngine, checkpoint, runtime
 from ..runs.loggers import Loggers
 from ..runs.progress import progress_bar
-from ..runs.retention import after_save
+from ..runs.steps import advance, finish, save_if_due
 from ..runtime import phase, sum_over_ranks
 from . import agent, dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
@@ -347,23 +347,14 @@ class GRPOTrainer:
             if loggers is not None:
                 loggers.write(last)
                 loggers.write_samples(self.sample_records)
-            if progress is not None:
-                shown = {"reward": f"{mean:.3f}", "step_s": f"{last['step_time_s']:.2f}"}
-                if "val/accuracy" in last:
-                    shown["val_acc"] = f"{last['val/accuracy']:.3f}"
-                progress.set_postfix(shown)
-                progress.update(1)
-            save_every = cfg.run.save_every
+            shown = {"reward": f"{mean:.3f}", "step_s": f"{last['step_time_s']:.2f}"}
+            if "val/accuracy" in last:
+                shown["val_acc"] = f"{last['val/accuracy']:.3f}"
+            advance(progress, shown)
             stopping = totals["stop_requested"] > 0  # summed over ranks: every rank stops at this same step
-            if (save_every and (step + 1) % save_every == 0) or step + 1 == cfg.train.steps or stopping:
-                self.actor.save_checkpoint(self.checkpoint_dir(step + 1))
-                if self.rank == 0:
-                    after_save(self.checkpoint_dir(step + 1), cfg.run.keep_checkpoints, progress)
+            save_if_due(self.actor, self.run_dir, cfg.run, step, cfg.train.steps, stopping=stopping, rank=self.rank,
+                        progress=progress, tool="accel-grpo")
             if stopping:
                 break
-        if progress is not None:
-            progress.close()
-        if loggers is not None:
-            loggers.close()
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png")
+        finish(progress, loggers, lambda: plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png"))
         return last

@@ -15,6 +15,22 @@ from accel_backends.names import did_you_mean
 from ..config import EngineConfig
 
 
+class ConfigRoot:
+    """What a trainer's config root (a dataclass with a ``preset`` field) shares: to and from a plain dict."""
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        """From ``to_dict()`` or a run's ``config.json`` (its ``derived`` section is computed, not read)."""
+        data = dict(data)
+        data.pop("derived", None)
+        config = cls(preset=data.pop("preset", "cpu-demo"))
+        apply(config, data)
+        return config
+
+
 def apply(config: Any, data: dict, prefix: str = "") -> None:
     """Set fields from a nested mapping; an unknown key is named with the closest valid one."""
     for key, value in data.items():
@@ -122,6 +138,13 @@ def build_config(schema: type, presets: dict[str, dict], preset: str | None, con
     for override in overrides:
         apply(config, parse_override(override))
     return config
+
+
+def require_valid(problems: list[str]) -> None:
+    """A config check's problems as one ValueError: one line for one problem, a list for several."""
+    if problems:
+        raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
+                         "invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
 def engine_options(options: dict, defaults: dict) -> EngineConfig:

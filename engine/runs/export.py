@@ -44,6 +44,25 @@ class RunModel:
     build: Callable[[], tuple[Any, Any]]  # () -> (tokenizer, a model factory or a model directory)
 
 
+def run_config(run_dir: Path, schema: type, tool: str, other_tool: str, trainer: str | None):
+    """The configuration a run was started with (its ``config.json``), read with ``schema``; ``trainer`` is what
+    ``schema`` records under ``trainer`` (None: no such key), so the other tool's run is named, not misread."""
+    try:
+        data = json.loads((run_dir / "config.json").read_text())
+    except ValueError as exc:
+        raise ExportError(f"{run_dir / 'config.json'} is not valid JSON: {exc}") from exc
+    recorded = data.get("trainer")
+    if recorded != trainer:
+        if recorded is None:
+            raise ExportError(f"{run_dir} is not an {tool} run (an {other_tool} run? use {other_tool} export)")
+        raise ExportError(f"{run_dir} is an accel-{recorded} run: use accel-{recorded} export "
+                          f"(or accel-{recorded} eval)")
+    try:
+        return schema.from_dict(data)
+    except (ValueError, TypeError) as exc:
+        raise ExportError(f"{run_dir / 'config.json'} is not a readable {tool} config: {exc}") from exc
+
+
 def locate(source, step: int | None = None) -> tuple[Path, Path]:
     """``(run directory, checkpoint directory)`` for a run directory (its newest complete checkpoint, or ``step``)
     or a checkpoint directory inside a run (``<run>/checkpoints/step_N``)."""

@@ -13,16 +13,16 @@ Options, runs, checkpoints, loggers and exit statuses are those of accel-grpo (d
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
 
+from ..runs.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
+from ..runs.config import require_valid
 from ..runs.report import read_metrics
-from ..runs.run_dir import resume_hint, run_dir
-from ..runs.workers import parse_nproc, world_size
+from ..runs.run_dir import run_dir
+from ..runs.workers import world_size
 from .config import PRESETS, build_config, check, resolved
 
 TOOL = "accel-sft"
@@ -56,53 +56,31 @@ def derived(config, data, workers: int) -> dict:
             "train_examples": len(data.train), "val_examples": len(data.val)}
 
 
-def parse(argv: list[str]):
-    parser = argparse.ArgumentParser(prog=TOOL, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", help=f"one of {', '.join(PRESETS)} (default cpu-demo)")
-    parser.add_argument("--config", help="a YAML file of sections (model, data, train, run, engine)")
-    parser.add_argument("--nproc", type=parse_nproc,
-                        help="worker processes on this node, or auto: one per visible device (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    parser.add_argument("--print-config", action="store_true",
-                        help="check the config and the data, print the config resolved and exit")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.batch_size=32")
-    return parser.parse_intermixed_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["export"]:
-        from .export import main as export_main
-
-        return export_main(argv[1:])
-    if argv[:1] == ["eval"]:
-        from .evaluate import main as eval_main
-
-        return eval_main(argv[1:])
-    args = parse(argv)
+    status = run_subcommand(argv, __package__, {"export": ".export", "eval": ".evaluate"})
+    if status is not None:
+        return status
+    args = parse_run_args(argv, TOOL, __doc__, PRESETS, sections="model, data, train, run, engine",
+                          print_config="check the config and the data, print the config resolved and exit",
+                          example="train.batch_size=32")
     import accel_backends
 
-    from ..runtime import Interrupted, WorkerFailed, report_early_end, run
     from .model import resolve_model_path
 
-    is_rank0 = os.environ.get("RANK", "0") == "0"
     try:
         config = build_config(args.preset, args.config, args.overrides)
         if args.nproc is not None:
             config.nproc = args.nproc
         workers = world_size(config, args.nproc)
-        problems = check(config, workers)
-        if problems:
-            raise ValueError("invalid configuration: " + problems[0] if len(problems) == 1 else
-                             "invalid configuration:\n  - " + "\n  - ".join(problems))
+        require_valid(check(config, workers))
         resolve_model_path(config)
         data = check_inputs(config)
         figures = derived(config, data, workers)
         if args.print_config:
             print(json.dumps(resolved(config, figures), indent=2))
             return 0
-        if is_rank0:
+        if is_rank0():
             print(f"{TOOL}: data: {data.summary()}" + (" (data.format=auto chose it)" if config.data.format == "auto"
                                                          and config.data.path else ""), file=sys.stderr)
         backend = accel_backends.get_backend()
@@ -112,17 +90,13 @@ def main(argv: list[str] | None = None) -> int:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / "config.json").write_text(json.dumps(resolved(config, figures), indent=2))
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
-        print(f"{TOOL}: error: {exc}", file=sys.stderr)
-        return 2
-    if is_rank0:
-        print(f"{TOOL}: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), {workers} "
-              f"process(es), {figures['total_steps']} steps; run directory {directory}", flush=True)
+        return input_error(TOOL, exc)
     started = time.perf_counter()
-    try:
-        run(worker, workers, config.to_dict(), str(directory), args.resume)
-    except (WorkerFailed, Interrupted) as exc:
-        return report_early_end(TOOL, exc, resume_hint(directory, TOOL))
-    if not is_rank0:
+    status = run_workers(TOOL, worker, config, workers, directory, args.resume, backend=backend,
+                         steps=figures["total_steps"])
+    if status is not None:
+        return status
+    if not is_rank0():
         return 0
     rows = [row for row in read_metrics(directory / "metrics.jsonl") if "loss" in row]
     if rows:
@@ -135,8 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             line += (f"; validation loss {vals[-1]['val/loss']:.3f}, token accuracy "
                      f"{vals[-1]['val/mean_token_accuracy']:.3f}")
         print(line)
-    print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {directory / 'curves.png'}\n"
-          f"checkpoints: {directory / 'checkpoints'}")
+    print_outputs(directory)
     return 0
 
 

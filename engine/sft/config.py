@@ -11,7 +11,6 @@ from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
 from ..runs import config as runs_config
-from ..runs.config import apply
 from ..runs.loggers import LOGGERS
 
 DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.grpo.fixture)
@@ -71,7 +70,7 @@ class RunConfig:
 
 
 @dataclasses.dataclass
-class SFTConfig:
+class SFTConfig(runs_config.ConfigRoot):
     preset: str = "cpu-demo"
     nproc: int | str = 2
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -80,17 +79,6 @@ class SFTConfig:
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)
     trainer: str = "sft"  # recorded in config.json: export / eval know which schema reads it
-
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> SFTConfig:
-        data = dict(data)
-        data.pop("derived", None)
-        config = cls(preset=data.pop("preset", "cpu-demo"))
-        apply(config, data)
-        return config
 
 
 PRESETS: dict[str, dict] = {

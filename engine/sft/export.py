@@ -3,25 +3,15 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..runs import export as shared
-from ..runs.export import ExportError
 from .config import SFTConfig, engine_config
 
 
 def run_config(run_dir: Path) -> SFTConfig:
-    try:
-        data = json.loads((run_dir / "config.json").read_text())
-    except ValueError as exc:
-        raise ExportError(f"{run_dir / 'config.json'} is not valid JSON: {exc}") from exc
-    if data.get("trainer") != "sft":
-        raise ExportError(f"{run_dir} is not an accel-sft run (an accel-grpo run? use accel-grpo export)")
-    try:
-        return SFTConfig.from_dict(data)
-    except (ValueError, TypeError) as exc:
-        raise ExportError(f"{run_dir / 'config.json'} is not a readable accel-sft config: {exc}") from exc
+    """The configuration an SFT run was started with (its ``config.json``)."""
+    return shared.run_config(run_dir, SFTConfig, "accel-sft", "accel-grpo", trainer="sft")
 
 
 def load_run(run_dir: Path) -> shared.RunModel:

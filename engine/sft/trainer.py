@@ -18,7 +18,7 @@ from .. import FSDPEngine, checkpoint, runtime
 from ..runs.loggers import Loggers
 from ..runs.progress import progress_bar
 from ..runs.report import plot_curves
-from ..runs.retention import after_save
+from ..runs.steps import advance, finish, save_if_due
 from ..runtime import sum_over_ranks
 from .batches import rank_micro_batches, schedule
 from .config import SFTConfig, engine_config, resolved
@@ -129,23 +129,14 @@ class SFTTrainer:
                                       self.backend.metrics_device())["stop"] > 0
             if loggers is not None:
                 loggers.write(last)
-            if progress is not None:
-                shown = {"loss": f"{last['loss']:.3f}", "acc": f"{last['mean_token_accuracy']:.3f}"}
-                if "val/loss" in last:
-                    shown["val_loss"] = f"{last['val/loss']:.3f}"
-                progress.set_postfix(shown)
-                progress.update(1)
-            save_every = cfg.run.save_every
-            if (save_every and (step + 1) % save_every == 0) or step + 1 == total or stopping:
-                path = self.run_dir / "checkpoints" / f"step_{step + 1:06d}"
-                self.engine.save_checkpoint(path)
-                if self.rank == 0:
-                    after_save(path, cfg.run.keep_checkpoints, progress, tool="accel-sft")
+            shown = {"loss": f"{last['loss']:.3f}", "acc": f"{last['mean_token_accuracy']:.3f}"}
+            if "val/loss" in last:
+                shown["val_loss"] = f"{last['val/loss']:.3f}"
+            advance(progress, shown)
+            save_if_due(self.engine, self.run_dir, cfg.run, step, total, stopping=stopping, rank=self.rank,
+                        progress=progress, tool="accel-sft")
             if stopping:
                 break
-        if progress is not None:
-            progress.close()
-        if loggers is not None:
-            loggers.close()
-            plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png", CURVES)
+        finish(progress, loggers, lambda: plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png",
+                                                      CURVES))
         return last

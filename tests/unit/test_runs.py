@@ -70,3 +70,41 @@ def test_the_pipeline_takes_any_trainers_schema(tmp_path):
         build_config(_Schema, presets, None, None, ["part.sise=3"], default_preset="small")
     with pytest.raises(ValueError, match="unknown preset 'huge': choose one of small, big"):
         build_config(_Schema, presets, "huge", None, [])
+
+
+def test_each_trainer_reads_its_own_run_config_and_names_the_other_tool(tmp_path):
+    """engine/runs/export.py: run_config, one reader behind accel-grpo's and accel-sft's (round trip with the shared
+    ConfigRoot.to_dict/from_dict; a run of the other trainer named with the tool to use)."""
+    import json
+
+    from engine.grpo.config import GRPOConfig
+    from engine.grpo.export import run_config as grpo_run_config
+    from engine.runs.export import ExportError
+    from engine.sft.config import SFTConfig
+    from engine.sft.export import run_config as sft_run_config
+
+    runs = {}
+    for name, config in [("grpo", GRPOConfig()), ("sft", SFTConfig())]:
+        config.train.seed = 7
+        runs[name] = tmp_path / name
+        runs[name].mkdir()
+        (runs[name] / "config.json").write_text(json.dumps({**config.to_dict(), "derived": {"world_size": 2}}))
+    assert grpo_run_config(runs["grpo"]) == GRPOConfig.from_dict(GRPOConfig().to_dict() | {"train": {"seed": 7}})
+    assert sft_run_config(runs["sft"]).train.seed == 7
+    with pytest.raises(ExportError, match="is an accel-sft run: use accel-sft export"):
+        grpo_run_config(runs["sft"])
+    with pytest.raises(ExportError, match=r"is not an accel-sft run \(an accel-grpo run\? use accel-grpo export\)"):
+        sft_run_config(runs["grpo"])
+    (runs["grpo"] / "config.json").write_text('{"model": {"nope": 1}}')
+    with pytest.raises(ExportError, match="is not a readable accel-grpo config: unknown option 'model.nope'"):
+        grpo_run_config(runs["grpo"])
+
+
+def test_invalid_configuration_is_one_line_for_one_problem_and_a_list_for_several():
+    from engine.runs.config import require_valid
+
+    require_valid([])
+    with pytest.raises(ValueError, match=r"^invalid configuration: a$"):
+        require_valid(["a"])
+    with pytest.raises(ValueError, match=r"^invalid configuration:\n  - a\n  - b$"):
+        require_valid(["a", "b"])
