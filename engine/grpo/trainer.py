@@ -82,14 +82,13 @@ class GRPOTrainer:
                 print(f"accel-grpo: note: {notice}", file=sys.stderr, flush=True)
         self.sampling, self.val_sampling = sampling_configs(config.rollout, eos_token_ids(self.actor.module,
                                                                                           self.tokenizer))
-        # The engine's log-probs, for the mismatch metrics and algorithm.rollout_correction; not from hf, which
-        # would keep every decoding step's full scores for them.
-        self.sampling = dataclasses.replace(self.sampling, log_probs=config.rollout.engine != "hf")
         self.mismatch, self._first_epoch = MismatchStats(), True
         from .config import max_sequence_tokens
 
         self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
             self.actor, self.tokenizer, factory, config.rollout, max_sequence_tokens(config)))
+        # The engine's log-probs, for the mismatch metrics and algorithm.rollout_correction, where they are cheap.
+        self.sampling = dataclasses.replace(self.sampling, log_probs=self.rollout_engine.cheap_log_probs)
         # Tools or an environment: multi-turn rollouts (engine/grpo/agent), every rank's engine calls in step.
         self.agent = agent.build(config, self.tokenizer,
                                  lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))

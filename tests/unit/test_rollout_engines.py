@@ -306,3 +306,11 @@ def test_the_docs_plugin_example_is_under_60_lines_samples_and_takes_the_weights
     engine.load_weights((name, param.detach()) for name, param in trained.named_parameters())
     assert all(torch.equal(mine, theirs) for mine, theirs in zip(engine.model.parameters(), trained.parameters(),
                                                                    strict=True))
+
+
+def test_training_rollouts_ask_for_log_probs_where_the_engine_gives_them_cheaply():
+    from engine.grpo.rollout_engines.hf import HFRolloutEngine
+    from engine.grpo.rollout_engines.hf_continuous import ContinuousRolloutEngine
+
+    assert RolloutEngine.cheap_log_probs and ContinuousRolloutEngine.cheap_log_probs  # plugins, vllm: asked
+    assert not HFRolloutEngine.cheap_log_probs  # generate() would keep every step's full scores

@@ -78,11 +78,15 @@ class RolloutEngine:
 
     ``receives_weights``: whether the trainer must send the policy's weights after each update (and once at the
     start). Engines that decode with the policy's own sharded parameters (``hf``, ``hf-continuous``) set it
-    False. ``name`` is set to the registered name when the registry builds the engine.
+    False. ``cheap_log_probs``: whether the trainer may ask every training rollout for the sampled tokens'
+    log-probs (``SamplingConfig.log_probs``, for the mismatch metrics and ``algorithm.rollout_correction``); an
+    engine for which that costs much (``hf`` keeps every decoding step's full scores for them) sets it False.
+    ``name`` is set to the registered name when the registry builds the engine.
     """
 
     name = "?"
     receives_weights = True
+    cheap_log_probs = True
     multi_turn = True  # generate() continues any token-id prefix: tools and environments can use it
 
     def __init__(self, context: RolloutContext) -> None:

@@ -71,6 +71,8 @@ class PolicyDecoding(RolloutEngine):
 
 
 class HFRolloutEngine(PolicyDecoding):
+    cheap_log_probs = False  # generate(output_scores=True) keeps every decoding step's full scores
+
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
         policy, pad_id, input_ids, attention_mask, device = self.left_padded_batch(prompts, sampling)
         want_scores = sampling.log_probs and not sampling.greedy
