@@ -106,12 +106,18 @@ def print_packing(s: dict) -> None:
     print("  (activations: bytes autograd keeps for backward, largest micro-batch; the peak memory a budget bounds)")
     print(f"packed / padded update time {s['packed_over_padded']:.2f}, packed / as before packing "
           f"{s['packed_over_rollout']:.2f}; token imbalance (max / mean over ranks) {s['token_imbalance']:.3f}")
-    for budget, row in s["peak_by_budget"].items():
+    _print_budgets(s["peak_by_budget"])
+
+
+def _print_budgets(rows: dict) -> None:
+    """One line per token budget: micro-batches, activations (and the peak where the scenario measured it)."""
+    for budget, row in rows.items():
         if "skipped" in row:
             print(f"  budget {budget:>6}: skipped, {row['skipped']}")
-        else:
-            print(f"  budget {budget:>6}: {row['micro_batches_per_rank']:3d} micro-batches per rank, activations "
-                  f"{row['activation_mib']:.1f} MiB at most per micro-batch")
+            continue
+        peak = f", peak {_mib(row['peak_memory_bytes'])} MiB" if "peak_memory_bytes" in row else ""
+        print(f"  budget {budget:>6}: {row['micro_batches_per_rank']:3d} micro-batches per rank, activations "
+              f"{row['activation_mib']:.1f} MiB at most per micro-batch{peak}")
 
 
 def print_sft(s: dict) -> None:
@@ -123,12 +129,7 @@ def print_sft(s: dict) -> None:
               f"{row['supervised_tokens_per_s']:17.0f} {row['pad_tokens_this_rank']:11.0f}")
     print(f"deferred / every-micro-batch sync step time {s['deferred_over_every_micro_batch']:.2f}; packed / padded "
           f"{s['packed_over_padded']:.2f}")
-    for budget, row in s["peak_by_budget"].items():
-        if "skipped" in row:
-            print(f"  budget {budget:>6}: skipped, {row['skipped']}")
-        else:
-            print(f"  budget {budget:>6}: {row['micro_batches_per_rank']:3d} micro-batches per rank, activations "
-                  f"{row['activation_mib']:.1f} MiB at most per micro-batch, peak {_mib(row['peak_memory_bytes'])} MiB")
+    _print_budgets(s["peak_by_budget"])
 
 
 PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
