@@ -12,9 +12,9 @@ PACKAGES = ("accel_backends", "engine")
 # What engine/grpo may use of the engine: its public API, not the mechanics under it.
 GRPO_MAY_IMPORT = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing",
                    "engine.tiny_model", "engine.hookspecs", "engine.output_layer")
-# engine/runs (what both trainers share) stands on that same public API and knows no trainer.
+# engine/train (what both trainers share) stands on that same public API and knows no trainer.
 RUNS_MAY_IMPORT = GRPO_MAY_IMPORT
-# engine/sft: the public API, engine/runs, and GRPO's tiny model directory writer (a shared test fixture).
+# engine/sft: the public API, engine/train, and GRPO's tiny model directory writer (a shared test fixture).
 SFT_MAY_IMPORT = GRPO_MAY_IMPORT + ("engine.grpo.fixture",)
 
 
@@ -75,14 +75,14 @@ def layer_violations(root: Path) -> list[str]:
             elif (_inside(importer, "engine.packing") and _inside(target, "engine")
                   and not _inside(target, "engine.packing")):
                 rule = "engine/packing imports nothing of the engine"
-            elif (_inside(importer, "engine.runs") and _inside(target, "engine") and not _inside(target, "engine.runs")
+            elif (_inside(importer, "engine.train") and _inside(target, "engine") and not _inside(target, "engine.train")
                   and target not in RUNS_MAY_IMPORT):
-                rule = "engine/runs uses the engine's public API only and imports no trainer"
+                rule = "engine/train uses the engine's public API only and imports no trainer"
             elif (_inside(importer, "engine.sft") and _inside(target, "engine") and not _inside(target, "engine.sft")
-                  and not _inside(target, "engine.runs") and target not in SFT_MAY_IMPORT):
-                rule = f"engine/sft uses the engine's public API and engine/runs only ({', '.join(SFT_MAY_IMPORT)})"
+                  and not _inside(target, "engine.train") and target not in SFT_MAY_IMPORT):
+                rule = f"engine/sft uses the engine's public API and engine/train only ({', '.join(SFT_MAY_IMPORT)})"
             elif (_inside(importer, "engine.grpo") and _inside(target, "engine") and not _inside(target, "engine.grpo")
-                  and not _inside(target, "engine.runs") and target not in GRPO_MAY_IMPORT):
+                  and not _inside(target, "engine.train") and target not in GRPO_MAY_IMPORT):
                 rule = f"engine/grpo uses the engine's public API only ({', '.join(GRPO_MAY_IMPORT)})"
             else:
                 continue

@@ -196,7 +196,7 @@ def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer, capsys):
 def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokenizer, monkeypatch):
     from engine.grpo.config import GRPOConfig
     from engine.grpo.tasks import build_tasks, data_spec
-    from engine.runs.loggers import require_tensorboard
+    from engine.train.loggers import require_tensorboard
 
     root = tmp_path / "dd"
     write_datasets_dir(root / "train", verl_rows())

@@ -11,7 +11,7 @@ from conftest import REPO, run_python
 
 from engine.grpo.cli import main
 from engine.grpo.tasks import echo_reward
-from engine.runs.loggers import flat_params, numbers
+from engine.train.loggers import flat_params, numbers
 
 pytestmark = pytest.mark.slow
 

@@ -45,10 +45,10 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
         "engine/grpo/model.py": "def check():\n    from .config import X\n",
         "engine/packing/__init__.py": "",
         "engine/packing/planner.py": "from ..runtime import launcher\n",
-        "engine/runs/__init__.py": "",
-        "engine/runs/report.py": "from ..grpo import trainer\n",
+        "engine/train/__init__.py": "",
+        "engine/train/report.py": "from ..grpo import trainer\n",
         "engine/sft/__init__.py": "",
-        "engine/sft/cli.py": "from ..runs import report\nfrom ..grpo.config import X\n",
+        "engine/sft/cli.py": "from ..train import report\nfrom ..grpo.config import X\n",
     })
     found = "\n".join(layer_violations(root))
     assert "accel_backends/kit.py:2: accel_backends.kit -> engine.fsdp.sharding (accel_backends imports" in found
@@ -56,10 +56,10 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
     assert "engine/grpo/trainer.py:1: engine.grpo.trainer -> engine.fsdp (engine/grpo uses the engine's" in found
     assert "engine/grpo/rollout.py:1: engine.grpo.rollout -> engine.runtime.launcher (engine/grpo uses" in found
     assert "engine/packing/planner.py:1: engine.packing.planner -> engine.runtime.launcher (engine/packing" in found
-    assert "engine/runs/report.py:1: engine.runs.report -> engine.grpo.trainer (engine/runs uses" in found
+    assert "engine/train/report.py:1: engine.train.report -> engine.grpo.trainer (engine/train uses" in found
     assert "engine/sft/cli.py:2: engine.sft.cli -> engine.grpo.config (engine/sft uses" in found
     assert "-> engine.runtime (" not in found and "-> engine (" not in found  # the public API is allowed
-    assert "-> engine.runs.report (" not in found  # a trainer may use the shared run layer
+    assert "-> engine.train.report (" not in found  # a trainer may use the shared run layer
     assert len(found.splitlines()) == 7, found
     cycles = {tuple(cycle) for cycle in import_cycles(root)}
     assert ("engine.grpo.config", "engine.grpo.model", "engine.grpo.config") in cycles

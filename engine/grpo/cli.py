@@ -22,9 +22,9 @@ import sys
 import time
 from pathlib import Path
 
-from ..runs.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
-from ..runs.run_dir import run_dir as run_dir_of
-from ..runs.workers import world_size
+from ..train.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
+from ..train.run_dir import run_dir as run_dir_of
+from ..train.workers import world_size
 from .config import PRESETS, load_config, require_valid, resolved
 from .report import read_metrics
 
@@ -44,7 +44,7 @@ def worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
 def check_inputs(config, verbose: bool = True) -> None:
     """Load what the workers will load (rewards, tokenizer, every data row) so that bad input fails here."""
-    from ..runs.loggers import require_loggers
+    from ..train.loggers import require_loggers
     from .model import build_model
     from .rewards import load_rewards
     from .tasks import build_tasks, data_spec, needs_answers

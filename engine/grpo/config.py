@@ -11,9 +11,9 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
-from ..runs import config as runs_config
-from ..runs.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
-from ..runs.loggers import LOGGERS
+from ..train import config as train_config
+from ..train.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
+from ..train.loggers import LOGGERS
 from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
 from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
@@ -121,7 +121,7 @@ class RunConfig:
 
 
 @dataclasses.dataclass
-class GRPOConfig(runs_config.ConfigRoot):
+class GRPOConfig(train_config.ConfigRoot):
     preset: str = "cpu-demo"
     nproc: int | str = 2  # worker processes on this node; "auto": one per visible accelerator
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -168,8 +168,8 @@ PRESETS["ascend-910b"] = _accelerator_preset(micro_batch_tokens=4096)  # 64 GB H
 
 
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> GRPOConfig:
-    """Preset, then the YAML file, then the overrides, in that order (``engine.runs.config``)."""
-    return runs_config.build_config(GRPOConfig, PRESETS, preset, config_file, overrides)
+    """Preset, then the YAML file, then the overrides, in that order (``engine.train.config``)."""
+    return train_config.build_config(GRPOConfig, PRESETS, preset, config_file, overrides)
 
 
 def load_config(preset: str | None = None, config_file: str | None = None, overrides: Sequence[str] = (), *,
@@ -185,7 +185,7 @@ def load_config(preset: str | None = None, config_file: str | None = None, overr
             raise ValueError("--preset is for a new config: this one starts from an existing configuration")
         config = copy.deepcopy(base)
         if config_file:
-            apply(config, runs_config.read_config_file(config_file))
+            apply(config, train_config.read_config_file(config_file))
         for override in overrides:
             apply(config, parse_override(override))
     return config, apply_loss_type(config)
@@ -193,7 +193,7 @@ def load_config(preset: str | None = None, config_file: str | None = None, overr
 
 def require_valid(config: GRPOConfig, world_size: int) -> None:
     """``check``'s problems as one ValueError: one line for one problem, a list for several."""
-    runs_config.require_valid(check(config, world_size))
+    train_config.require_valid(check(config, world_size))
 
 
 def apply_loss_type(config: GRPOConfig) -> list[str]:
@@ -368,7 +368,7 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
                 "lora_alpha", "lora_target_modules", "attn_implementation"}
         options = {k: v for k, v in options.items() if k in keep}
         options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
-    return runs_config.engine_options(options, {})
+    return train_config.engine_options(options, {})
 
 
 def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:

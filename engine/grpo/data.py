@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from ..runs.rows import read_rows  # noqa: F401  (read here; tests and plugins import it from here)
+from ..train.rows import read_rows  # noqa: F401  (read here; tests and plugins import it from here)
 
 # Tried in order when data.prompt_key / data.answer_key are not set.
 PROMPT_KEYS = ("prompt", "question", "problem")

@@ -21,8 +21,8 @@ from pathlib import Path
 
 from .. import checkpoint
 from ..checkpoint import META_FILE
-from ..runs.workers import parse_nproc
-from ..runs.workers import world_size as worker_count
+from ..train.workers import parse_nproc
+from ..train.workers import world_size as worker_count
 from .config import GRPOConfig, build_config, dist_timeout_s, engine_config, load_config, prompts_per_rank
 from .export import ExportError, export, locate, run_config
 from .model import BUILTIN_MODEL, check_model_dir

@@ -1,12 +1,12 @@
-"""``accel-grpo export RUN_DIR|CHECKPOINT OUT``: the shared export (``engine/runs/export.py``) of a GRPO run, whose
+"""``accel-grpo export RUN_DIR|CHECKPOINT OUT``: the shared export (``engine/train/export.py``) of a GRPO run, whose
 ``config.json`` is a ``GRPOConfig``."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..runs import export as shared
-from ..runs.export import ExportError, locate  # noqa: F401  (accel-grpo eval uses them from here)
+from ..train import export as shared
+from ..train.export import ExportError, locate  # noqa: F401  (accel-grpo eval uses them from here)
 from .config import GRPOConfig, engine_config
 from .model import BUILTIN_MODEL, build_model
 

@@ -1,11 +1,11 @@
-"""GRPO's learning curves; the metrics file and the plotting are shared (``engine/runs/report.py``)."""
+"""GRPO's learning curves; the metrics file and the plotting are shared (``engine/train/report.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..runs import report
-from ..runs.report import MetricsLog, read_metrics  # noqa: F401  (the names GRPO's modules and tests use)
+from ..train import report
+from ..train.report import MetricsLog, read_metrics  # noqa: F401  (the names GRPO's modules and tests use)
 
 CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accuracy"),
           ("val/reward_mean", "validation reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),

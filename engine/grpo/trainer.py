@@ -24,9 +24,9 @@ import torch.distributed as dist
 import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
-from ..runs.loggers import Loggers
-from ..runs.progress import progress_bar
-from ..runs.steps import advance, finish, save_if_due
+from ..train.loggers import Loggers
+from ..train.progress import progress_bar
+from ..train.steps import advance, finish, save_if_due
 from ..runtime import phase, sum_over_ranks
 from . import agent, dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss

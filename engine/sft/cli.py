@@ -18,11 +18,11 @@ import sys
 import time
 from pathlib import Path
 
-from ..runs.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
-from ..runs.config import require_valid
-from ..runs.report import read_metrics
-from ..runs.run_dir import run_dir
-from ..runs.workers import world_size
+from ..train.cli import input_error, is_rank0, parse_run_args, print_outputs, run_subcommand, run_workers
+from ..train.config import require_valid
+from ..train.report import read_metrics
+from ..train.run_dir import run_dir
+from ..train.workers import world_size
 from .config import PRESETS, build_config, check, resolved
 
 TOOL = "accel-sft"
@@ -38,7 +38,7 @@ def worker(config_dict: dict, run_directory: str, resume: bool) -> dict:
 
 def check_inputs(config):
     """Read, check and tokenize every row here, before any worker starts: bad input fails with one line."""
-    from ..runs.loggers import require_loggers
+    from ..train.loggers import require_loggers
     from .dataset import build_data
     from .model import load_tokenizer
 

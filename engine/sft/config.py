@@ -1,5 +1,5 @@
 """``SFTConfig``: the schema, presets and checks of ``accel-sft``; the pipeline (preset, YAML file, ``key=value``
-overrides) is the shared one of ``engine/runs/config.py``."""
+overrides) is the shared one of ``engine/train/config.py``."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
-from ..runs import config as runs_config
-from ..runs.loggers import LOGGERS
+from ..train import config as train_config
+from ..train.loggers import LOGGERS
 
 DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.grpo.fixture)
 FORMATS = ("auto", "text", "messages", "prompt_completion")
@@ -70,7 +70,7 @@ class RunConfig:
 
 
 @dataclasses.dataclass
-class SFTConfig(runs_config.ConfigRoot):
+class SFTConfig(train_config.ConfigRoot):
     preset: str = "cpu-demo"
     nproc: int | str = 2
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
@@ -103,7 +103,7 @@ PRESETS: dict[str, dict] = {
 
 
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> SFTConfig:
-    return runs_config.build_config(SFTConfig, PRESETS, preset, config_file, overrides)
+    return train_config.build_config(SFTConfig, PRESETS, preset, config_file, overrides)
 
 
 def engine_config(config: SFTConfig, total_steps: int | None = None) -> EngineConfig:
@@ -111,7 +111,7 @@ def engine_config(config: SFTConfig, total_steps: int | None = None) -> EngineCo
     defaults: dict[str, Any] = {"seed": config.train.seed}
     if total_steps is not None:
         defaults["total_steps"] = total_steps
-    return runs_config.engine_options(dict(config.engine), defaults)
+    return train_config.engine_options(dict(config.engine), defaults)
 
 
 def check(config: SFTConfig, world_size: int) -> list[str]:
@@ -121,7 +121,7 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     if config.model.path is None:
         problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
     elif config.model.path != DEMO_MODEL:
-        from ..runs.model_dir import check_model_dir
+        from ..train.model_dir import check_model_dir
 
         problems += check_model_dir(config.model.path)
     for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):

@@ -13,9 +13,9 @@ import json
 import sys
 from pathlib import Path
 
-from ..runs.config import apply, parse_override
-from ..runs.export import ExportError, locate
-from ..runs.workers import parse_nproc, world_size
+from ..train.config import apply, parse_override
+from ..train.export import ExportError, locate
+from ..train.workers import parse_nproc, world_size
 from .config import build_config, check
 from .export import run_config
 

@@ -1,11 +1,11 @@
 """``accel-sft export RUN_DIR|CHECKPOINT OUT [--lora merged|adapter]``: the shared export
-(``engine/runs/export.py``) of an SFT run; ``--lora adapter`` writes the adapters only (a PEFT directory)."""
+(``engine/train/export.py``) of an SFT run; ``--lora adapter`` writes the adapters only (a PEFT directory)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..runs import export as shared
+from ..train import export as shared
 from .config import SFTConfig, engine_config
 
 

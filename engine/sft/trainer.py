@@ -15,10 +15,10 @@ import torch
 import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
-from ..runs.loggers import Loggers
-from ..runs.progress import progress_bar
-from ..runs.report import plot_curves
-from ..runs.steps import advance, finish, save_if_due
+from ..train.loggers import Loggers
+from ..train.progress import progress_bar
+from ..train.report import plot_curves
+from ..train.steps import advance, finish, save_if_due
 from ..runtime import sum_over_ranks
 from .batches import rank_micro_batches, schedule
 from .config import SFTConfig, engine_config, resolved

@@ -158,7 +158,7 @@ def test_resolved_config_has_every_engine_default_and_the_derived_sizes():
 
 @pytest.mark.parametrize(("text", "expected"), [("auto", "auto"), ("3", 3)])
 def test_nproc_on_the_command_line(text, expected):
-    from engine.runs.workers import parse_nproc
+    from engine.train.workers import parse_nproc
 
     assert parse_nproc(text) == expected
 
@@ -167,7 +167,7 @@ def test_nproc_on_the_command_line(text, expected):
 def test_bad_nproc_on_the_command_line(text):
     import argparse
 
-    from engine.runs.workers import parse_nproc
+    from engine.train.workers import parse_nproc
 
     with pytest.raises(argparse.ArgumentTypeError, match="must be a positive integer or auto"):
         parse_nproc(text)

@@ -1,4 +1,4 @@
-"""The shared run layer (engine/runs/): a user's WANDB_DIR wins over the run directory; the progress bar takes no
+"""The shared run layer (engine/train/): a user's WANDB_DIR wins over the run directory; the progress bar takes no
 multiprocessing lock (whose semaphore leaked at the end of every run); one config pipeline for any schema."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from engine.runs.config import build_config
+from engine.train.config import build_config
 
 
 def _fake_wandb(monkeypatch, seen):
@@ -20,7 +20,7 @@ def _fake_wandb(monkeypatch, seen):
 
 @pytest.mark.parametrize("user_dir", [None, "/somewhere/wandb-files"])
 def test_wandb_dir_of_the_user_wins(monkeypatch, tmp_path, user_dir):
-    from engine.runs.loggers import WandbLogger
+    from engine.train.loggers import WandbLogger
 
     seen = {}
     _fake_wandb(monkeypatch, seen)
@@ -39,7 +39,7 @@ def test_progress_bar_uses_a_thread_lock():
 
     from tqdm import tqdm
 
-    from engine.runs.progress import progress_bar
+    from engine.train.progress import progress_bar
 
     bar = progress_bar(3, 0, "x")
     try:
@@ -73,13 +73,13 @@ def test_the_pipeline_takes_any_trainers_schema(tmp_path):
 
 
 def test_each_trainer_reads_its_own_run_config_and_names_the_other_tool(tmp_path):
-    """engine/runs/export.py: run_config, one reader behind accel-grpo's and accel-sft's (round trip with the shared
+    """engine/train/export.py: run_config, one reader behind accel-grpo's and accel-sft's (round trip with the shared
     ConfigRoot.to_dict/from_dict; a run of the other trainer named with the tool to use)."""
     import json
 
     from engine.grpo.config import GRPOConfig
     from engine.grpo.export import run_config as grpo_run_config
-    from engine.runs.export import ExportError
+    from engine.train.export import ExportError
     from engine.sft.config import SFTConfig
     from engine.sft.export import run_config as sft_run_config
 
@@ -101,7 +101,7 @@ def test_each_trainer_reads_its_own_run_config_and_names_the_other_tool(tmp_path
 
 
 def test_invalid_configuration_is_one_line_for_one_problem_and_a_list_for_several():
-    from engine.runs.config import require_valid
+    from engine.train.config import require_valid
 
     require_valid([])
     with pytest.raises(ValueError, match=r"^invalid configuration: a$"):
