@@ -13,7 +13,8 @@ from accel_backends.names import did_you_mean
 from ..config import EngineConfig
 from ..train import config as train_config
 from ..train.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
-from ..train.loggers import LOGGERS
+from ..train.settings import ModelConfig, missing_model, run_problems
+from ..train.settings import RunConfig as SharedRunConfig
 from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
 from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
@@ -22,15 +23,8 @@ from .rollout_engines.vllm_settings import VLLMConfig
 
 
 @dataclasses.dataclass
-class ModelConfig:
-    path: str | None = BUILTIN_MODEL  # a local Hugging Face model directory, or the built-in tiny model
-    hidden_size: int = 64  # the built-in model's size (ignored for a path)
-    layers: int = 2
-
-
-@dataclasses.dataclass
 class DataConfig:
-    task: str = "echo"  # echo (synthetic, built in) or gsm8k (the GSM8K answer check as the default reward)
+    task: str = "gsm8k"  # gsm8k (the GSM8K answer check as the default reward) or echo (the demo's synthetic task)
     path: str | None = None  # JSONL, JSON, Parquet file or a datasets save_to_disk directory
     val_path: str | None = None  # held-out prompts for validation
     val_fraction: float = 0.0  # or hold out this share of data.path
@@ -50,7 +44,7 @@ class RolloutConfig:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0: off
-    max_new_tokens: int = 4
+    max_new_tokens: int = 512
     val_n: int = 1  # samples per validation prompt
     val_temperature: float = 0.0  # 0: greedy
     engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, vllm, or one a plugin registers
@@ -106,24 +100,15 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
-class RunConfig:
-    name: str | None = None  # default: <preset>-<date>-<time>
-    output_dir: str = "runs"
-    save_every: int = 0  # checkpoint every N steps (0: only at the end)
-    keep_checkpoints: int | None = None  # keep only the newest N complete checkpoints (null: keep every one)
-    val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
-    loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard, wandb, mlflow
-    progress: bool = True
-    resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
-    save_on_interrupt: bool = False  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
+class RunConfig(SharedRunConfig):
     log_samples: int = 1  # prompts per step written with their responses and rewards to samples.jsonl (0: none)
     val_before_train: bool | None = None  # a baseline validation before step 1; null: when there is a validation set
 
 
 @dataclasses.dataclass
 class GRPOConfig(train_config.ConfigRoot):
-    preset: str = "cpu-demo"
-    nproc: int | str = 2  # worker processes on this node; "auto": one per visible accelerator
+    preset: str = "default"
+    nproc: int | str = "auto"  # worker processes on this node; auto: one per visible accelerator (2 on the CPU)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
@@ -131,9 +116,11 @@ class GRPOConfig(train_config.ConfigRoot):
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineConfig fields
+    trainer: str = "grpo"  # recorded in config.json: export / eval know which trainer's schema reads it
 
 
 PRESETS: dict[str, dict] = {
+    "default": {},  # the schema's own values: the library defaults, for a user's model and data
     "cpu-demo": {
         "nproc": 2,
         "model": {"path": BUILTIN_MODEL},
@@ -309,7 +296,7 @@ def prompt_token_limit(config: GRPOConfig) -> int | None:
     or the built-in echo task's longest prompt (one token per character at most)."""
     if config.data.max_prompt_tokens:
         return config.data.max_prompt_tokens
-    if not config.data.path and config.data.task == "echo":
+    if not (config.data.path or config.data.val_path) and config.data.task == "echo":
         from .tasks import EchoTask
 
         return EchoTask().longest_prompt_chars()
@@ -384,12 +371,6 @@ def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
     return vllm_problems(config, world_size, max_sequence_tokens(config), facts)
 
 
-def dist_timeout_s(config: GRPOConfig) -> float:
-    """The process-group timeout the engine would use (the trainer creates the group before the engines)."""
-    value = config.engine.get("dist_timeout_s", EngineConfig.dist_timeout_s)
-    return coerce("engine.dist_timeout_s", value, "float")
-
-
 def _batch_problems(config: GRPOConfig, world_size: int) -> list[str]:
     """Step, update and micro-batch sizes that cannot work (the values are positive integers here)."""
     problems = []
@@ -426,7 +407,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     problems = []
     t, r = config.train, config.rollout
     if config.model.path is None:
-        problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
+        problems.append(missing_model(config.preset))
     elif config.model.path != BUILTIN_MODEL:
         problems += check_model_dir(config.model.path)
     d = config.data
@@ -451,14 +432,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append(f"data.reward_style must be auto, simple, verl or trl, got {d.reward_style!r}")
     if d.max_prompt_tokens is not None and d.max_prompt_tokens < 1:
         problems.append(f"data.max_prompt_tokens must be a positive integer or null, got {d.max_prompt_tokens}")
-    for name in config.run.loggers:
-        if name not in LOGGERS:
-            problems.append(f"run.loggers: unknown logger {name!r}{did_you_mean(str(name), LOGGERS)}; choose from "
-                            f"{', '.join(LOGGERS)} (metrics.jsonl is always written)")
-    keep = config.run.keep_checkpoints
-    if keep is not None and (isinstance(keep, bool) or not isinstance(keep, int) or keep < 1):
-        problems.append(f"run.keep_checkpoints must be a positive integer (keep the newest N complete checkpoints) "
-                        f"or null (keep all), got {keep!r}")
+    problems += run_problems(config.run)
     if r.top_k < 0 or r.val_n < 1 or r.val_temperature < 0 or config.run.val_every < 0:
         problems.append("rollout.top_k and run.val_every must be >= 0, rollout.val_n >= 1, "
                         "rollout.val_temperature >= 0")
@@ -483,9 +457,6 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     problems += _batch_problems(config, world_size)
     if r.n < 2:
         problems.append("rollout.n must be at least 2: GRPO compares samples within a group")
-    for name in ("resume_fallback", "save_on_interrupt"):
-        if not isinstance(getattr(config.run, name), bool):
-            problems.append(f"run.{name} must be true or false, got {getattr(config.run, name)!r}")
     if not 0 < r.top_p <= 1 or r.temperature <= 0:
         problems.append("rollout.top_p must be in (0, 1] and rollout.temperature > 0")
     if config.data.task not in ("echo", "gsm8k"):

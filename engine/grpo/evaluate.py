@@ -4,8 +4,9 @@ The same code as in-run validation (``validation.validate``: ``rollout.val_n`` s
 when ``rollout.val_temperature`` is 0, the run's reward functions, ``val/reward_mean`` and ``val/accuracy``) on
 ``nproc`` workers. A run directory is evaluated at its newest complete checkpoint (or ``--step``), with the run's
 own configuration under the overrides; its checkpoint is first exported to a temporary model directory inside the
-output directory. A model directory is evaluated under the preset (default ``cpu-demo``) with ``model.path`` set
-to it. Rank 0 writes ``results.json`` and ``samples.jsonl`` (every scored response).
+output directory. A model directory is evaluated with the library defaults (or ``--preset``) and ``model.path`` set
+to it; the prompt limit (and vLLM's context) is sized from the validation data read. Rank 0 writes
+``results.json`` and ``samples.jsonl`` (every scored response).
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import time
 from pathlib import Path
 
 from .. import checkpoint
-from ..checkpoint import META_FILE
+from ..train.config import dist_timeout_s
+from ..train.eval_config import eval_config
 from ..train.workers import parse_nproc
 from ..train.workers import world_size as worker_count
-from .config import GRPOConfig, build_config, dist_timeout_s, engine_config, load_config, prompts_per_rank
-from .export import ExportError, export, locate, run_config
+from .config import GRPOConfig, engine_config, prompts_per_rank
+from .export import ExportError, export
 from .model import BUILTIN_MODEL, check_model_dir
 
 
@@ -103,28 +105,13 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     return results
 
 
-def _is_run(source: Path) -> bool:
-    return ((source / "config.json").is_file() and (source / "checkpoints").is_dir()) \
-        or (source / ".metadata").exists() or (source / META_FILE).exists() or source.name.startswith("step_")
-
-
 def configure(args) -> tuple[GRPOConfig, dict]:
-    """The configuration to evaluate with (the run's or the preset's, then ``--config``, then the overrides) and
-    what is evaluated (for ``results.json``)."""
-    source = Path(args.source)
-    if _is_run(source):
-        if args.preset:
-            raise ExportError("--preset is for a model directory: a run is evaluated with its own config.json")
-        run_dir, found = locate(source, args.step)
-        base = run_config(run_dir)
-        target = {"run": str(run_dir), "checkpoint": str(found), "step": checkpoint.step_of(found)}
-    else:
-        if args.step is not None:
-            raise ExportError(f"--step chooses a run's checkpoint; {source} is not a run directory")
-        base = build_config(args.preset, None, [])  # the preset alone: migrations come after the overrides
-        base.model.path = str(source)
-        target = {"model": str(source)}
-    config, notices = load_config(None, args.config, args.overrides, base=base)  # training's pipeline
+    """The configuration to evaluate with (the frame's ``eval_config``: the run's, or for a model directory the
+    library defaults or ``--preset``; then ``--config``, then the overrides) and what is evaluated."""
+    from ..train.registry import get_recipe
+
+    config, target, notices = eval_config(get_recipe("grpo"), args.source, step=args.step, preset=args.preset,
+                                          config_file=args.config, overrides=args.overrides)
     for notice in notices:
         if os.environ.get("RANK", "0") == "0":
             print(f"accel-grpo eval: notice: {notice}", file=sys.stderr)
@@ -133,7 +120,8 @@ def configure(args) -> tuple[GRPOConfig, dict]:
 
 def load_inputs(config: GRPOConfig) -> int:
     """Load what the workers will (rewards, tokenizer, every held-out row) so that bad input fails here; return the
-    number of held-out prompts."""
+    number of held-out prompts. Without ``data.max_prompt_tokens`` it becomes the longest held-out prompt, so that
+    the rollout engine (vLLM's context) is sized for the data evaluated."""
     from .model import build_model
     from .rewards import load_rewards
     from .tasks import data_spec, needs_answers, validation_set
@@ -144,6 +132,9 @@ def load_inputs(config: GRPOConfig) -> int:
     samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=True)
     if not samples:
         raise ValueError("the validation set is empty")
+    if config.data.max_prompt_tokens is None:
+        config.data.max_prompt_tokens = max(len(tokenizer(s.prompt, add_special_tokens=False)["input_ids"])
+                                            for s in samples)
     return len(samples)
 
 
@@ -159,7 +150,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("source", metavar="MODEL_DIR|RUN_DIR",
                         help="a Hugging Face model directory, a run directory or one of its checkpoints/step_N")
     parser.add_argument("--step", type=int, help="a run's checkpoint of this step (default: the newest complete)")
-    parser.add_argument("--preset", help="for a model directory: the preset whose settings apply (default cpu-demo)")
+    parser.add_argument("--preset", help="for a model directory: the preset whose settings apply (default: the "
+                                          "library defaults)")
     parser.add_argument("--config", help="a YAML file of sections, applied before the overrides")
     parser.add_argument("--nproc", type=parse_nproc, help="worker processes (default: the config's nproc)")
     parser.add_argument("--out", help="output directory (default: <run>/eval/step_<N> for a run, "

@@ -87,18 +87,32 @@ class MismatchStats:
         self.ratio_max = max(self.ratio_max, float(counted.max()))
         self.masked += float(masked.sum())
 
-    def metrics(self, sum_over_ranks, max_over_ranks) -> dict[str, float]:
-        """The step's metrics over every rank (every rank must call it). ``sum_over_ranks(dict) -> dict`` and
-        ``max_over_ranks(float) -> float`` are the trainer's reductions. Empty when no rank had a loss token."""
-        totals = sum_over_ranks({"tokens": self.tokens, "diff_sum": self.diff_sum, "ratios": self.ratios,
-                                 "ratio_sum": self.ratio_sum, "masked": self.masked})
-        diff_max = max_over_ranks(self.diff_max)
-        ratio_max = max_over_ranks(self.ratio_max)
-        ratio_min = -max_over_ranks(-self.ratio_min)
-        if not totals["tokens"]:
+    def sums(self) -> dict[str, float]:
+        """This rank's figures to add over ranks (``reduced`` makes the metrics of the totals)."""
+        return {"mismatch/tokens": self.tokens, "mismatch/diff_sum": self.diff_sum, "mismatch/ratios": self.ratios,
+                "mismatch/ratio_sum": self.ratio_sum, "mismatch/masked": self.masked}
+
+    def maxima(self) -> dict[str, float]:
+        """This rank's figures whose largest over ranks counts (the minimum as its negation)."""
+        return {"mismatch/diff_max": self.diff_max, "mismatch/ratio_max": self.ratio_max,
+                "mismatch/ratio_min_negated": -self.ratio_min}
+
+    @staticmethod
+    def reduced(totals: dict[str, float], largest: dict[str, float]) -> dict[str, float]:
+        """The ``rollout/*`` metrics from ``sums()`` added over ranks and the largest ``maxima()``; empty when no
+        rank had a loss token."""
+        if not totals["mismatch/tokens"]:
             return {}
-        return {"rollout/logprob_diff_mean": totals["diff_sum"] / totals["tokens"],
-                "rollout/logprob_diff_max": diff_max,
-                "rollout/is_ratio_mean": totals["ratio_sum"] / max(totals["ratios"], 1.0),
-                "rollout/is_ratio_min": ratio_min, "rollout/is_ratio_max": ratio_max,
-                "rollout/is_masked_frac": totals["masked"] / totals["tokens"]}
+        tokens = totals["mismatch/tokens"]
+        return {"rollout/logprob_diff_mean": totals["mismatch/diff_sum"] / tokens,
+                "rollout/logprob_diff_max": largest["mismatch/diff_max"],
+                "rollout/is_ratio_mean": totals["mismatch/ratio_sum"] / max(totals["mismatch/ratios"], 1.0),
+                "rollout/is_ratio_min": -largest["mismatch/ratio_min_negated"],
+                "rollout/is_ratio_max": largest["mismatch/ratio_max"],
+                "rollout/is_masked_frac": totals["mismatch/masked"] / tokens}
+
+    def metrics(self, sum_over_ranks, max_over_ranks) -> dict[str, float]:
+        """The step's metrics over every rank (every rank must call it), with the caller's reductions:
+        ``sum_over_ranks(dict) -> dict`` and ``max_over_ranks(float) -> float``."""
+        largest = {key: max_over_ranks(value) for key, value in self.maxima().items()}
+        return self.reduced(sum_over_ranks(self.sums()), largest)

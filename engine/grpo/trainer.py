@@ -1,5 +1,6 @@
-"""The GRPO loop, run by every rank: rollout -> old/ref log-probs -> rewards -> advantages -> PPO updates ->
-validation -> metrics.
+"""GRPO's parts and step, run by every rank inside the frame's loop (``engine/train/loop.py``): rollout -> old/ref
+log-probs -> rewards -> advantages -> PPO updates; each step returns its figures (``StepResult``) for the loop to
+reduce over ranks, log and checkpoint.
 
 Each rank samples its own prompts and all ``n`` responses of each, so whole groups stay on one rank and group
 advantages need no communication. Then every rank receives the whole step's batch once (``batches.py``):
@@ -24,18 +25,16 @@ import torch.distributed as dist
 import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
-from ..train.loggers import Loggers
-from ..train.progress import progress_bar
-from ..train.steps import advance, finish, save_if_due
 from ..runtime import phase, sum_over_ranks
+from ..train.config import dist_timeout_s
+from ..train.recipe import StepResult
 from . import agent, dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
-from .config import GRPOConfig, deprecation_notices, dist_timeout_s, engine_config, resolved, updates_per_step
+from .config import GRPOConfig, deprecation_notices, engine_config, updates_per_step
 from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
 from .model import build_model
-from .report import plot_curves
 from .rewards import load_rewards, metric_names
 from .rollout import eos_token_ids, rollout, sampling_configs, sync_weights
 from .rollout_correction import MismatchStats, importance_weights
@@ -49,17 +48,24 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
     return checkpoint.latest_complete(run_dir / "checkpoints")
 
 
+def load_inputs(config: GRPOConfig, verbose: bool = False):
+    """``(tokenizer, model factory, (task, validation samples), the data's rewards)``: the config enters data
+    loading here, once (spec -> rewards -> prompts); bad input fails here with one line."""
+    tokenizer, factory = build_model(config.model)
+    spec = data_spec(config)
+    rewards = load_rewards(list(spec.rewards), spec.reward_style)
+    return tokenizer, factory, build_tasks(spec, tokenizer, needs_answers(rewards), verbose=verbose), rewards
+
+
 class GRPOTrainer:
-    def __init__(self, config: GRPOConfig, run_dir: Path, resume: bool) -> None:
+    """A GRPO run's parts on one rank: the actor (and reference) engines, the rollout engine, data and rewards."""
+
+    def __init__(self, config: GRPOConfig, run_dir: Path | None = None, resume: bool = False, inputs=None) -> None:
         self.config = config
-        self.run_dir = run_dir
+        self.run_dir, self.resume = run_dir, resume  # for train() only
         self.backend = accel_backends.get_backend()
         world_size = self.backend.init_distributed(timeout=dist_timeout_s(config)).world_size
-        runtime.stop_at_safe_point(config.run.save_on_interrupt)
-        self.tokenizer, factory = build_model(config.model)
-        spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
-        file_rewards = load_rewards(list(spec.rewards), spec.reward_style)
-        self.task, self.val_samples = build_tasks(spec, self.tokenizer, needs_answers(file_rewards), verbose=False)
+        self.tokenizer, factory, (self.task, self.val_samples), file_rewards = inputs or load_inputs(config)
         # An environment's get_reward() is a reward of its own (then data.reward is optional).
         used = [] if config.rollout.environment and not config.data.reward else file_rewards
         self.rewards = used + agent.environment_rewards(config)
@@ -82,7 +88,7 @@ class GRPOTrainer:
                 print(f"accel-grpo: note: {notice}", file=sys.stderr, flush=True)
         self.sampling, self.val_sampling = sampling_configs(config.rollout, eos_token_ids(self.actor.module,
                                                                                           self.tokenizer))
-        self.mismatch, self._first_epoch = MismatchStats(), True
+        self._mismatch: MismatchStats | None = None  # where loss_fn records the rollout mismatch, during update()
         from .config import max_sequence_tokens
 
         self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
@@ -92,8 +98,12 @@ class GRPOTrainer:
         # Tools or an environment: multi-turn rollouts (engine/grpo/agent), every rank's engine calls in step.
         self.agent = agent.build(config, self.tokenizer,
                                  lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))
-        self.start_step = self._resume() if resume else 0
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
+
+    @property
+    def engine(self) -> FSDPEngine:
+        """The engine the frame's loop checkpoints and resumes."""
+        return self.actor
 
     @property
     def loss(self):
@@ -105,11 +115,6 @@ class GRPOTrainer:
     def checkpoint_dir(self, step: int) -> Path:
         return self.run_dir / "checkpoints" / f"step_{step:06d}"
 
-    def _resume(self) -> int:
-        """Load the latest checkpoint; return the GRPO step it was taken after (its directory's number)."""
-        loaded = checkpoint.load_latest(self.actor, self.run_dir / "checkpoints", self.config.run.resume_fallback)
-        return checkpoint.step_of(loaded)
-
     # -- one step -----------------------------------------------------------------------------------------------
 
     def _seed(self, step: int) -> torch.Generator:
@@ -118,7 +123,9 @@ class GRPOTrainer:
         torch.manual_seed(seed)
         return torch.Generator().manual_seed(seed)
 
-    def collect(self, step: int) -> tuple[StepData, dict]:
+    def collect(self, step: int) -> tuple[StepData, dict, dict]:
+        """Roll out, score and gather the step's batch: ``(data, this rank's sums, extras)`` where ``extras`` holds
+        the longest response and the records for samples.jsonl."""
         cfg, roll, algo = self.config, self.config.rollout, self.config.algorithm
         prompts_per_rank = cfg.train.prompts_per_step // self.world_size
         generator = self._seed(step)
@@ -163,10 +170,10 @@ class GRPOTrainer:
             data.ref_log_probs = self.reference_log_probs(data)
         stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
                  "rollout_tokens_computed": float(sum(part.batch.tokens_computed for part in drawn))}
-        self._longest_response = max(float(part.lengths.max().item()) for part in drawn)
-        self.sample_records = scoring.sample_records(step + 1, scored, advantages,
-                                                     cfg.run.log_samples if trains else 0, self.reward_names)
-        return data, stats
+        extras = {"longest": max(float(part.lengths.max().item()) for part in drawn),
+                  "samples": scoring.sample_records(step + 1, scored, advantages,
+                                                    cfg.run.log_samples if trains else 0, self.reward_names)}
+        return data, stats, extras
 
     def _log_probs(self, engine: FSDPEngine, data: StepData, what: str) -> torch.Tensor:
         """Forward-only log-probs of this rank's share of the step, under the sampling distribution."""
@@ -184,7 +191,8 @@ class GRPOTrainer:
         with self.actor.eval_mode(), peft_model.disable_adapter():
             return self._log_probs(self.actor, data, "ref")
 
-    def _step_fn(self, module, micro: dict):
+    def loss_fn(self, module, micro: dict):
+        """The policy loss of one micro-batch (``FSDPEngine.forward_backward_batch``'s ``step_fn``)."""
         settings, device, roll = self.loss, self.backend.device(), self.config.rollout
         layout = micro["layout"].to(device)
         mask = micro["loss_mask"].to(device)
@@ -199,8 +207,8 @@ class GRPOTrainer:
             sampled = micro["sampling_log_probs"].to(device)
             weights, ratios, masked = importance_weights(old, sampled, mask, algo.rollout_correction,
                                                          algo.rollout_correction_cap)
-            if self._first_epoch:
-                self.mismatch.add(old, sampled, mask, ratios, masked)
+            if self._mismatch is not None:  # the first PPO epoch of an update()
+                self._mismatch.add(old, sampled, mask, ratios, masked)
             advantages = advantages.unsqueeze(-1) * weights  # weights each token's policy-gradient term
         loss, metrics = policy_loss(log_probs, old, advantages, mask,
                                     loss_mode=settings.loss_mode, clip_low=settings.clip_low,
@@ -222,15 +230,17 @@ class GRPOTrainer:
         return loss * scale, weight, metrics
 
     def update(self, data: StepData) -> dict:
+        """The PPO updates of a step; the averaged metrics, with ``mismatch``: the rollout engine's log-probs
+        against the policy's over the first epoch (``MismatchStats``)."""
         train = self.config.train
         totals: dict[str, float] = {}
         updates, peak_gib = 0, 0.0
-        self.mismatch = MismatchStats()
+        mismatch = MismatchStats()
         with self.actor.train_mode():
             for epoch in range(train.ppo_epochs):
-                self._first_epoch = epoch == 0  # the rollout's log-probs are compared once per step
+                self._mismatch = mismatch if epoch == 0 else None  # the rollout's log-probs are compared once a step
                 for mini in data.mini_batches:
-                    metrics = self.actor.forward_backward_batch(data.micro_batches(mini), self._step_fn)
+                    metrics = self.actor.forward_backward_batch(data.micro_batches(mini), self.loss_fn)
                     metrics.pop("peak_memory_gib")  # covered by the step's figure below
                     metrics["grad_norm"] = self.actor.optimizer_step()
                     # The step's peak covers the whole update (onload, forward/backward, the step); each update
@@ -245,16 +255,11 @@ class GRPOTrainer:
         averaged["skipped_updates"] = totals["skipped_updates"]  # a count, not a mean
         averaged["updates"] = float(updates)
         averaged["peak_memory_gib"] = peak_gib
-        return averaged
+        self._mismatch = None
+        return {**averaged, "mismatch": mismatch}
 
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
-
-    def _packing_metrics(self, data: StepData) -> dict:
-        """The path that ran, micro-batches per update, token imbalance; pad tokens computed, summed over ranks."""
-        pads = self._global({f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0))
-                             for what in ("update", "ref", "old")})
-        return {**data.plan_metrics(), **pads}
 
     def _counts_over_ranks(self, count: int) -> list[int]:
         """Every rank's ``count``, in rank order (one all-gather)."""
@@ -269,91 +274,99 @@ class GRPOTrainer:
                           "sq": (rewards.double() ** 2).sum().item()})
         return math.sqrt(max(t["sq"] - t["sum"] ** 2 / t["n"], 0.0) / max(t["n"] - 1.0, 1.0))
 
-    def _largest_over_ranks(self, value: float) -> float:
-        packed = torch.tensor([value], dtype=torch.float64, device=self.backend.metrics_device())
-        dist.all_reduce(packed, op=dist.ReduceOp.MAX)
-        return packed.item()
-
-    def _validate(self, step: int, baseline: bool = False) -> dict:
+    def validate(self, step: int, baseline: bool = False) -> dict:
+        """Validation after ``step`` (0-based) when due; ``baseline``: before the first step, when asked for."""
         cfg = self.config
         every, last_step = cfg.run.val_every, step + 1 == cfg.train.steps
+        if baseline and cfg.run.val_before_train is False:
+            return {}
         if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
             return {}
         return validate(self.actor, self.rollout_engine, self.tokenizer, self.val_samples, self.rewards,
                         self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size),
                         multi_turn=self.agent)
 
+    def ready(self, start: int) -> None:
+        """After the loop resumed from step ``start``: an engine holding its own copy takes the loaded weights."""
+        if start:
+            sync_weights(self.actor, self.rollout_engine)
+
+    def step(self, step: int) -> StepResult:
+        """One GRPO step; its figures for the loop to reduce over ranks (``StepResult``)."""
+        started = time.perf_counter()
+        self.backend.reset_peak_memory_stats()
+        data, stats, extras = self.collect(step)
+        rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
+        rollout_done = time.perf_counter()
+        self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
+        update = self.update(data)
+        synced = time.perf_counter()
+        sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
+        finished = time.perf_counter()
+        mismatch = update.pop("mismatch")
+        sums = {**stats, **{f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0))
+                            for what in ("update", "ref", "old")}, **mismatch.sums()}
+        maxima = {"response_length_max": extras["longest"],
+                  "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
+        times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
+                 "weight_sync": finished - synced}
+        plan_metrics = data.plan_metrics()
+
+        def metrics(totals: dict, largest: dict) -> dict:
+            return self._step_metrics(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals,
+                                                                                                           largest))
+
+        return StepResult(metrics=metrics, sums=sums, maxima=maxima, samples=extras["samples"], shown=_shown)
+
+    def _step_metrics(self, totals: dict, largest: dict, update: dict, times: dict, plan_metrics: dict,
+                      mismatch: dict) -> dict:
+        count = totals["sequences"]
+        mean = totals["reward_sum"] / count
+        row = {
+            "reward_mean": mean,
+            "reward_std": math.sqrt(max(totals["reward_sq_sum"] / count - mean * mean, 0.0)),
+            "loss": update["loss"],
+            "pg_loss": update["pg_loss"],
+            "kl": update.get("kl", 0.0),
+            "clip_frac": update["clip_frac"],
+            "approx_kl": update["approx_kl"],
+            "entropy": update["entropy"],
+            "grad_norm": update["grad_norm"],
+            "lr": update["lr"],
+            "updates": update["updates"],
+            "skipped_updates": update["skipped_updates"],
+            "response_length": totals["response_tokens"] / count,
+            "response_length_max": largest["response_length_max"],
+            "response_clip_frac": totals["clipped"] / count,
+            "rollout_tokens_computed": totals["rollout_tokens_computed"],
+            "rollout_tokens_produced": totals["response_tokens"],
+            "tokens_per_s": totals["response_tokens"] / times["step"],
+            "rollout_time_s": times["rollout"],
+            "update_time_s": times["update"],
+            "step_time_s": times["step"],
+            "peak_memory_gib": largest["peak_memory_gib"],
+        }
+        row.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
+        row.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
+        row.update(agent.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
+        row.update(plan_metrics)  # packed, micro_batches, token_imbalance
+        row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})
+        if self.rollout_engine.receives_weights:
+            row["rollout/weight_sync_s"] = times["weight_sync"]
+        row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
+        return row
+
     def train(self) -> dict:
-        cfg = self.config
-        loggers = None
-        if self.rank == 0:
-            loggers = Loggers(cfg.run.loggers, self.run_dir, self.start_step, resolved(cfg, self.world_size))
-        progress = None
-        if self.rank == 0 and cfg.run.progress:
-            progress = progress_bar(cfg.train.steps, self.start_step, "grpo")
-        last = {}
-        if self.start_step == 0 and self.val_samples and cfg.run.val_before_train is not False:
-            baseline = {"step": 0, **self._validate(-1, baseline=True)}  # the model before any update
-            if loggers is not None:
-                loggers.write(baseline)
-        for step in range(self.start_step, cfg.train.steps):
-            started = time.perf_counter()
-            self.backend.reset_peak_memory_stats()
-            data, stats = self.collect(step)
-            rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
-            rollout_done = time.perf_counter()
-            self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
-            update = self.update(data)
-            synced = time.perf_counter()
-            sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
-            finished = time.perf_counter()
-            totals = self._global({**stats, "stop_requested": float(runtime.stop_requested() > 0)})
-            count = totals["sequences"]
-            mean = totals["reward_sum"] / count
-            last = {
-                "step": step + 1,
-                "reward_mean": mean,
-                "reward_std": math.sqrt(max(totals["reward_sq_sum"] / count - mean * mean, 0.0)),
-                "loss": update["loss"],
-                "pg_loss": update["pg_loss"],
-                "kl": update.get("kl", 0.0),
-                "clip_frac": update["clip_frac"],
-                "approx_kl": update["approx_kl"],
-                "entropy": update["entropy"],
-                "grad_norm": update["grad_norm"],
-                "lr": update["lr"],
-                "updates": update["updates"],
-                "skipped_updates": update["skipped_updates"],
-                "response_length": totals["response_tokens"] / count,
-                "response_length_max": self._largest_over_ranks(self._longest_response),
-                "response_clip_frac": totals["clipped"] / count,
-                "rollout_tokens_computed": totals["rollout_tokens_computed"],
-                "rollout_tokens_produced": totals["response_tokens"],
-                "tokens_per_s": totals["response_tokens"] / (finished - started),
-                "rollout_time_s": rollout_done - started,
-                "update_time_s": finished - rollout_done,
-                "step_time_s": finished - started,
-                "peak_memory_gib": self._largest_over_ranks(max(rollout_peak_gib, update["peak_memory_gib"])),
-            }
-            last.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
-            last.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
-            last.update(agent.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
-            last.update(self._packing_metrics(data))  # packed, micro_batches, token_imbalance, pad_tokens_*
-            if self.rollout_engine.receives_weights:
-                last["rollout/weight_sync_s"] = finished - synced
-            last.update(self.mismatch.metrics(self._global, self._largest_over_ranks))  # rollout/logprob_diff_*...
-            last.update(self._validate(step))
-            if loggers is not None:
-                loggers.write(last)
-                loggers.write_samples(self.sample_records)
-            shown = {"reward": f"{mean:.3f}", "step_s": f"{last['step_time_s']:.2f}"}
-            if "val/accuracy" in last:
-                shown["val_acc"] = f"{last['val/accuracy']:.3f}"
-            advance(progress, shown)
-            stopping = totals["stop_requested"] > 0  # summed over ranks: every rank stops at this same step
-            save_if_due(self.actor, self.run_dir, cfg.run, step, cfg.train.steps, stopping=stopping, rank=self.rank,
-                        progress=progress, tool="accel-grpo")
-            if stopping:
-                break
-        finish(progress, loggers, lambda: plot_curves(self.run_dir / "metrics.jsonl", self.run_dir / "curves.png"))
-        return last
+        """The frame's loop over this trainer (``engine/train/loop.py``), as ``accel-grpo`` runs it."""
+        from ..train.loop import run_parts
+        from ..train.registry import get_recipe
+
+        recipe = get_recipe("grpo")
+        return run_parts(recipe, recipe.plan_of(self.config, self.world_size), self, self.run_dir, self.resume)
+
+
+def _shown(row: dict) -> dict:
+    shown = {"reward": f"{row['reward_mean']:.3f}", "step_s": f"{row['step_time_s']:.2f}"}
+    if "val/accuracy" in row:
+        shown["val_acc"] = f"{row['val/accuracy']:.3f}"
+    return shown

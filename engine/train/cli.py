@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .workers import parse_nproc
+from .workers import parse_nproc, world_size
 
 
 def parse_run_args(argv: list[str], tool: str, description: str, presets, *, sections: str, print_config: str,
@@ -54,7 +54,7 @@ def input_error(tool: str, exc: Exception) -> int:
 
 
 def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
-                steps: int) -> int | None:
+                steps: int, args: tuple = ()) -> int | None:
     """Say what runs where (rank 0), run ``worker`` on every rank and wait: the exit status of a run that ended
     early (a failed rank, an interrupt: with how to resume), None when it finished."""
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
@@ -64,7 +64,7 @@ def run_workers(tool: str, worker: Callable, config, workers: int, directory: Pa
         print(f"{tool}: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), {workers} "
               f"process(es), {steps} steps; run directory {directory}", flush=True)
     try:
-        run(worker, workers, config.to_dict(), str(directory), resume)
+        run(worker, workers, *(args or (config.to_dict(),)), str(directory), resume)
     except (WorkerFailed, Interrupted) as exc:
         return report_early_end(tool, exc, resume_hint(directory, tool))
     return None
@@ -74,3 +74,89 @@ def print_outputs(directory: Path) -> None:
     """Where a finished run left its metrics, curves and checkpoints."""
     print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {directory / 'curves.png'}\n"
           f"checkpoints: {directory / 'checkpoints'}")
+
+
+def load(recipe, preset: str | None, config_file: str | None, overrides: list[str], *, base=None):
+    """The one config pipeline: ``base`` (a run's config, a model directory's preset) or the preset chosen by
+    ``choose_preset``, then the YAML file, then the overrides, then the recipe's migrations. Returns
+    ``(config, notices, why)``: the migrations' notices and why that preset applies."""
+    import copy
+
+    from .config import apply, build_config, choose_preset, parse_override, read_config_file
+
+    file_data = read_config_file(config_file) if config_file else {}
+    if base is None:
+        name, why = choose_preset(recipe.presets, preset, file_data, overrides)
+        config = build_config(recipe.schema, recipe.presets, name, None, [])
+    else:
+        if preset:
+            raise ValueError("--preset is for a new config: this one starts from an existing configuration")
+        config, why = copy.deepcopy(base), "the run's own configuration"
+    apply(config, file_data)
+    for override in overrides:
+        apply(config, parse_override(override))
+    return config, recipe.migrate(config), why
+
+
+def main(recipe, argv: list[str]) -> int:
+    """``accel-<trainer> [--preset P] [--config F] [--nproc N] [--resume] [--print-config] key=value...``, and the
+    sub-commands ``export``, ``eval`` and the recipe's own."""
+    import json
+    import time
+
+    from .config import require_valid
+    from .loop import worker
+    from .report import read_metrics
+    from .run_dir import run_dir
+
+    status = run_subcommand(argv, __package__, {**recipe.commands, "export": lambda rest: export_main(recipe, rest)})
+    if status is not None:
+        return status
+    args = parse_run_args(argv, recipe.tool, recipe.help, recipe.presets, sections=recipe.sections,
+                          print_config="check the config and the inputs, print the config resolved and exit",
+                          example=recipe.example)
+    import accel_backends
+
+    tool = recipe.tool
+    try:
+        config, notices, why = load(recipe, args.preset, args.config, args.overrides)
+        for notice in notices if is_rank0() else ():
+            print(f"{tool}: notice: {notice}", file=sys.stderr)
+        if args.nproc is not None:
+            config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
+        workers = world_size(config, args.nproc)
+        require_valid(recipe.check(config, workers))
+        plan = recipe.plan(config, workers, verbose=is_rank0() and not args.print_config)
+        if args.print_config:
+            print(f"{tool}: preset {config.preset} ({why})", file=sys.stderr)
+            print(json.dumps(recipe.resolved(plan), indent=2))  # stdout stays valid JSON
+            return 0
+        backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
+        directory = run_dir(config, args.resume, recipe.name)
+        if args.resume:
+            from .. import checkpoint
+
+            if checkpoint.latest_complete(directory / "checkpoints") is None:
+                raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.json").write_text(json.dumps(recipe.resolved(plan), indent=2))
+    except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
+        return input_error(tool, exc)
+    started = time.perf_counter()
+    status = run_workers(tool, worker, config, workers, directory, args.resume, backend=backend,
+                         steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers))
+    if status is not None or not is_rank0():
+        return status or 0
+    line = recipe.done_line(read_metrics(directory / "metrics.jsonl"), time.perf_counter() - started)
+    if line:
+        print(line)
+    print_outputs(directory)
+    return 0
+
+
+def export_main(recipe, argv: list[str]) -> int:
+    """``<tool> export RUN_DIR|CHECKPOINT OUT``: the run's config read with the recipe's schema, its model built by
+    the recipe (``Recipe.run_model``), the rest shared (``export.py``)."""
+    from . import export
+
+    return export.main(argv, lambda run_dir: recipe.run_model(export.read_run_config(run_dir, recipe)), recipe.tool)

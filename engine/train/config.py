@@ -26,6 +26,7 @@ class ConfigRoot:
         """From ``to_dict()`` or a run's ``config.json`` (its ``derived`` section is computed, not read)."""
         data = dict(data)
         data.pop("derived", None)
+        data.pop("trainer", None)  # the schema's own (a run from before it was recorded has none)
         config = cls(preset=data.pop("preset", "cpu-demo"))
         apply(config, data)
         return config
@@ -125,9 +126,31 @@ def read_config_file(config_file: str) -> dict:
     return loaded
 
 
+DEMO_PRESET = "cpu-demo"  # the demo: no model and no data given
+DEFAULT_PRESET = "default"  # the library's defaults: a user's own model or data
+
+
+def choose_preset(presets: dict[str, dict], named: str | None, file_data: dict,
+                  overrides: list[str]) -> tuple[str, str]:
+    """The preset a command uses and why: the one named; else the library defaults when the user gave a model or
+    data (in the file or the overrides), the demo when neither."""
+    if named:
+        if named not in presets:
+            raise ValueError(f"unknown preset {named!r}: choose one of {', '.join(presets)}")
+        return named, "named with --preset"
+    given = [dict(file_data)] + [parse_override(o) for o in overrides]
+    own = sorted({f"{section}.path" for data in given for section in ("model", "data")
+                  if isinstance(data.get(section), dict) and data[section].get("path") is not None})
+    if own and DEFAULT_PRESET in presets:
+        return DEFAULT_PRESET, (f"the library defaults: {' and '.join(own)} given and no --preset (--preset "
+                                f"{DEMO_PRESET} for the demo's settings)")
+    return DEMO_PRESET, "the demo: no --preset, no model.path and no data.path given"
+
+
 def build_config(schema: type, presets: dict[str, dict], preset: str | None, config_file: str | None,
-                 overrides: list[str], default_preset: str = "cpu-demo"):
-    """``schema(preset=...)``, then the preset's values, then the YAML file, then the overrides, in that order."""
+                 overrides: list[str], default_preset: str = DEMO_PRESET):
+    """``schema(preset=...)``, then the preset's values, then the YAML file, then the overrides, in that order.
+    ``preset`` None: ``default_preset`` (the commands choose with ``choose_preset``)."""
     name = preset or default_preset
     if name not in presets:
         raise ValueError(f"unknown preset {name!r}: choose one of {', '.join(presets)}")
@@ -138,6 +161,13 @@ def build_config(schema: type, presets: dict[str, dict], preset: str | None, con
     for override in overrides:
         apply(config, parse_override(override))
     return config
+
+
+def dist_timeout_s(config) -> float:
+    """The process-group timeout of a run: ``engine.dist_timeout_s`` or the engine's default (the group is made
+    before the engine, so every trainer reads it here)."""
+    value = config.engine.get("dist_timeout_s", EngineConfig.dist_timeout_s)
+    return coerce("engine.dist_timeout_s", value, "float")
 
 
 def require_valid(problems: list[str]) -> None:

@@ -44,23 +44,24 @@ class RunModel:
     build: Callable[[], tuple[Any, Any]]  # () -> (tokenizer, a model factory or a model directory)
 
 
-def run_config(run_dir: Path, schema: type, tool: str, other_tool: str, trainer: str | None):
-    """The configuration a run was started with (its ``config.json``), read with ``schema``; ``trainer`` is what
-    ``schema`` records under ``trainer`` (None: no such key), so the other tool's run is named, not misread."""
+LEGACY_TRAINER = "grpo"  # a run from before config.json named its trainer was a GRPO run
+
+
+def read_run_config(run_dir: Path, recipe):
+    """The configuration a run was started with (its ``config.json``), read with ``recipe``'s schema; a run of
+    another trainer is named (with the command that reads it), not misread."""
     try:
         data = json.loads((run_dir / "config.json").read_text())
     except ValueError as exc:
         raise ExportError(f"{run_dir / 'config.json'} is not valid JSON: {exc}") from exc
-    recorded = data.get("trainer")
-    if recorded != trainer:
-        if recorded is None:
-            raise ExportError(f"{run_dir} is not an {tool} run (an {other_tool} run? use {other_tool} export)")
-        raise ExportError(f"{run_dir} is an accel-{recorded} run: use accel-{recorded} export "
-                          f"(or accel-{recorded} eval)")
+    recorded = data.get("trainer", LEGACY_TRAINER)
+    if recorded != recipe.name:
+        raise ExportError(f"{run_dir} is an accel-{recorded} run: use accel-{recorded} export (or accel-{recorded} "
+                          "eval)")
     try:
-        return schema.from_dict(data)
+        return recipe.schema.from_dict(data)
     except (ValueError, TypeError) as exc:
-        raise ExportError(f"{run_dir / 'config.json'} is not a readable {tool} config: {exc}") from exc
+        raise ExportError(f"{run_dir / 'config.json'} is not a readable {recipe.tool} config: {exc}") from exc
 
 
 def locate(source, step: int | None = None) -> tuple[Path, Path]:

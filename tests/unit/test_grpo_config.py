@@ -127,7 +127,7 @@ def test_the_recipe_fills_only_what_is_unset_and_old_names_still_work():
 def test_keep_checkpoints_and_loggers_are_checked():
     from engine.grpo.config import check
 
-    config = GRPOConfig()
+    config = _config()
     config.run.keep_checkpoints, config.run.loggers = 0, ["jsonl", "wandbb", "mlflow"]
     problems = check(config, 2)
     assert any(p.startswith("run.keep_checkpoints must be a positive integer") and p.endswith("got 0")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..train.rows import read_rows
+from ...train.rows import read_rows
 
 ROLES = ("system", "user", "assistant", "tool", "developer")
 

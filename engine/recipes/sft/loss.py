@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from ..output_layer import plain_output_layer, replaced_forward
+from ...output_layer import plain_output_layer, replaced_forward
 
 CHUNK_LOGITS = 512 * 151_936  # logits per chunk: 512 positions of Qwen's vocabulary, 311 MB in fp32
 ROWS_PER_CHUNK: int | None = None  # positions per chunk; None: as many as CHUNK_LOGITS allows for the vocabulary

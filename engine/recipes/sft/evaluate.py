@@ -13,11 +13,11 @@ import json
 import sys
 from pathlib import Path
 
-from ..train.config import apply, parse_override
-from ..train.export import ExportError, locate
-from ..train.workers import parse_nproc, world_size
-from .config import build_config, check
-from .export import run_config
+from ...train.config import dist_timeout_s
+from ...train.eval_config import eval_config
+from ...train.export import ExportError
+from ...train.workers import parse_nproc, world_size
+from .config import check
 
 
 def evaluation_set(config, tokenizer):
@@ -39,7 +39,7 @@ def worker(config_dict: dict, weights: str | None) -> dict:
 
     import accel_backends
 
-    from .. import FSDPEngine
+    from ... import FSDPEngine
     from .batches import rank_micro_batches
     from .config import SFTConfig, engine_config
     from .model import load_tokenizer
@@ -47,7 +47,7 @@ def worker(config_dict: dict, weights: str | None) -> dict:
 
     config = SFTConfig.from_dict(config_dict)
     backend = accel_backends.get_backend()
-    backend.init_distributed()
+    backend.init_distributed(timeout=dist_timeout_s(config))
     tokenizer = load_tokenizer(config.model.path)
     items = evaluation_set(config, tokenizer)
     engine = FSDPEngine(config.model.path, engine_config(config, 1), backend)
@@ -66,24 +66,21 @@ def worker(config_dict: dict, weights: str | None) -> dict:
 
 
 def configure(source: str, step: int | None, overrides: list[str]):
-    """``(config, checkpoint or None)`` for a run, a checkpoint or a model directory, overrides applied."""
-    path = Path(source)
-    if (path / "config.json").is_file() and not (path / "checkpoints").is_dir() and \
-            json.loads((path / "config.json").read_text()).get("trainer") != "sft":
-        config = build_config(None, None, [f"model.path={path}", *overrides])
+    """``(config, checkpoint or None)`` for a run, a checkpoint or a model directory, overrides applied (the
+    frame's ``eval_config``: a model directory gets the library defaults)."""
+    from ...train.registry import get_recipe
+
+    config, target, _ = eval_config(get_recipe("sft"), source, step=step, overrides=overrides)
+    if config.data.val_path:
+        config.data.val_fraction = 0.0
+    if "model" in target:
         config.data.val_fraction = 0.0
         if not config.data.val_path:
             raise ExportError("evaluating a model directory needs data.val_path=FILE")
         return config, None
-    run_dir, found = locate(source, step)
-    config = run_config(run_dir)
-    for override in overrides:
-        apply(config, parse_override(override))
-    if config.data.val_path:
-        config.data.val_fraction = 0.0
     if config.data.path and not (config.data.val_path or config.data.val_fraction):  # the demo task holds one out
-        raise ExportError(f"run {run_dir} has no validation set: pass data.val_path=FILE")
-    return config, str(found)
+        raise ExportError(f"run {target['run']} has no validation set: pass data.val_path=FILE")
+    return config, target["checkpoint"]
 
 
 def main(argv: list[str]) -> int:
@@ -95,7 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
-    from ..runtime import Interrupted, WorkerFailed, run
+    from ...runtime import Interrupted, WorkerFailed, run
     from .dataset import build_data  # noqa: F401  (imported here: a broken install fails before the workers)
     from .model import load_tokenizer
 

@@ -9,21 +9,14 @@ from typing import Any
 
 from accel_backends.names import did_you_mean
 
-from ..config import EngineConfig
-from ..train import config as train_config
-from ..train.loggers import LOGGERS
+from ...config import EngineConfig
+from ...train import config as train_config
+from ...train.settings import ModelConfig, RunConfig, missing_model, run_problems
 
 DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.grpo.fixture)
 FORMATS = ("auto", "text", "messages", "prompt_completion")
 TRUNCATIONS = ("keep_start", "drop", "error")
 LOSS_ON = ("auto", "assistant", "completion", "all")
-
-
-@dataclasses.dataclass
-class ModelConfig:
-    path: str | None = DEMO_MODEL  # a local Hugging Face model directory, or the built-in tiny chat model
-    hidden_size: int = 64  # the built-in model's size (ignored for a path)
-    layers: int = 2
 
 
 @dataclasses.dataclass
@@ -57,22 +50,9 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
-class RunConfig:
-    name: str | None = None  # default: <preset>-<date>-<time>
-    output_dir: str = "runs"
-    save_every: int = 0  # checkpoint every N steps (0: only at the end)
-    keep_checkpoints: int | None = None
-    val_every: int = 0  # validate every N steps and after the last (0: only after the last); with a validation set
-    loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])
-    progress: bool = True
-    resume_fallback: bool = True
-    save_on_interrupt: bool = False
-
-
-@dataclasses.dataclass
 class SFTConfig(train_config.ConfigRoot):
-    preset: str = "cpu-demo"
-    nproc: int | str = 2
+    preset: str = "default"
+    nproc: int | str = "auto"  # worker processes on this node; auto: one per visible accelerator (2 on the CPU)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
@@ -82,6 +62,7 @@ class SFTConfig(train_config.ConfigRoot):
 
 
 PRESETS: dict[str, dict] = {
+    "default": {"engine": {"lr_schedule": "cosine"}},  # the library defaults, for a user's model and data
     "cpu-demo": {
         "nproc": 2,
         "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
@@ -100,6 +81,8 @@ PRESETS: dict[str, dict] = {
                    "mixed_precision": "auto", "gradient_checkpointing": True},
     },
 }
+# Ascend 910B (64 GB HBM): the H100 settings with half the tokens per micro-batch.
+PRESETS["ascend-910b"] = {**PRESETS["h100"], "train": {"batch_size": 128, "micro_batch_tokens": 8192}}
 
 
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> SFTConfig:
@@ -119,9 +102,9 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     problems = []
     d, t, r = config.data, config.train, config.run
     if config.model.path is None:
-        problems.append(f"preset {config.preset} needs model.path=/local/path/to/hf-model (no downloads here)")
+        problems.append(missing_model(config.preset))
     elif config.model.path != DEMO_MODEL:
-        from ..train.model_dir import check_model_dir
+        from ...train.model_dir import check_model_dir
 
         problems += check_model_dir(config.model.path)
     for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
@@ -140,18 +123,12 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             problems.append(f"{name} must be a positive integer, got {value!r}")
     for name, value in (("train.steps", t.steps), ("train.batch_tokens", t.batch_tokens),
-                        ("train.micro_batch_tokens", t.micro_batch_tokens), ("run.keep_checkpoints",
-                                                                             r.keep_checkpoints)):
+                        ("train.micro_batch_tokens", t.micro_batch_tokens)):
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
             problems.append(f"{name} must be a positive integer or null, got {value!r}")
     if not t.epochs > 0:
         problems.append(f"train.epochs must be > 0, got {t.epochs}")
-    if r.save_every < 0 or r.val_every < 0:
-        problems.append("run.save_every and run.val_every must be >= 0")
-    for name in r.loggers:
-        if name not in LOGGERS:
-            problems.append(f"run.loggers: unknown logger {name!r}{did_you_mean(str(name), LOGGERS)}; choose from "
-                            f"{', '.join(LOGGERS)} (metrics.jsonl is always written)")
+    problems += run_problems(r)
     if problems:
         return problems
     if t.micro_batch_tokens is not None and t.micro_batch_tokens < d.max_length:

@@ -13,7 +13,7 @@ def demo_model_dir(config) -> Path:
     """Write the demo model (atomically: every torchrun worker may get here) and return its directory."""
     from transformers.utils import logging
 
-    from ..grpo.fixture import make_tiny_model
+    from ...grpo.fixture import make_tiny_model
 
     logging.disable_progress_bar()
     m = config.model

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from ..packing import SequenceBatch, build_layout, plan_micro_batches
+from ...packing import SequenceBatch, build_layout, plan_micro_batches
 from .masks import Tokenized
 
 
