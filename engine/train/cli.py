@@ -20,7 +20,8 @@ def parse_run_args(argv: list[str], tool: str, description: str, presets, *, sec
     ``--print-config`` checks, ``example`` is a pair of overrides."""
     parser = argparse.ArgumentParser(prog=tool, description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", help=f"one of {', '.join(presets)} (default cpu-demo)")
+    parser.add_argument("--preset", help=f"one of {', '.join(presets)} (default: cpu-demo when neither model.path nor "
+                                         "data.path is given, else default: the library defaults)")
     parser.add_argument("--config", help=f"a YAML file of sections ({sections})")
     parser.add_argument("--nproc", type=parse_nproc,
                         help="worker processes on this node, or auto: one per visible device (default: the preset's)")
@@ -160,3 +161,21 @@ def export_main(recipe, argv: list[str]) -> int:
     from . import export
 
     return export.main(argv, lambda run_dir: recipe.run_model(export.read_run_config(run_dir, recipe)), recipe.tool)
+
+
+def generic_main(argv: list[str] | None = None) -> int:
+    """``accel-train TRAINER ...`` (``python -m engine.train``): the command of any registered trainer, built-in or
+    from a plugin; ``accel-train TRAINER --help`` shows that trainer's options."""
+    from .registry import RecipeError, get_recipe, recipe_names
+
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print("usage: accel-train TRAINER [--preset NAME] [--config FILE] [--nproc N] [--resume] [--print-config] "
+              f"[key=value ...]\n       accel-train TRAINER export|eval ...\n\ntrainers: {', '.join(recipe_names())}",
+              file=sys.stdout if argv else sys.stderr)
+        return 0 if argv else 2
+    try:
+        recipe = get_recipe(argv[0])
+    except RecipeError as exc:
+        return input_error("accel-train", exc)
+    return main(recipe, argv[1:])

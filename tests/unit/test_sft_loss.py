@@ -1,5 +1,5 @@
-"""engine/recipes/sft/loss.py: the chunked SFT loss and token accuracy equal the unchunked full-logits computation (fp32),
-gradients included, for packed and padded micro-batches, several chunks (a ragged last one), the fused output
+"""engine/recipes/sft/loss.py: the chunked SFT loss and token accuracy equal the unchunked full-logits computation
+(fp32), gradients included, for packed and padded micro-batches, several chunks (a ragged last one), the fused output
 layer and the full-logits fallback, and with PEFT (LoRA) wrapping the model."""
 
 import torch
