@@ -153,7 +153,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_packed" else None
     batches, multi_turn = [], trainer.agent
     trainer.agent = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
-    data, stats = trainer.collect(0)
+    data, stats, _ = trainer.collect(0)
     (batch,) = batches
     out = {"packed": trainer.packed,
            "stats": {k: v for k, v in stats.items() if k.startswith(("agent_", "response_tokens", "sequences"))},
@@ -215,7 +215,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
         for plan_name, plan in plans.items():
             mini = plan.mini_batches[0]
             with trainer.actor.train_mode():
-                metrics = trainer.actor.forward_backward_batch(plan.micro_batches(mini), trainer._step_fn)
+                metrics = trainer.actor.forward_backward_batch(plan.micro_batches(mini), trainer.loss_fn)
                 got = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
             loss = _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, reference=reference,

@@ -158,7 +158,7 @@ def test_broken_yaml_file(tmp_path, capsys):
 
 def test_bad_model_and_data_fail_before_workers(tmp_path, capsys, model_dir):
     data = write_parquet(tmp_path / "train.parquet", verl_rows())
-    common = ["--nproc", "2", f"run.output_dir={tmp_path / 'runs'}", f"data.path={data}",
+    common = ["--preset", "cpu-demo", "--nproc", "2", f"run.output_dir={tmp_path / 'runs'}", f"data.path={data}",
               "data.reward=grpo_rewards:compute_score"]
     no_tokenizer = tmp_path / "no-tok"
     no_tokenizer.mkdir()

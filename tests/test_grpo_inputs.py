@@ -43,7 +43,7 @@ def test_malformed_row_names_file_and_line(capsys, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"})
                     + "\n")
-    code, err = run_cli(capsys, "--nproc", "1", "data.task=gsm8k", f"data.path={data}")
+    code, err = run_cli(capsys, "--preset", "cpu-demo", "--nproc", "1", "data.task=gsm8k", f"data.path={data}")
     assert code == 2 and f"{data}:2: missing or empty answer in column 'answer'" in err
     data.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):

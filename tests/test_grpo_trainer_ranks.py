@@ -171,7 +171,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     for reuse in (False, True):
         trainer.reuse_policy_log_probs = reuse
         forwards.clear()
-        data, _ = trainer.collect(step=0)
+        data, _, _ = trainer.collect(step=0)
         data_by_path[reuse] = data
         out[f"collect_forwards_{reuse}"] = len(forwards)
     handle.remove()
@@ -182,11 +182,11 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     (mini,) = data.mini_batches
     out["micro_batches_per_rank"] = len(mini.plan.ranks[rank])
     with trainer.actor.train_mode():
-        metrics_old = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
+        metrics_old = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
         grads_old = _full_grads(trainer.actor.module)
         trainer.actor.zero_grad()
         data.old_log_probs = None
-        metrics_new = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
+        metrics_new = trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
         grads_new = _full_grads(trainer.actor.module)
         trainer.actor.zero_grad()
     results["grad_max_diff"] = max((a - b).abs().max().item() for a, b in zip(grads_old, grads_new, strict=True))
@@ -198,7 +198,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     for mode in LOSS_AGG_MODES:
         trainer.config.algorithm.loss_agg = mode
         with trainer.actor.train_mode():
-            trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
+            trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
             got = _full_grads(trainer.actor.module)
             trainer.actor.zero_grad()
         want = _hand_reference_grads(trainer, data, mode)

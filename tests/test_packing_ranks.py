@@ -79,7 +79,7 @@ def _gradients_packed_and_padded(trainer, rank):
         for mode in MODES:
             trainer.config.algorithm.loss_agg = mode
             with trainer.actor.train_mode():
-                trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
+                trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
                 grads[variant, mode] = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
     worst = {}
@@ -147,7 +147,7 @@ def _two_ranks(rank, tmp):
         out["plans"][name] = {variant: (plan.ranks, plan.imbalance, plan.loads) for variant, plan in plans.items()}
         if name == "lora":
             # A real step end to end (rollout, exchange, reference pass, update): the path and pad counts.
-            step_data, _ = variant.collect(step=0)
+            step_data, _, _ = variant.collect(step=0)
             variant.update(step_data)
             out["lora_step"] = variant._packing_metrics(step_data)
 
@@ -176,7 +176,7 @@ def _two_ranks(rank, tmp):
     both = sorted(set(mine) & set(theirs))  # rows each rank computed on both paths (the plans differ)
     out["fallback_vs_sdpa"] = (got[both] - want[both]).abs().max().item() if both else 0.0
     out["fallback_rows_compared"] = len(both)
-    step_data, _ = fallback.collect(step=0)  # a real step runs on the fallback (its responses may be equal length)
+    step_data, _, _ = fallback.collect(step=0)  # a real step runs on the fallback (its responses may be equal length)
     fallback.update(step_data)
     out["fallback_step"] = fallback._packing_metrics(step_data)
     fallback.update(padded)  # uneven lengths: the padded micro-batches compute pad tokens, counted

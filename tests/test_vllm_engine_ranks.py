@@ -231,7 +231,8 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
                             for i in range(16)))
     env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
-    result = run_python(["-m", "engine.grpo.cli", *SMALL, *variant, f"model.path={model_dir}", "data.task=gsm8k",
+    result = run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", *SMALL, *variant, f"model.path={model_dir}",
+                         "data.task=gsm8k",
                          f"data.path={data}", "train.steps=3", f"run.output_dir={tmp_path}", "run.name=vllm"],
                         env=env, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -164,10 +164,11 @@ class GRPOTrainer:
         data = gather_step_data(rank_sequences(batch, advantages, trains), self.batching, self.rank, self.world_size,
                                 self.backend.metrics_device())
         if not self.reuse_policy_log_probs:
-            with self.actor.eval_mode(), phase("rollout"):
+            with self.actor.eval_mode(), phase("old_log_probs"):
                 data.old_log_probs = self._log_probs(self.actor, data, "old")
         if self.loss.kl_loss_coef > 0:
-            data.ref_log_probs = self.reference_log_probs(data)
+            with phase("ref_log_probs"):
+                data.ref_log_probs = self.reference_log_probs(data)
         stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
                  "rollout_tokens_computed": float(sum(part.batch.tokens_computed for part in drawn))}
         extras = {"longest": max(float(part.lengths.max().item()) for part in drawn),
@@ -229,9 +230,14 @@ class GRPOTrainer:
             loss = loss - settings.entropy_coeff * aggregate_loss(entropy, mask, agg, norm)
         return loss * scale, weight, metrics
 
-    def update(self, data: StepData) -> dict:
+    def update(self, data: StepData, loss_fn=None) -> dict:
         """The PPO updates of a step; the averaged metrics, with ``mismatch``: the rollout engine's log-probs
-        against the policy's over the first epoch (``MismatchStats``)."""
+        against the policy's over the first epoch (``MismatchStats``). ``loss_fn`` replaces ``self.loss_fn`` (a
+        benchmark measuring it)."""
+        with phase("update"):
+            return self._update(data, loss_fn or self.loss_fn)
+
+    def _update(self, data: StepData, loss_fn) -> dict:
         train = self.config.train
         totals: dict[str, float] = {}
         updates, peak_gib = 0, 0.0
@@ -240,7 +246,7 @@ class GRPOTrainer:
             for epoch in range(train.ppo_epochs):
                 self._mismatch = mismatch if epoch == 0 else None  # the rollout's log-probs are compared once a step
                 for mini in data.mini_batches:
-                    metrics = self.actor.forward_backward_batch(data.micro_batches(mini), self.loss_fn)
+                    metrics = self.actor.forward_backward_batch(data.micro_batches(mini), loss_fn)
                     metrics.pop("peak_memory_gib")  # covered by the step's figure below
                     metrics["grad_norm"] = self.actor.optimizer_step()
                     # The step's peak covers the whole update (onload, forward/backward, the step); each update

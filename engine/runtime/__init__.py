@@ -7,9 +7,10 @@ It knows processes and collectives, never FSDP (``engine/fsdp/``), so a trainer 
 from .exchange import all_gather_rows, on_any_rank, on_every_rank
 from .launcher import Interrupted, WorkerFailed, report_early_end, run, threads_per_worker, under_launcher
 from .metric_reduce import MetricKeysMismatch, start_sum_over_ranks, sum_over_ranks
-from .phase_labels import labelled, phase, phase_of
+from .phase_labels import PhaseTimes, labelled, phase, phase_of, phase_timings
 from .stop import install_stop_handlers, stop_at_safe_point, stop_requested
 
-__all__ = ["Interrupted", "MetricKeysMismatch", "WorkerFailed", "all_gather_rows", "install_stop_handlers", "labelled",
-           "on_any_rank", "on_every_rank", "phase", "phase_of", "report_early_end", "run", "start_sum_over_ranks",
-           "stop_at_safe_point", "stop_requested", "sum_over_ranks", "threads_per_worker", "under_launcher"]
+__all__ = ["Interrupted", "MetricKeysMismatch", "PhaseTimes", "WorkerFailed", "all_gather_rows",
+           "install_stop_handlers", "labelled", "on_any_rank", "on_every_rank", "phase", "phase_of", "phase_timings",
+           "report_early_end", "run", "start_sum_over_ranks", "stop_at_safe_point", "stop_requested", "sum_over_ranks",
+           "threads_per_worker", "under_launcher"]

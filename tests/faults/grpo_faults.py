@@ -29,7 +29,7 @@ def _mark(variable):
         Path(path).write_text(repr(time.time()))
 
 
-def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
+def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
     import engine.checkpoint.store
     import engine.grpo.trainer as trainer_module
     from engine.grpo.config import GRPOConfig
@@ -85,13 +85,13 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
         trainer_module.rollout = paused_rollout
     elif kind == "pause-update":
-        step_fn = trainer._step_fn
+        step_fn = trainer.loss_fn
 
         def paused_step_fn(module, micro):
             pause()
             return step_fn(module, micro)
 
-        trainer._step_fn = paused_step_fn
+        trainer.loss_fn = paused_step_fn
     else:
         raise ValueError(f"unknown fault {kind!r}")
     return trainer.train()
@@ -99,7 +99,8 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
 if __name__ == "__main__":
     import engine.grpo.cli as cli
+    import engine.train.loop
 
     os.environ["GRPO_FAULT"] = sys.argv[1]
-    cli.worker = faulty_worker
+    engine.train.loop.worker = faulty_worker  # the frame's command runs the loop's worker on every rank
     sys.exit(cli.main(sys.argv[2:]))
