@@ -144,8 +144,20 @@ def default_output(config: GRPOConfig, target: dict) -> Path:
     return Path(config.run.output_dir) / f"eval-{Path(target['model']).resolve().name}"
 
 
+HELP = """Validate a model on its own: a base model, an exported model, or a run's checkpoint, with the same
+sampling, rewards and metrics (val/reward_mean, val/accuracy) as validation during training.
+
+A run directory is evaluated at its newest complete checkpoint (or --step N) with the run's own settings under
+your key=value overrides; a model directory with the library defaults (or --preset), the prompt limit sized from
+the validation data. Writes results.json and samples.jsonl (every scored response) to --out.
+
+example:
+  accel-grpo eval runs/NAME data.val_path=test.jsonl
+  accel-grpo eval /models/Qwen2.5-0.5B-Instruct data.val_path=test.parquet rollout.engine=vllm"""
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="accel-grpo eval", description=__doc__,
+    parser = argparse.ArgumentParser(prog="accel-grpo eval", description=HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="MODEL_DIR|RUN_DIR",
                         help="a Hugging Face model directory, a run directory or one of its checkpoints/step_N")

@@ -194,8 +194,14 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
             "builtin_model": model_path is None}
 
 
+EXPORT_HELP = """Write a run's checkpoint as a Hugging Face model directory: config.json, safetensors weights, and the
+tokenizer files, chat template and generation config of the model the run trained. This one process reads the
+checkpoint whatever number of processes wrote it. A LoRA run is merged into the base weights (--lora merged, the
+default) or written as a PEFT adapter directory (--lora adapter)."""
+
+
 def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "accel-grpo") -> int:
-    parser = argparse.ArgumentParser(prog=f"{tool} export", description=__doc__,
+    parser = argparse.ArgumentParser(prog=f"{tool} export", description=EXPORT_HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="RUN_DIR|CHECKPOINT",
                         help="a run directory (its newest complete checkpoint) or a checkpoints/step_N directory")

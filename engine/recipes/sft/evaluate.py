@@ -83,8 +83,18 @@ def configure(source: str, step: int | None, overrides: list[str]):
     return config, target["checkpoint"]
 
 
+HELP = """Loss and token accuracy of a model on a validation set, summed over its supervised tokens: the same
+figures as a run's val/loss and val/mean_token_accuracy.
+
+The validation set is data.val_path, else the run's own. A run is evaluated at its newest complete checkpoint (or
+--step N); a model directory as it is, with the library defaults.
+
+example:
+  accel-sft eval runs/NAME data.val_path=val.jsonl --json val.json"""
+
+
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="accel-sft eval", description=__doc__,
+    parser = argparse.ArgumentParser(prog="accel-sft eval", description=HELP,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("source", metavar="RUN_DIR|CHECKPOINT|MODEL_DIR")
     parser.add_argument("--step", type=int, help="the checkpoint of this step (with a run directory)")
