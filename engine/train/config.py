@@ -1,7 +1,7 @@
 """The config pipeline every trainer's command goes through: a preset, then a YAML file, then ``key=value``
 overrides, onto the trainer's own dataclass schema; values coerced to the field's type, unknown keys named with the
-closest valid one. The schema, presets, key migrations and checks stay with each trainer (``engine/grpo/config.py``,
-``engine/sft/config.py``)."""
+closest valid one. The schema, presets, key migrations and checks stay with each recipe (its ``config.py``); the
+commands run the pipeline through ``cli.load``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Peak host memory of one GRPO log-prob micro-batch: the naive full-vocabulary log-softmax vs engine.grpo.logprobs.
+"""Peak host memory of one GRPO log-prob micro-batch: the naive full-vocabulary log-softmax vs
+engine.grpo.logprobs.
 
     python tests/scripts/logprob_memory.py --vocab 151936 --batch 8 --prompt 64 --response 256
 

@@ -1,5 +1,5 @@
-"""engine/grpo/dynamic_sampling.py and scoring.py: which groups are kept, when drawing stops, how ranks agree on the
-batch size, how groups of several draws are put back together, and what the metrics say."""
+"""engine/grpo/dynamic_sampling.py and scoring.py: which groups are kept, when drawing stops, how ranks agree
+on the batch size, how groups of several draws are put back together, and what the metrics say."""
 
 import torch
 

@@ -1,5 +1,5 @@
-"""engine/packing/layout.py and probe.py, with engine/grpo/logprobs.py on them: packed and padded micro-batches give
-each sequence's log-probs (and gradients) as the sequence alone does; an attention that mixes packed sequences is
+"""engine/packing/layout.py and probe.py, with engine/grpo/logprobs.py on them: packed and padded micro-batches
+give each sequence's log-probs (and gradients) as the sequence alone does; an attention that mixes packed sequences is
 caught by the probe."""
 
 import pytest
