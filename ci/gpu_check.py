@@ -47,8 +47,9 @@ def steps(cpu: bool, out_dir: Path) -> list[dict]:
     vllm_model = TINY_VLLM_GRPO_MODEL if cpu else VLLM_GRPO_MODEL
     vllm = [] if importlib.util.find_spec("vllm") is None else [
         {"name": "grpo_vllm", "limit_s": 120, "metrics": out_dir / "grpo" / "gpu-check-vllm" / "metrics.jsonl",
-         "cmd": [PY, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *vllm_model, "rollout.engine=vllm",
-                 "train.steps=6", "run.progress=false", f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check-vllm"]}]
+         "cmd": [PY, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *vllm_model,
+                 "rollout.engine=vllm", "train.steps=6", "run.progress=false", f"run.output_dir={out_dir / 'grpo'}",
+                 "run.name=gpu-check-vllm"]}]
     return [
         {"name": "backends", "limit_s": 20, "cmd": [PY, "-m", "accel_backends", "list", "--json"]},
         {"name": "pytest_cuda", "limit_s": 70,
