@@ -1,6 +1,7 @@
-"""What ``accel-grpo`` and ``accel-sft`` share on their command line: the training run's arguments (``--preset``,
-``--config``, ``--nproc``, ``--resume``, ``--print-config``, ``key=value`` overrides) and the dispatch of the
-sub-commands (``export``, ``eval``, ...) that come before them. Each trainer gives its own help texts."""
+"""The one command of every trainer (``accel-grpo``, ``accel-sft``, ``accel-train TRAINER``): the run's arguments
+(``--preset``, ``--config``, ``--nproc``, ``--resume``, ``--print-config``, ``key=value`` overrides), the one config
+pipeline (``load``), the dispatch of the sub-commands (``export`` and the recipe's own) and the launch of the
+frame's loop on every worker. A recipe gives its help text, schema, checks and plan."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
-"""``accel-grpo export`` / ``accel-sft export RUN_DIR|CHECKPOINT OUT``: a run's checkpoint as a Hugging Face model
-directory. Each trainer says how to read its run's config (a ``RunModel``: the model it trained and its engine
-options); the rest is shared.
+"""``<trainer> export RUN_DIR|CHECKPOINT OUT``: a run's checkpoint as a Hugging Face model directory. The run's
+``config.json`` is read with its trainer's schema (``read_run_config``) and the recipe says what model it trained
+(``Recipe.run_model``: a ``RunModel``, the model and its engine options); the rest is shared.
 
 The checkpoint's weights are read in full by this one process (``engine.checkpoint.read_model_state``: no process
 group, whatever world size wrote them, optimizer state left alone), put into the run's model built on the meta

@@ -1,4 +1,4 @@
-"""The end of a training step, as both trainers' loops end one: rank 0's progress bar moves on, a checkpoint is
+"""The end of a training step in the frame's loop (``loop.py``): rank 0's progress bar moves on, a checkpoint is
 saved when one is due (then sized and pruned), and when the loop ends the bar and the loggers close and the curves
 are drawn."""
 
