@@ -1,5 +1,6 @@
 """A run's directory: ``<run.output_dir>/<run.name>``, or ``<trainer>-<preset>-<date>-<time>``; ``--resume`` finds
-the newest run of the trainer and preset (also one named before names carried the trainer); under torchrun every node must name it. And the line that says how to continue a run."""
+the newest run of the trainer and preset (also one named before names carried the trainer); under torchrun every
+node must name it. And the line that says how to continue a run."""
 
 from __future__ import annotations
 
