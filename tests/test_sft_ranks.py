@@ -18,7 +18,7 @@ VARIANTS = {"packed, 1 micro-batch": {"micro_batch_tokens": 4096, "packed": True
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("sft-model") / "tiny", vocab_size=512)
 

@@ -77,7 +77,7 @@ def _profile(trainer, step: int, rows: int) -> dict:
 def run(options, backend, rank) -> dict:
     from ..grpo import trainer as trainer_module
     from ..grpo.config import check, load_config
-    from ..grpo.rollout import sync_weights
+    from ..rollout.single_turn import sync_weights
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
     config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices

@@ -21,7 +21,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ..output_layer import plain_output_layer as _plain_output_layer
 from ..output_layer import replaced_forward
-from .rollout_engines.base import sampling_scores
+from ..rollout.engines.base import sampling_scores
 
 SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32
 ROWS_PER_SLICE: int | None = None  # positions per slice; None: as many as SLICE_LOGITS allows for the vocabulary
