@@ -246,3 +246,23 @@ def test_a_trainer_built_without_the_cli_check_refuses_a_bad_template(tokenizer)
             agent.build(config, tokenizer)
     finally:
         tokenizer.chat_template = saved
+
+
+def test_one_sampler_interface_single_or_multi_turn_chosen_once(tokenizer):
+    from engine.rollout import SingleTurnRollout, build_sampler
+    from engine.rollout.multi_turn import MultiTurnRollout
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answer = tokenizer("19", add_special_tokens=False)["input_ids"] + [end]
+    engine = Scripted(tokenizer, lambda text, call: answer)
+    config = GRPOConfig()
+    single = build_sampler(config, tokenizer)
+    assert isinstance(single, SingleTurnRollout)
+    batch = single(engine, [question()], sampling_for(tokenizer))  # the sample's prompt text, as it stands
+    assert batch.trajectories is None and batch.responses == ["19", "19"]
+    assert tokenizer.decode(engine.calls[0][0][0]) == "(unused)"
+    config.rollout.tools = ["agent_tools:calculator"]
+    multi = build_sampler(config, tokenizer)
+    assert isinstance(multi, MultiTurnRollout)
+    batch = multi(engine, [question()], sampling_for(tokenizer))  # the same call: chat messages, tools rendered
+    assert batch.trajectories.turns.tolist() == [1, 1] and batch.responses == ["19", "19"]
