@@ -493,10 +493,10 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     from ..rollout.engines import check_engine  # loads the plugins: an engine that fails to import stops us here
 
     problems += check_engine(r.engine)
-    from ..rollout import multi_turn as agent
+    from ..rollout import multi_turn
     from .model import build_model
 
-    problems += agent.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
+    problems += multi_turn.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
     if r.engine == "vllm":
         problems += vllm_check(config, world_size)
     try:

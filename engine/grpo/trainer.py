@@ -24,9 +24,15 @@ import torch.distributed as dist
 import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
-from ..rollout import build_sampler, trajectories
-from ..rollout.engines import RolloutContext, create_rollout_engine
-from ..rollout.single_turn import eos_token_ids, sampling_configs, sync_weights
+from ..rollout import (
+    RolloutContext,
+    build_sampler,
+    create_rollout_engine,
+    eos_token_ids,
+    sampling_configs,
+    sync_weights,
+    trajectories,
+)
 from ..runs.loggers import Loggers
 from ..runs.progress import progress_bar
 from ..runs.steps import advance, finish, save_if_due
