@@ -9,13 +9,18 @@ from pathlib import Path
 
 PACKAGES = ("accel_backends", "engine")
 
-# What engine/grpo may use of the engine: its public API, not the mechanics under it.
-GRPO_MAY_IMPORT = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing",
-                   "engine.tiny_model", "engine.hookspecs", "engine.output_layer")
+# The engine's public API: what the layers above it may use, not the mechanics under it.
+ENGINE_PUBLIC = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing",
+                 "engine.tiny_model", "engine.hookspecs", "engine.output_layer", "engine.object_loader",
+                 "engine.demo_model")
+# engine/rollout stands on the public API alone: no trainer, no run layer.
+ROLLOUT_MAY_IMPORT = ENGINE_PUBLIC
+# engine/grpo: the public API, engine/rollout and engine/runs.
+GRPO_MAY_IMPORT = ENGINE_PUBLIC
 # engine/runs (what both trainers share) stands on that same public API and knows no trainer.
-RUNS_MAY_IMPORT = GRPO_MAY_IMPORT
-# engine/sft: the public API, engine/runs, and GRPO's tiny model directory writer (a shared test fixture).
-SFT_MAY_IMPORT = GRPO_MAY_IMPORT + ("engine.grpo.fixture",)
+RUNS_MAY_IMPORT = ENGINE_PUBLIC
+# engine/sft: the public API and engine/runs.
+SFT_MAY_IMPORT = ENGINE_PUBLIC
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -75,6 +80,9 @@ def layer_violations(root: Path) -> list[str]:
             elif (_inside(importer, "engine.packing") and _inside(target, "engine")
                   and not _inside(target, "engine.packing")):
                 rule = "engine/packing imports nothing of the engine"
+            elif (_inside(importer, "engine.rollout") and _inside(target, "engine")
+                  and not _inside(target, "engine.rollout") and target not in ROLLOUT_MAY_IMPORT):
+                rule = "engine/rollout imports nothing above the engine (its public API only)"
             elif (_inside(importer, "engine.runs") and _inside(target, "engine") and not _inside(target, "engine.runs")
                   and target not in RUNS_MAY_IMPORT):
                 rule = "engine/runs uses the engine's public API only and imports no trainer"
@@ -82,7 +90,8 @@ def layer_violations(root: Path) -> list[str]:
                   and not _inside(target, "engine.runs") and target not in SFT_MAY_IMPORT):
                 rule = f"engine/sft uses the engine's public API and engine/runs only ({', '.join(SFT_MAY_IMPORT)})"
             elif (_inside(importer, "engine.grpo") and _inside(target, "engine") and not _inside(target, "engine.grpo")
-                  and not _inside(target, "engine.runs") and target not in GRPO_MAY_IMPORT):
+                  and not _inside(target, "engine.runs") and not _inside(target, "engine.rollout")
+                  and target not in GRPO_MAY_IMPORT):
                 rule = f"engine/grpo uses the engine's public API only ({', '.join(GRPO_MAY_IMPORT)})"
             else:
                 continue

@@ -1,7 +1,7 @@
 """GRPO step breakdown for a preset (``cpu-demo`` by default): rollout, old and reference log-probs, update.
 
 Runs the real ``GRPOTrainer`` step by step and times its parts by wrapping the functions the trainer calls
-(``rollout`` and ``planned_log_probs``), so the figures follow the trainer as it changes: a trainer that skips the
+(its sampler and ``planned_log_probs``), so the figures follow the trainer as it changes: a trainer that skips the
 old-log-prob forward shows zero calls there. ``--profile`` adds a ``torch.profiler`` table of one step.
 """
 
@@ -19,7 +19,8 @@ FSDP_HOOK_FRAMES = {"FSDP::pre_forward", "FSDP::post_forward", "FSDP::pre_backwa
 
 
 class _PartTimer:
-    """Wraps the trainer module's ``rollout`` and ``planned_log_probs`` to time and count them per step."""
+    """Wraps the trainer's sampler (or its module's ``rollout``) and ``planned_log_probs`` to time and count them
+    per step."""
 
     def __init__(self, trainer_module, trainer) -> None:
         self.module, self.trainer = trainer_module, trainer
@@ -50,11 +51,16 @@ class _PartTimer:
         self._saved = {name: getattr(self.module, name) for name in namers if hasattr(self.module, name)}
         for name, original in self._saved.items():
             setattr(self.module, name, self._wrap(original, namers[name]))
+        self._sampler = getattr(self.trainer, "sampler", None)  # the trainer's one sampler, single- or multi-turn
+        if self._sampler is not None:
+            self.trainer.sampler = self._wrap(self._sampler, namers["rollout"])
         return self
 
     def __exit__(self, *exc):
         for name, original in self._saved.items():
             setattr(self.module, name, original)
+        if self._sampler is not None:
+            self.trainer.sampler = self._sampler
 
 
 def _profile(trainer, step: int, rows: int) -> dict:
@@ -77,7 +83,7 @@ def _profile(trainer, step: int, rows: int) -> dict:
 def run(options, backend, rank) -> dict:
     from ..grpo import trainer as trainer_module
     from ..grpo.config import check, load_config
-    from ..grpo.rollout import sync_weights
+    from ..rollout.single_turn import sync_weights
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
     config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices
