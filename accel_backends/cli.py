@@ -174,6 +174,31 @@ def _info(name: str | None) -> dict:
     return doc
 
 
+MEMORY_FIGURES = (("total", "total"), ("free", "free"), ("allocated", "allocated"), ("reserved", "reserved"),
+                  ("peak_allocated", "peak allocated"))
+
+
+def memory_text(memory: dict | None) -> str | None:
+    """``memory_stats()`` as ``list`` shows memory: GiB, only the figures this backend has; None when it has none."""
+    if not memory:
+        return None
+    if "error" in memory:
+        return f"unreadable ({memory['error']})"
+    figures = [f"{label} {_gib(memory[key])} GiB" for key, label in MEMORY_FIGURES if memory.get(key) is not None]
+    return ", ".join(figures) or None
+
+
+def info_lines(doc: dict) -> list[str]:
+    """``info``'s text: one ``key value`` line per figure this backend has (absent ones print nothing)."""
+    lines = []
+    for key, value in doc.items():
+        if key == "memory":
+            value = memory_text(value)
+        if value is not None:
+            lines.append(f"{key:24} {value}")
+    return lines
+
+
 def _print_versions(versions: dict) -> None:
     """``describe()``'s figures, one per line; a list of devices one device per line."""
     for key, value in versions.items():
@@ -224,8 +249,7 @@ def main(argv: list[str] | None = None) -> int:
                 _print_autoload_report(doc.pop("torch_autoload_failure"))
                 doc["torch"] = f"{torch_doc['version']} (tested: {torch_doc['tested_range']})"
                 versions = doc.pop("versions")
-                for key, value in doc.items():
-                    print(f"{key:24} {value}")
+                print("\n".join(info_lines(doc)))
                 _print_versions(versions)
             if "warning" in torch_doc:
                 print(f"accel-backends: warning: {torch_doc['warning']}", file=sys.stderr)

@@ -18,12 +18,12 @@ import re
 import torch
 
 import accel_backends
-from engine.grpo.rollout_engines import (
+from engine.rollout.engines import (
     Responses,
     RolloutEngine,
     hookspecs,  # noqa: F401 - specifies the hook implemented below
 )
-from engine.grpo.rollout_engines.hf import left_padded
+from engine.rollout.engines.hf import left_padded
 
 QUESTION = re.compile(r"What is (-?\d+ *[-+*/] *-?\d+)")
 RESULT = re.compile(r"<tool_response>\n(.*?)\n</tool_response>", re.S)

@@ -45,7 +45,7 @@ def write_jsonl(path, rows):
 
 def fixture_model(directory, **generation):
     """The fixture model (``generation`` overrides generation_config.json keys)."""
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     return make_tiny_model(directory, generation=generation or None)
 

@@ -11,12 +11,12 @@ import hashlib
 import torch
 
 import accel_backends
-from engine.grpo.rollout_engines import (
+from engine.rollout.engines import (
     RolloutEngine,
     hookspecs,  # noqa: F401 - specifies the hook implemented below
 )
-from engine.grpo.rollout_engines.hf import left_padded
-from engine.grpo.rollout_engines.hf_continuous import decode
+from engine.rollout.engines.hf import left_padded
+from engine.rollout.engines.hf_continuous import decode
 
 ENGINES = []  # every engine built in this process, for the test to inspect
 

@@ -81,7 +81,7 @@ def _expected_mask(tokenizer, prompt_ids):
     import agent_script_plugin
     import agent_tools
 
-    from engine.grpo.agent.template import encode
+    from engine.rollout.multi_turn.template import encode
 
     end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     conversation = tokenizer.decode(prompt_ids, skip_special_tokens=False)
@@ -151,8 +151,8 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
                     local = param.to_local() if hasattr(param, "to_local") else param
                     local.normal_(std=0.03, generator=torch.Generator().manual_seed(5))
     real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_packed" else None
-    batches, multi_turn = [], trainer.agent
-    trainer.agent = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
+    batches, multi_turn = [], trainer.sampler
+    trainer.sampler = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
     data, stats, _ = trainer.collect(0)
     (batch,) = batches
     out = {"packed": trainer.packed,
@@ -236,7 +236,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
 def _real_engines(rank, trainer, model_dir):
     """The built-in engines under the multi-turn loop, a different number of prompts on each rank (the random model
     calls no tool: one turn each, every token the model's own)."""
-    from engine.grpo.rollout_engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
 
     results = {}
     samples = trainer.task.sample(1 + rank, torch.Generator().manual_seed(rank))
@@ -245,9 +245,9 @@ def _real_engines(rank, trainer, model_dir):
         engine = create_rollout_engine(name, RolloutContext(trainer.actor, trainer.tokenizer, model_dir,
                                                             trainer.config.rollout))
         with trainer.actor.eval_mode():
-            batch = trainer.agent(engine, samples, sampling)
+            batch = trainer.sampler(engine, samples, sampling)
         attended = batch.attention_mask[:, batch.prompt_length:]
-        results[name] = {"rows": len(batch), "turns": batch.agent.turns.tolist(),
+        results[name] = {"rows": len(batch), "turns": batch.trajectories.turns.tolist(),
                          "loss_is_attention": torch.equal(attended, batch.response_mask),
                          "prompt_has_tools": "calculator" in trainer.tokenizer.decode(batch.input_ids[0])}
     return results

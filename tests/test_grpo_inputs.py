@@ -52,11 +52,14 @@ def test_malformed_row_names_file_and_line(capsys, tmp_path):
 
 def test_reward_that_cannot_be_imported(capsys):
     code, err = run_cli(capsys, "data.reward=no_such_module:fn")
-    assert code == 2 and "cannot import reward module 'no_such_module'" in err
+    assert code == 2 and "data.reward 'no_such_module:fn': cannot import module 'no_such_module'" in err
     code, err = run_cli(capsys, "data.reward=engine.grpo.tasks:no_such_fn")
-    assert code == 2 and "has no function 'no_such_fn'" in err
-    with pytest.raises(ValueError, match="must look like 'package.module:function'"):
+    assert code == 2 and "data.reward 'engine.grpo.tasks:no_such_fn': module 'engine.grpo.tasks' has no function " \
+                         "'no_such_fn'; check the function's name" in err
+    with pytest.raises(ValueError, match="data.reward 'just_a_name': must look like 'package.module:function'"):
         import_function("just_a_name")
+    with pytest.raises(ValueError, match="'CORRECT' in module 'engine.grpo.validation' is not a function; name a"):
+        import_function("engine.grpo.validation:CORRECT")
 
 
 @pytest.mark.parametrize("overrides, message", [

@@ -6,6 +6,7 @@ import pytest
 import torch
 from conftest import REPO
 
+from engine import output_layer
 from engine.grpo.logprobs import token_log_probs
 
 _spec = importlib.util.spec_from_file_location("logprob_memory", REPO / "tests" / "scripts" / "logprob_memory.py")
@@ -14,9 +15,7 @@ _spec.loader.exec_module(logprob_memory)
 
 
 def test_slices_equal_the_full_log_softmax_with_gradients_and_entropy(monkeypatch):
-    import engine.grpo.logprobs as logprobs
-
-    monkeypatch.setattr(logprobs, "ROWS_PER_SLICE", 5)  # slices that cross sequences, a ragged last one
+    monkeypatch.setattr(output_layer, "ROWS_PER_CHUNK", 5)  # slices that cross sequences, a ragged last one
     logits = torch.randn(3, 12, 50, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (3, 12))
     full = torch.log_softmax(logits / 0.7, -1)
@@ -32,9 +31,7 @@ def test_slices_equal_the_full_log_softmax_with_gradients_and_entropy(monkeypatc
 
 @pytest.mark.parametrize("rows_per_slice", [5, 256], ids=["recomputed-slices", "one-slice"])
 def test_entropy_with_gradient_for_the_entropy_bonus(monkeypatch, rows_per_slice):
-    import engine.grpo.logprobs as logprobs
-
-    monkeypatch.setattr(logprobs, "ROWS_PER_SLICE", rows_per_slice)
+    monkeypatch.setattr(output_layer, "ROWS_PER_CHUNK", rows_per_slice)
     logits = torch.randn(3, 12, 50, dtype=torch.float64, requires_grad=True)
     targets = torch.randint(0, 50, (3, 12))
     full = torch.log_softmax(logits / 0.7, -1)
@@ -52,12 +49,10 @@ def test_entropy_with_gradient_for_the_entropy_bonus(monkeypatch, rows_per_slice
 def test_peak_memory_is_at_most_half_of_the_naive_pass(grad, monkeypatch):
     """A CI-sized version of the documented measurement (tests/scripts/logprob_memory.py, docs/grpo.md).
 
-    There, 8 x 256 response positions make 8 slices of ROWS_PER_SLICE = 256; here 4 x 64 positions are cut in the
+    There, 8 x 256 response positions make 8 slices of 256 (rows_per_slice); here 4 x 64 positions are cut in the
     same proportion (8 slices of 32), so the saving measured is the one the documented size gets.
     """
-    import engine.grpo.logprobs as logprobs
-
-    monkeypatch.setattr(logprobs, "ROWS_PER_SLICE", 32)
+    monkeypatch.setattr(output_layer, "ROWS_PER_CHUNK", 32)
     torch.set_num_threads(1)
     naive = logprob_memory.measure("naive", vocab=32000, batch=4, prompt=16, response=64, grad=grad)
     chunked = logprob_memory.measure("chunked", vocab=32000, batch=4, prompt=16, response=64, grad=grad)

@@ -109,8 +109,8 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     # inherited, and the trainer's log-probs (temperature, top-k, top-p) equal the sampling distribution's --------
     samples = trainer.task.sample(2, torch.Generator().manual_seed(rank))
     from engine.grpo.logprobs import response_log_probs
-    from engine.grpo.rollout import rollout
-    from engine.grpo.rollout_engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
+    from engine.rollout.single_turn import rollout
 
     sampling = dataclasses.replace(trainer.sampling, n=4, max_new_tokens=10, temperature=0.9, top_k=TOP_K,
                                    top_p=TOP_P, log_probs=True)

@@ -26,7 +26,7 @@ def _counts(rank):
     from tiny import VOCAB, tiny_qwen2
 
     from engine import EngineConfig, FSDPEngine
-    from engine.grpo.rollout_engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
 
     tokenizer = SimpleNamespace(pad_token_id=0)  # the built-in engines take only the pad id from it
     prompts = [[5, 7, 11], [13, 17, 19, 23]]

@@ -18,7 +18,7 @@ VARIANTS = {"packed, 1 micro-batch": {"micro_batch_tokens": 4096, "packed": True
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory):
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("sft-model") / "tiny", vocab_size=512)
 
@@ -88,8 +88,8 @@ def _exactness(rank: int, model_dir: str) -> dict:
     after, rows_after = packed_logits([trio[0], changed, trio[2]])
     others_moved = max(float((before[rows_before == r] - after[rows_after == r]).abs().max()) for r in (0, 2))
 
-    from engine.recipes.sft import loss
-    loss.ROWS_PER_CHUNK = 16  # the engine's micro-batches run as several checkpointed logit chunks; the reference, one
+    from engine import output_layer
+    output_layer.ROWS_PER_CHUNK = 16  # the engine runs several checkpointed logit chunks; the reference, one
     backend = accel_backends.get_backend()
     engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=2, grad_sync="deferred"), backend)
     results = {"others_moved": others_moved, "grad_sync": engine.grad_sync_mode,

@@ -34,7 +34,7 @@ def _conversation(index):
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("sft-run")
     model = make_tiny_model(root / "model", vocab_size=512, single_eos=True)

@@ -28,7 +28,7 @@ ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     # No EOS boost: greedy decoding would otherwise end every response at its first token.
     return make_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=HIDDEN, layers=2, eos_bias=0.0)
@@ -116,8 +116,8 @@ def _checks(rank, model_dir):
 
     from engine import EngineConfig, FSDPEngine
     from engine.grpo.config import RolloutConfig
-    from engine.grpo.rollout import eos_token_ids, rollout, sync_weights
-    from engine.grpo.rollout_engines import RolloutContext, RolloutEngineError, SamplingConfig, create_rollout_engine
+    from engine.rollout.engines import RolloutContext, RolloutEngineError, SamplingConfig, create_rollout_engine
+    from engine.rollout.single_turn import eos_token_ids, rollout, sync_weights
 
     out = {}
     tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")

@@ -51,7 +51,7 @@ def main() -> None:
         model_dir = args.model_dir
         if model_dir is None:
             from engine.bench.cli import LONG_CASE_MODEL
-            from engine.grpo.fixture import make_tiny_model
+            from engine.demo_model import make_tiny_model
 
             model_dir = make_tiny_model(Path(scratch) / "long-case", **LONG_CASE_MODEL)
         lengths, prompts = rollout_lengths(model_dir)

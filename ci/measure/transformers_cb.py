@@ -22,8 +22,8 @@ def main(path: str, rounds: int) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer, GenerationConfig
 
     from engine.bench.rollout import question_prompts
-    from engine.grpo.rollout_engines import SamplingConfig, left_padded, mask_through_first_eos
-    from engine.grpo.rollout_engines.hf_continuous import decode
+    from engine.rollout.engines import SamplingConfig, left_padded, mask_through_first_eos
+    from engine.rollout.engines.hf_continuous import decode
 
     torch.set_num_threads(1)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")

@@ -48,7 +48,7 @@ LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bia
 def long_case_model(python: str, directory: Path) -> Path:
     """The long case's model directory, written once (with our interpreter) and reused by later runs."""
     if not (directory / "config.json").is_file():
-        code = ("import sys; from engine.grpo.fixture import make_tiny_model; "
+        code = ("import sys; from engine.demo_model import make_tiny_model; "
                 f"make_tiny_model(sys.argv[1], **{LONG_CASE_MODEL!r})")
         subprocess.run([python, "-c", code, str(directory)], check=True, cwd=ROOT, env=_env())
     return directory

@@ -44,7 +44,7 @@ def write_work(directory: Path) -> tuple[Path, Path, float, float]:
     """The model directory, the data file, and the rows' mean tokens and mean supervised tokens (as accel-sft
     counts them)."""
     sys.path.insert(0, str(ROOT))
-    from engine.grpo.fixture import _WORDS, make_tiny_model
+    from engine.demo_model import _WORDS, make_tiny_model
     from engine.sft.data import Example
     from engine.sft.masks import tokenize_example
     from engine.sft.model import load_tokenizer

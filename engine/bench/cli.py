@@ -168,7 +168,7 @@ def _case_overrides(args, stack: contextlib.ExitStack) -> list[str]:
     if args.grpo_case == "long":
         overrides += LONG_CASE_WORK
         if model_dir is None:
-            from ..grpo.fixture import make_tiny_model
+            from ..demo_model import make_tiny_model
 
             model_dir = make_tiny_model(Path(stack.enter_context(tempfile.TemporaryDirectory())) / "long-case",
                                         **LONG_CASE_MODEL)

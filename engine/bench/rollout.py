@@ -88,8 +88,8 @@ def question_prompts(tokenizer, count: int, rank: int) -> list[list[int]]:
 def _compare_engines(options, backend, rank) -> dict:
     from transformers import AutoTokenizer
 
-    from ..grpo.rollout import eos_token_ids, sync_weights
-    from ..grpo.rollout_engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from ..rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from ..rollout.single_turn import eos_token_ids, sync_weights
 
     path = options["rollout_model"]
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")

@@ -27,7 +27,7 @@ def make_tiny_model_main(argv: list[str]) -> int:
     for name in ("hidden_size", "layers", "vocab_size"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
-    from .fixture import make_tiny_model
+    from ..demo_model import make_tiny_model
 
     path = make_tiny_model(args.directory, hidden_size=args.hidden_size, layers=args.layers,
                            vocab_size=args.vocab_size, eos_bias=args.eos_bias, single_eos=args.single_eos,

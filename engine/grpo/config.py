@@ -11,6 +11,7 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ..config import EngineConfig
+from ..rollout.engines.vllm_settings import VLLMConfig
 from ..train import config as train_config
 from ..train.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
 from ..train.settings import ModelConfig, missing_model, run_problems
@@ -19,7 +20,6 @@ from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
 from .loss_types import DEFAULT_LOSS_TYPE, LOSS_TYPES
 from .model import BUILTIN_MODEL, check_model_dir
 from .rollout_correction import CORRECTION_MODES, DEFAULT_CAP, DEFAULT_CORRECTION
-from .rollout_engines.vllm_settings import VLLMConfig
 
 
 @dataclasses.dataclass
@@ -362,7 +362,7 @@ def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
     """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
     import accel_backends
 
-    from .rollout_engines.vllm_settings import vllm_problems
+    from ..rollout.engines.vllm_settings import vllm_problems
 
     try:
         facts = accel_backends.get_backend().inference_engine_facts()
@@ -461,13 +461,13 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append("rollout.top_p must be in (0, 1] and rollout.temperature > 0")
     if config.data.task not in ("echo", "gsm8k"):
         problems.append(f"data.task must be echo or gsm8k, got {config.data.task!r}")
-    from .rollout_engines import check_engine  # loads the plugins: an engine that fails to import stops us here
+    from ..rollout.engines import check_engine  # loads the plugins: an engine that fails to import stops us here
 
     problems += check_engine(r.engine)
-    from . import agent
+    from ..rollout import multi_turn
     from .model import build_model
 
-    problems += agent.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
+    problems += multi_turn.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
     if r.engine == "vllm":
         problems += vllm_check(config, world_size)
     try:

@@ -61,11 +61,17 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     import accel_backends
 
     from .. import FSDPEngine
+    from ..rollout import (
+        RolloutContext,
+        SingleTurnRollout,
+        create_rollout_engine,
+        eos_token_ids,
+        sampling_configs,
+        sync_weights,
+    )
     from .config import max_sequence_tokens
     from .model import build_model
     from .rewards import load_rewards
-    from .rollout import eos_token_ids, sampling_configs, sync_weights
-    from .rollout_engines import RolloutContext, create_rollout_engine
     from .tasks import data_spec, needs_answers, validation_set
     from .validation import validate
 
@@ -87,7 +93,8 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     sync_weights(engine, rollout_engine)  # an engine holding its own copy starts from the evaluated weights
     records: list[dict] = []
     started = time.perf_counter()
-    metrics = validate(engine, rollout_engine, tokenizer, samples, rewards, val_sampling,
+    # Single-turn, as before the rollout layer moved: eval loads no tools or environment.
+    metrics = validate(engine, rollout_engine, SingleTurnRollout(tokenizer), samples, rewards, val_sampling,
                        batch_prompts=max(1, prompts_per_rank(config, world_size)), records=records)
     gathered = [None] * world_size if engine.rank == 0 else None
     dist.gather_object(records, gathered, dst=0)

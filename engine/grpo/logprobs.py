@@ -17,20 +17,18 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from torch.utils.checkpoint import checkpoint
 
+from ..output_layer import in_chunks, replaced_forward, rows_per_chunk
 from ..output_layer import plain_output_layer as _plain_output_layer
-from ..output_layer import replaced_forward
-from .rollout_engines.base import sampling_scores
+from ..rollout.engines.base import sampling_scores
 
 SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32
-ROWS_PER_SLICE: int | None = None  # positions per slice; None: as many as SLICE_LOGITS allows for the vocabulary
 
 
 def rows_per_slice(vocab_size: int) -> int:
-    """Positions per slice: ``ROWS_PER_SLICE`` if set, else ``SLICE_LOGITS // vocab_size`` (256 with Qwen's
-    151,936 tokens, 18,992 with 2,048): the slice's memory is bounded, and a small vocabulary needs few slices."""
-    return ROWS_PER_SLICE or max(1, SLICE_LOGITS // vocab_size)
+    """Positions per slice (``output_layer.rows_per_chunk``): 256 with Qwen's 151,936 tokens, 18,992 with 2,048;
+    ``engine.output_layer.ROWS_PER_CHUNK`` overrides it."""
+    return rows_per_chunk(vocab_size, SLICE_LOGITS)
 
 
 def position_ids(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -67,38 +65,18 @@ def _slice_outputs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
 
 def _in_slices(compute, inputs: torch.Tensor, targets: torch.Tensor, with_entropy: bool, needs_grad: bool,
                vocab_size: int, entropy_grad: bool = False):
-    """Run ``compute(inputs_slice, targets_slice, with_entropy, entropy_grad)`` over ``rows_per_slice(vocab_size)``
-    positions at a time.
+    """``compute(inputs_slice, targets_slice, with_entropy, entropy_grad)`` over ``rows_per_slice(vocab_size)``
+    positions at a time (``output_layer.in_chunks``), shaped as ``targets``.
 
-    With gradients and more than one slice, each slice's log-probs are recomputed in the backward pass instead of
-    keeping its logits (activation checkpointing): only the inputs, which exist anyway, are kept; the entropy of
-    such a slice is a separate no-grad pass, so the recompute never repeats it. A single slice keeps its logits,
-    as checkpointing it would not lower the peak (the slice exists in the forward either way) and would compute it
-    twice; its log-probs and entropy come from one softmax. With ``entropy_grad`` the entropy is part of the
-    checkpointed computation (recomputed with the log-probs in the backward pass).
+    With gradients and several slices each slice's log-probs are recomputed in the backward pass; the entropy of
+    such a slice is a separate no-grad pass, so the recompute never repeats it, unless ``entropy_grad`` makes it part
+    of the loss (then it is recomputed with the log-probs). A single slice's log-probs and entropy come from one
+    softmax.
     """
-    flat_targets = targets.reshape(-1)
-    rows = rows_per_slice(vocab_size)
-    starts = range(0, flat_targets.numel(), rows)
-    recompute = needs_grad and torch.is_grad_enabled() and len(starts) > 1
-    pieces, entropies = [], []
-    for start in starts:
-        part, chosen = inputs[start:start + rows], flat_targets[start:start + rows]
-        if recompute and with_entropy and entropy_grad:
-            piece, entropy = checkpoint(lambda p, c: compute(p, c, True, True), part, chosen, use_reentrant=False)
-        elif recompute:
-            piece = checkpoint(lambda p, c: compute(p, c, False, False)[0], part, chosen, use_reentrant=False)
-            entropy = None
-            if with_entropy:
-                with torch.no_grad():
-                    entropy = compute(part, chosen, True, False)[1]
-        else:
-            piece, entropy = compute(part, chosen, with_entropy, entropy_grad)
-        pieces.append(piece)
-        entropies.append(entropy)
-    log_probs = torch.cat(pieces).view(targets.shape)
-    entropy = torch.cat(entropies).view(targets.shape) if with_entropy else None
-    return log_probs, entropy
+    log_probs, entropy = in_chunks(lambda part, chosen, side: compute(part, chosen, side, side and entropy_grad),
+                                   inputs, targets.reshape(-1), rows_per_slice(vocab_size), needs_grad,
+                                   with_entropy, side_apart=not entropy_grad)
+    return log_probs.view(targets.shape), (entropy.view(targets.shape) if with_entropy else None)
 
 
 def token_log_probs(logits: torch.Tensor, targets: torch.Tensor, temperature: float, with_entropy: bool = False,

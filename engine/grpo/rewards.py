@@ -10,11 +10,11 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import math
 from typing import Any, Callable
 
+from ..object_loader import load_object
 from .data import Sample
 
 STYLES = ("auto", "simple", "verl", "trl")
@@ -33,19 +33,8 @@ class Reward:
 
 
 def import_function(spec: str) -> Callable:
-    """Import ``module:function``; every failure says which part of the spec is wrong."""
-    module_name, _, attribute = spec.partition(":")
-    if not module_name or not attribute:
-        raise ValueError(f"reward function {spec!r} must look like 'package.module:function'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - the user's module may fail in any way
-        raise ValueError(f"cannot import reward module {module_name!r} ({type(exc).__name__}: {exc}); is it on "
-                         "PYTHONPATH?") from None
-    fn = getattr(module, attribute, None)
-    if not callable(fn):
-        raise ValueError(f"reward module {module_name!r} has no function {attribute!r}")
-    return fn
+    """The reward function ``spec`` names (``data.reward``), through the one ``module:attribute`` loader."""
+    return load_object(spec, what="function", key="data.reward", accept=callable)
 
 
 def detect_style(fn: Callable, spec: str) -> str:
@@ -199,3 +188,20 @@ def metric_names(rewards: list[Reward]) -> list[str]:
     """``reward/<function name>`` for each reward function; its full spec where two share a name."""
     names = [reward.name for reward in rewards]
     return [f"reward/{reward.name if names.count(reward.name) == 1 else reward.spec}" for reward in rewards]
+
+
+def get_reward(prompts, completions, environments=None, **columns):
+    """The environment's own reward: ``get_reward()`` of each trajectory's environment instance."""
+    return [float(environment.get_reward()) for environment in environments]
+
+
+def environment_rewards(environment_spec: str | None) -> list[Reward]:
+    """``[Reward]`` for a ``rollout.environment`` with ``get_reward()``, added to the run's reward functions."""
+    if not environment_spec:
+        return []
+    from ..rollout.multi_turn.tools import load_environment
+
+    environment = load_environment(environment_spec)
+    if not callable(getattr(environment, "get_reward", None)):
+        return []
+    return [Reward(f"{environment_spec}.get_reward", get_reward, "trl", 1.0)]  # metric reward/get_reward

@@ -9,10 +9,10 @@ import dataclasses
 
 import torch
 
+from ..rollout import RolloutBatch, Trajectories
 from .algorithms import overlong_penalty
 from .data import Sample
 from .rewards import Reward, score_each, weighted_sum
-from .rollout import RolloutBatch
 
 
 @dataclasses.dataclass
@@ -43,9 +43,9 @@ def score_rollout(rewards: list[Reward], samples: list[Sample], batch: RolloutBa
                   overlong_buffer_len: int = 0, overlong_penalty_factor: float = 1.0) -> ScoredRollout:
     """Score every response of ``batch`` (``n`` per sample) with every reward function."""
     per_row = [samples[i // n] for i in range(len(batch))]
-    agent = batch.agent  # a multi-turn rollout: rewards see each trajectory's messages and environment
-    values = score_each(rewards, per_row, batch.responses, completions=agent and agent.completions,
-                        environments=agent and agent.instances)
+    turns = batch.trajectories  # a multi-turn rollout: rewards see each trajectory's messages and environment
+    values = score_each(rewards, per_row, batch.responses, completions=turns and turns.completions,
+                        environments=turns and turns.instances)
     total = torch.tensor(weighted_sum(rewards, values) if rewards else [0.0] * len(batch), dtype=torch.float32)
     by_function = torch.tensor(values, dtype=torch.float32).view(len(rewards), len(batch))
     penalty = overlong_penalty(batch.response_mask.sum(dim=1), max_new_tokens, overlong_buffer_len,
@@ -61,7 +61,7 @@ def select_groups(scored: ScoredRollout, groups: list[int]) -> ScoredRollout:
                                 response_mask=b.response_mask[rows], responses=[b.responses[i] for i in rows.tolist()],
                                 clipped=b.clipped[rows],
                                 sampling_log_probs=None if b.sampling_log_probs is None else b.sampling_log_probs[rows],
-                                agent=None if b.agent is None else b.agent.select(rows.tolist()))
+                                trajectories=None if b.trajectories is None else b.trajectories.select(rows.tolist()))
     return ScoredRollout([scored.samples[g] for g in groups], batch, scored.n, scored.rewards[rows],
                          scored.by_function[:, rows], scored.overlong[rows])
 
@@ -93,8 +93,8 @@ def concat(parts: list[ScoredRollout], pad_token_id: int) -> ScoredRollout:
         sampling=parts[0].batch.sampling,  # every draw samples alike: its truncation applies to the log-probs
         tokens_computed=sum(p.batch.tokens_computed for p in parts),
         sampling_log_probs=None if any(x is None for x in sampled) else torch.cat(sampled),
-        agent=None if parts[0].batch.agent is None else type(parts[0].batch.agent).concat([p.batch.agent
-                                                                                           for p in parts]),
+        trajectories=None if parts[0].batch.trajectories is None
+        else Trajectories.concat([p.batch.trajectories for p in parts]),
     )
     return ScoredRollout([s for p in parts for s in p.samples], batch, parts[0].n,
                          torch.cat([p.rewards for p in parts]), torch.cat([p.by_function for p in parts], dim=1),
@@ -112,9 +112,8 @@ def rollout_sums(drawn: list[ScoredRollout], overlong: bool = False) -> dict[str
     by_function = torch.cat([part.by_function for part in drawn], dim=1)
     for index, values in enumerate(by_function):
         sums[f"reward_fn_{index}"] = values.sum().item()
-    if drawn[0].batch.agent is not None:  # tools/*, rollout/turns_mean, rollout/tool_tokens
-        for name, value in type(drawn[0].batch.agent).concat([part.batch.agent for part in drawn]).sums().items():
-            sums[name] = value
+    if drawn[0].batch.trajectories is not None:  # tools/*, rollout/turns_mean, rollout/tool_tokens
+        sums.update(Trajectories.concat([part.batch.trajectories for part in drawn]).sums())
     if overlong:
         overlong_values = torch.cat([part.overlong for part in drawn])
         sums["overlong_sum"] = overlong_values.sum().item()
@@ -147,8 +146,9 @@ def sample_records(step: int, scored: ScoredRollout, advantages: torch.Tensor, p
                              for index, name in enumerate(names)}
         if bool(scored.overlong.any()):
             record["overlong_penalty"] = scored.overlong[row].item()
-        if scored.batch.agent is not None:  # each turn: the assistant's messages, their tool calls and results
-            record["turns"] = scored.batch.agent.completions[row]
-            record["tool_calls"] = int(scored.batch.agent.tool_calls[row])
+        turns = scored.batch.trajectories
+        if turns is not None:  # each turn: the assistant's messages, their tool calls and results
+            record["turns"] = turns.completions[row]
+            record["tool_calls"] = int(turns.tool_calls[row])
         records.append(record)
     return records

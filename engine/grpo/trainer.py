@@ -25,20 +25,27 @@ import torch.distributed as dist
 import accel_backends
 
 from .. import FSDPEngine, checkpoint, runtime
+from ..rollout import (
+    RolloutContext,
+    build_sampler,
+    create_rollout_engine,
+    eos_token_ids,
+    sampling_configs,
+    sync_weights,
+    trajectories,
+)
 from ..runtime import phase, sum_over_ranks
 from ..train.config import dist_timeout_s
 from ..train.recipe import StepResult
-from . import agent, dynamic_sampling, scoring
+from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
 from .config import GRPOConfig, deprecation_notices, engine_config, updates_per_step
 from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
 from .model import build_model
-from .rewards import load_rewards, metric_names
-from .rollout import eos_token_ids, rollout, sampling_configs, sync_weights
+from .rewards import environment_rewards, load_rewards, metric_names
 from .rollout_correction import MismatchStats, importance_weights
-from .rollout_engines import RolloutContext, create_rollout_engine
 from .tasks import build_tasks, data_spec, needs_answers
 from .validation import validate
 
@@ -68,7 +75,7 @@ class GRPOTrainer:
         self.tokenizer, factory, (self.task, self.val_samples), file_rewards = inputs or load_inputs(config)
         # An environment's get_reward() is a reward of its own (then data.reward is optional).
         used = [] if config.rollout.environment and not config.data.reward else file_rewards
-        self.rewards = used + agent.environment_rewards(config)
+        self.rewards = used + environment_rewards(config.rollout.environment)
         self.reward_names = metric_names(self.rewards)
         actor_config = engine_config(config, world_size)
         self.actor = FSDPEngine(factory, actor_config, self.backend)
@@ -95,9 +102,9 @@ class GRPOTrainer:
             self.actor, self.tokenizer, factory, config.rollout, max_sequence_tokens(config)))
         # The engine's log-probs, for the mismatch metrics and algorithm.rollout_correction, where they are cheap.
         self.sampling = dataclasses.replace(self.sampling, log_probs=self.rollout_engine.cheap_log_probs)
-        # Tools or an environment: multi-turn rollouts (engine/grpo/agent), every rank's engine calls in step.
-        self.agent = agent.build(config, self.tokenizer,
-                                 lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))
+        # Single-turn, or multi-turn with tools or an environment (every rank's engine calls in step): chosen once.
+        self.sampler = build_sampler(config, self.tokenizer,
+                                     lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
 
     @property
@@ -133,10 +140,7 @@ class GRPOTrainer:
         def draw() -> scoring.ScoredRollout:
             samples = self.task.sample(prompts_per_rank, generator)
             with phase("rollout"):
-                if self.agent is not None:
-                    batch = self.agent(self.rollout_engine, samples, self.sampling)
-                else:
-                    batch = rollout(self.rollout_engine, self.tokenizer, [s.prompt for s in samples], self.sampling)
+                batch = self.sampler(self.rollout_engine, samples, self.sampling)
             with phase("reward"):
                 return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
                                              algo.overlong_buffer_len, algo.overlong_penalty_factor)
@@ -288,9 +292,8 @@ class GRPOTrainer:
             return {}
         if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
             return {}
-        return validate(self.actor, self.rollout_engine, self.tokenizer, self.val_samples, self.rewards,
-                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size),
-                        multi_turn=self.agent)
+        return validate(self.actor, self.rollout_engine, self.sampler, self.val_samples, self.rewards,
+                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
 
     def ready(self, start: int) -> None:
         """After the loop resumed from step ``start``: an engine holding its own copy takes the loaded weights."""
@@ -354,7 +357,7 @@ class GRPOTrainer:
         }
         row.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
         row.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
-        row.update(agent.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
+        row.update(trajectories.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
         row.update(plan_metrics)  # packed, micro_batches, token_imbalance
         row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})
         if self.rollout_engine.receives_weights:

@@ -9,21 +9,20 @@ from __future__ import annotations
 
 import math
 
+from ..rollout import RolloutEngine, Sampler, SamplingConfig
 from ..runtime import sum_over_ranks
 from .rewards import score_all
-from .rollout import rollout
-from .rollout_engines import RolloutEngine, SamplingConfig
 
 CORRECT = 1.0  # a response counts as correct when its reward is at least this
 
 
-def validate(policy, rollout_engine: RolloutEngine, tokenizer, samples, rewards, sampling: SamplingConfig,
-             batch_prompts: int, records: list | None = None, multi_turn=None) -> dict:
+def validate(policy, rollout_engine: RolloutEngine, sampler: Sampler, samples, rewards, sampling: SamplingConfig,
+             batch_prompts: int, records: list | None = None) -> dict:
     """``val/reward_mean`` and ``val/accuracy`` over all held-out prompts of all ranks (``policy``: the actor's
     ``FSDPEngine``, for ranks and the metric reduction).
 
     ``records``: a list to which this rank appends each of its scored responses (``index`` of the prompt in
-    ``samples``, prompt, answer, response, reward). ``multi_turn``: the run's ``agent.MultiTurnRollout`` (tools).
+    ``samples``, prompt, answer, response, reward). ``sampler``: the run's single- or multi-turn sampler.
     """
     rank, world = policy.rank, policy.world_size
     mine = samples[rank::world]
@@ -35,16 +34,13 @@ def validate(policy, rollout_engine: RolloutEngine, tokenizer, samples, rewards,
             chunk = mine[call * batch_prompts:(call + 1) * batch_prompts]
             real = len(chunk)
             chunk = chunk + [(mine or samples)[-1]] * (batch_prompts - real)  # same shape on every rank
-            if multi_turn is not None:
-                batch = multi_turn(rollout_engine, chunk, sampling)
-            else:
-                batch = rollout(rollout_engine, tokenizer, [s.prompt for s in chunk], sampling)
+            batch = sampler(rollout_engine, chunk, sampling)
             if not real:
                 continue  # this rank only kept the others company in generate
-            agent = batch.agent
+            turns = batch.trajectories
             scores = score_all(rewards, [s for s in chunk[:real] for _ in range(n)], batch.responses[:real * n],
-                               completions=agent and agent.completions[:real * n],
-                               environments=agent and (agent.instances or [])[:real * n] or None)
+                               completions=turns and turns.completions[:real * n],
+                               environments=turns and (turns.instances or [])[:real * n] or None)
             if records is not None:
                 for row, score in enumerate(scores):
                     sample = chunk[row // n]

@@ -31,12 +31,12 @@ def _rank(rank, args, tmp):
     import torch
     from grpo_data import write_jsonl
 
+    from engine.demo_model import make_tiny_model
     from engine.grpo.config import build_config
-    from engine.grpo.fixture import make_tiny_model
-    from engine.grpo.rollout import rollout
-    from engine.grpo.rollout_engines import Responses, RolloutContext
-    from engine.grpo.rollout_engines.hf_continuous import ContinuousRolloutEngine
     from engine.grpo.trainer import GRPOTrainer
+    from engine.rollout.engines import Responses, RolloutContext
+    from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
+    from engine.rollout.single_turn import rollout
 
     model_dir = make_tiny_model(Path(tmp) / "model", hidden_size=args.hidden, layers=args.layers)
     data = write_jsonl(Path(tmp) / "arith.jsonl", agent_tools.arithmetic_rows(64))
@@ -77,10 +77,10 @@ def _rank(rank, args, tmp):
     samples = trainer.task.sample(args.prompts, torch.Generator().manual_seed(0))
     sampling = trainer.sampling
     with trainer.actor.eval_mode():
-        two = trainer.agent(engine, samples, sampling)  # the 2-turn lengths, and a warm-up
+        two = trainer.sampler(engine, samples, sampling)  # the 2-turn lengths, and a warm-up
     length = int(two.attention_mask[:, two.prompt_length:].sum(1).max())
-    assert two.agent.turns.min() == 2, two.agent.turns
-    prompts = [tokenizer.decode(trainer.agent.start(s).prompt, skip_special_tokens=False) for s in samples]
+    assert two.trajectories.turns.min() == 2, two.trajectories.turns
+    prompts = [tokenizer.decode(trainer.sampler.start(s).prompt, skip_special_tokens=False) for s in samples]
     times = {"single_turn_plain": [], "single_turn_loop": [], "two_turn_loop": []}
     cpu = {name: [] for name in times}  # CPU seconds of the process: less sensitive to a shared machine
     order = list(times)
@@ -92,7 +92,7 @@ def _rank(rank, args, tmp):
                 if name == "single_turn_plain":
                     batch = rollout(engine, tokenizer, prompts, sampling)
                 else:
-                    batch = trainer.agent(engine, samples, sampling)
+                    batch = trainer.sampler(engine, samples, sampling)
             times[name].append(time.perf_counter() - started)
             cpu[name].append(time.process_time() - started_cpu)
             assert int(batch.attention_mask[:, batch.prompt_length:].sum(1).max()) == length
@@ -103,8 +103,8 @@ def _rank(rank, args, tmp):
         return statistics.median(a / b for a, b in zip(samples[top], samples[bottom], strict=True))
 
     return {"hidden": args.hidden, "layers": args.layers, "trajectories": len(two), "response_tokens": length,
-            "tool_tokens_per_trajectory": float(two.agent.tool_tokens.float().mean()),
-            "prompt_tokens": len(trainer.agent.start(samples[0]).prompt), "seconds": medians,
+            "tool_tokens_per_trajectory": float(two.trajectories.tool_tokens.float().mean()),
+            "prompt_tokens": len(trainer.sampler.start(samples[0]).prompt), "seconds": medians,
             "two_turn_over_single_turn": ratio(times, "two_turn_loop", "single_turn_plain"),
             "loop_single_over_plain": ratio(times, "single_turn_loop", "single_turn_plain"),
             "cpu_seconds": cpu_medians,

@@ -5,9 +5,9 @@ import shutil
 
 import pytest
 
+from engine.demo_model import make_tiny_model
 from engine.grpo.config import build_config, check
-from engine.grpo.fixture import make_tiny_model
-from engine.grpo.rollout_engines.hf_continuous import ContinuousRolloutEngine
+from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
 
 PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -1,5 +1,5 @@
-"""engine/grpo/agent/loop.py with a scripted in-process engine: token in, token out (the engine's ids are kept as
-returned, tool results are the template's rendering), the loss mask against the attention mask, the
+"""engine/rollout/multi_turn/loop.py with a scripted in-process engine: token in, token out (the engine's ids are kept
+as returned, tool results are the template's rendering), the loss mask against the attention mask, the
 rollout.max_new_tokens budget, rollout.max_tool_calls, malformed calls, environments written for TRL, rewards that
 see the messages and environments, metrics, and the engine calls every rank makes in step."""
 
@@ -10,13 +10,14 @@ import agent_tools
 import pytest
 import torch
 
-from engine.grpo import agent, scoring
-from engine.grpo.agent.template import encode
+from engine.demo_model import build_tokenizer
+from engine.grpo import scoring
 from engine.grpo.config import GRPOConfig
 from engine.grpo.data import Sample
-from engine.grpo.fixture import build_tokenizer
-from engine.grpo.rewards import Reward
-from engine.grpo.rollout_engines import Responses, RolloutContext, RolloutEngine, SamplingConfig
+from engine.grpo.rewards import Reward, environment_rewards
+from engine.rollout import multi_turn as agent
+from engine.rollout.engines import Responses, RolloutContext, RolloutEngine, SamplingConfig
+from engine.rollout.multi_turn.template import encode
 
 CALL = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 + 7"}}\n</tool_call>'
 
@@ -89,10 +90,11 @@ def test_token_in_token_out_with_a_loss_mask_over_the_models_tokens_only(tokeniz
         expected = [-0.01 * (i + 1) for i in range(len(first))] + [0.0] * len(inserted) + \
                    [-0.01 * (i + 1) for i in range(len(answer))]
         assert torch.allclose(batch.sampling_log_probs[row, :length], torch.tensor(expected))
-    assert batch.agent.turns.tolist() == [2, 2] and batch.agent.tool_calls.tolist() == [1, 1]
-    assert batch.agent.tool_tokens.tolist() == [len(inserted)] * 2 and batch.agent.tool_failures.tolist() == [0, 0]
+    assert batch.trajectories.turns.tolist() == [2, 2] and batch.trajectories.tool_calls.tolist() == [1, 1]
+    turns = batch.trajectories
+    assert turns.tool_tokens.tolist() == [len(inserted)] * 2 and turns.tool_failures.tolist() == [0, 0]
     assert not batch.clipped.any() and batch.tokens_computed == (2 * len(first) + 3) + (2 * len(answer) + 3)
-    assert batch.agent.completions[0] == [
+    assert batch.trajectories.completions[0] == [
         {"role": "assistant", "content": "", "tool_calls": [
             {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12 + 7"}}}]},
         {"role": "tool", "name": "calculator", "content": "19"},
@@ -107,7 +109,7 @@ def test_token_in_token_out_with_a_loss_mask_over_the_models_tokens_only(tokeniz
         return [1.0 if "19" in c[-1]["content"] else 0.0 for c in completions]
 
     scored = scoring.score_rollout([Reward("trl", trl_reward, "trl")], [question()], batch, 2, 200)
-    assert scored.rewards.tolist() == [1.0, 1.0] and seen["completions"] == batch.agent.completions
+    assert scored.rewards.tolist() == [1.0, 1.0] and seen["completions"] == batch.trajectories.completions
     assert "environments" not in seen["columns"]
     sums = scoring.rollout_sums([scored])
     assert sums["response_tokens"] == 2 * (len(first) + len(answer))  # the model's own tokens only
@@ -115,11 +117,11 @@ def test_token_in_token_out_with_a_loss_mask_over_the_models_tokens_only(tokeniz
     assert metrics == {"tools/call_frequency": 1.0, "tools/failure_frequency": 0.0, "rollout/turns_mean": 2.0,
                        "rollout/tool_tokens": 2.0 * len(inserted)}
     (record, _) = scoring.sample_records(1, scored, torch.zeros(2), 1, ["reward/trl"])
-    assert record["turns"] == batch.agent.completions[0] and record["tool_calls"] == 1
+    assert record["turns"] == batch.trajectories.completions[0] and record["tool_calls"] == 1
     picked = scoring.select_groups(scored, [0])
-    assert picked.batch.agent.completions == batch.agent.completions
+    assert picked.batch.trajectories.completions == batch.trajectories.completions
     joined = scoring.concat([scored, scored], tokenizer.pad_token_id)
-    assert joined.batch.agent.turns.tolist() == [2] * 4
+    assert joined.batch.trajectories.turns.tolist() == [2] * 4
 
 
 def test_the_budget_bounds_model_and_tool_tokens_together(tokenizer):
@@ -129,12 +131,12 @@ def test_the_budget_bounds_model_and_tool_tokens_together(tokenizer):
     # Room for the call, not for its result as well: the trajectory ends there, cut.
     batch = rollout_with(tokenizer)(engine, [question()], sampling_for(tokenizer, max_new_tokens=len(first) + 5))
     assert len(engine.calls) == 1 and batch.clipped.all()
-    assert batch.agent.tool_calls.tolist() == [1, 1] and batch.agent.tool_tokens.tolist() == [0, 0]
+    assert batch.trajectories.tool_calls.tolist() == [1, 1] and batch.trajectories.tool_tokens.tolist() == [0, 0]
     assert batch.response_mask.sum(1).tolist() == [len(first)] * 2
     # A turn cut by the budget before its EOS is the answer, and clipped.
     short = rollout_with(tokenizer)(Scripted(tokenizer, lambda text, call: first), [question()],
                                     sampling_for(tokenizer, max_new_tokens=4))
-    assert short.clipped.all() and short.agent.tool_calls.tolist() == [0, 0] and short.response_mask.sum() == 8
+    assert short.clipped.all() and short.trajectories.tool_calls.tolist() == [0, 0] and short.response_mask.sum() == 8
 
 
 def test_too_many_calls_and_malformed_calls_end_the_trajectory_as_text(tokenizer):
@@ -142,12 +144,12 @@ def test_too_many_calls_and_malformed_calls_end_the_trajectory_as_text(tokenizer
     two = tokenizer(CALL + "\n" + CALL, add_special_tokens=False)["input_ids"] + [end]
     batch = rollout_with(tokenizer, max_tool_calls=1)(Scripted(tokenizer, lambda text, call: two), [question()],
                                                       sampling_for(tokenizer))
-    assert batch.agent.tool_calls.tolist() == [0, 0] and batch.agent.turns.tolist() == [1, 1]
-    assert not batch.clipped.any() and batch.agent.completions[0][0]["content"].count("<tool_call>") == 2
+    assert batch.trajectories.tool_calls.tolist() == [0, 0] and batch.trajectories.turns.tolist() == [1, 1]
+    assert not batch.clipped.any() and batch.trajectories.completions[0][0]["content"].count("<tool_call>") == 2
     bad = tokenizer("<tool_call>{oops</tool_call>", add_special_tokens=False)["input_ids"] + [end]
     batch = rollout_with(tokenizer)(Scripted(tokenizer, lambda text, call: bad), [question()],
                                     sampling_for(tokenizer))
-    assert batch.agent.turns.tolist() == [1, 1] and batch.agent.tool_calls.tolist() == [0, 0]
+    assert batch.trajectories.turns.tolist() == [1, 1] and batch.trajectories.tool_calls.tolist() == [0, 0]
 
 
 def test_failing_calls_are_results_and_counted(tokenizer):
@@ -157,9 +159,9 @@ def test_failing_calls_are_results_and_counted(tokenizer):
     answer = tokenizer("I do not know.", add_special_tokens=False)["input_ids"] + [end]
     batch = rollout_with(tokenizer)(Scripted(tokenizer, lambda text, call: unknown if call == 0 else answer),
                                     [question()], sampling_for(tokenizer, n=1, max_new_tokens=300))
-    assert batch.agent.tool_failures.tolist() == [1] and batch.agent.turns.tolist() == [2]
-    assert "unknown tool 'search'" in json.loads(batch.agent.completions[0][1]["content"])["error"]
-    assert agent.metrics({"sequences": 1.0, **batch.agent.sums()})["tools/failure_frequency"] == 1.0
+    assert batch.trajectories.tool_failures.tolist() == [1] and batch.trajectories.turns.tolist() == [2]
+    assert "unknown tool 'search'" in json.loads(batch.trajectories.completions[0][1]["content"])["error"]
+    assert agent.metrics({"sequences": 1.0, **batch.trajectories.sums()})["tools/failure_frequency"] == 1.0
 
 
 def test_an_environment_written_for_trl_runs_unchanged(tokenizer):
@@ -174,11 +176,11 @@ def test_an_environment_written_for_trl_runs_unchanged(tokenizer):
     engine = Scripted(tokenizer, lambda text, call: add if "Reach 19." in text and call == 0 else done)
     batch = multi_turn(engine, [question()], sampling_for(tokenizer))
     assert "What is 12 + 7? Reach 19.<|im_end|>" in tokenizer.decode(engine.calls[0][0][0])  # reset's text
-    first, second = batch.agent.environments
+    first, second = batch.trajectories.environments
     assert first is not second and first.total == second.total == 19  # one instance per trajectory
-    assert batch.agent.completions[0][1] == {"role": "tool", "name": "add", "content": "total is 19"}
+    assert batch.trajectories.completions[0][1] == {"role": "tool", "name": "add", "content": "total is 19"}
     rewards = [Reward("agent_tools:reached_target", agent_tools.reached_target, "trl"),
-               *agent.environment_rewards(config)]
+               *environment_rewards(config.rollout.environment)]
     assert [r.name for r in rewards] == ["reached_target", "get_reward"]
     scored = scoring.score_rollout(rewards, [question()], batch, 2, 200)
     assert scored.by_function.tolist() == [[1.0, 1.0], [1.0, 1.0]]
@@ -234,7 +236,7 @@ def test_bad_limits_are_named():
 
 
 def test_a_trainer_built_without_the_cli_check_refuses_a_bad_template(tokenizer):
-    from engine.grpo.agent.tools import ToolError
+    from engine.rollout.multi_turn.tools import ToolError
 
     config = GRPOConfig()
     config.rollout.tools = ["agent_tools:calculator"]
@@ -244,3 +246,23 @@ def test_a_trainer_built_without_the_cli_check_refuses_a_bad_template(tokenizer)
             agent.build(config, tokenizer)
     finally:
         tokenizer.chat_template = saved
+
+
+def test_one_sampler_interface_single_or_multi_turn_chosen_once(tokenizer):
+    from engine.rollout import SingleTurnRollout, build_sampler
+    from engine.rollout.multi_turn import MultiTurnRollout
+
+    end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    answer = tokenizer("19", add_special_tokens=False)["input_ids"] + [end]
+    engine = Scripted(tokenizer, lambda text, call: answer)
+    config = GRPOConfig()
+    single = build_sampler(config, tokenizer)
+    assert isinstance(single, SingleTurnRollout)
+    batch = single(engine, [question()], sampling_for(tokenizer))  # the sample's prompt text, as it stands
+    assert batch.trajectories is None and batch.responses == ["19", "19"]
+    assert tokenizer.decode(engine.calls[0][0][0]) == "(unused)"
+    config.rollout.tools = ["agent_tools:calculator"]
+    multi = build_sampler(config, tokenizer)
+    assert isinstance(multi, MultiTurnRollout)
+    batch = multi(engine, [question()], sampling_for(tokenizer))  # the same call: chat messages, tools rendered
+    assert batch.trajectories.turns.tolist() == [1, 1] and batch.responses == ["19", "19"]

@@ -1,8 +1,8 @@
-"""engine/grpo/agent/parsing.py: tool calls in the Hermes format and through a tokenizer's response template."""
+"""engine/rollout/multi_turn/parsing.py: tool calls in the Hermes format and through a tokenizer's response template."""
 
 import pytest
 
-from engine.grpo.agent.parsing import ToolCall, parse_hermes, parse_turn
+from engine.rollout.multi_turn.parsing import ToolCall, parse_hermes, parse_turn
 
 
 def test_plain_text_has_no_calls():

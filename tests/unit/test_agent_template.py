@@ -1,12 +1,12 @@
-"""engine/grpo/agent/template.py: tool results as the chat template renders them, and the start-up check that
+"""engine/rollout/multi_turn/template.py: tool results as the chat template renders them, and the start-up check that
 refuses a template that is not prefix-preserving (or cannot render tools), naming the problem."""
 
 import agent_tools
 import pytest
 
-from engine.grpo.agent.template import check_template, encode, inserted_text, prompt_ids
-from engine.grpo.agent.tools import tool_schema
-from engine.grpo.fixture import CHAT_TEMPLATE, build_tokenizer
+from engine.demo_model import CHAT_TEMPLATE, build_tokenizer
+from engine.rollout.multi_turn.template import check_template, encode, inserted_text, prompt_ids
+from engine.rollout.multi_turn.tools import tool_schema
 
 PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
                 "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -1,4 +1,4 @@
-"""engine/grpo/agent/tools.py and execution.py: loading tools and environments (and naming what is wrong with
+"""engine/rollout/multi_turn/tools.py and execution.py: loading tools and environments (and naming what is wrong with
 them), running calls concurrently within a timeout, errors as results, truncation."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import agent_tools
 import pytest
 
-from engine.grpo.agent.execution import call_tool, run_calls
-from engine.grpo.agent.parsing import ToolCall
-from engine.grpo.agent.tools import ToolError, bound_tools, class_schemas, load_environment, load_tools
+from engine.rollout.multi_turn.execution import call_tool, run_calls
+from engine.rollout.multi_turn.parsing import ToolCall
+from engine.rollout.multi_turn.tools import ToolError, bound_tools, class_schemas, load_environment, load_tools
 
 
 def test_tools_load_with_their_schemas():
@@ -82,7 +82,7 @@ def test_calls_of_a_round_run_concurrently_up_to_the_limit(parallel):
 
 
 def test_results_are_cut_to_the_token_limit():
-    from engine.grpo.fixture import build_tokenizer
+    from engine.demo_model import build_tokenizer
 
     tokenizer = build_tokenizer()
     (long,) = run_calls([(TOOLS, ToolCall("verbose", {"words": 100}))], timeout_s=5, parallel=1,

@@ -6,7 +6,6 @@ import torch
 from engine.grpo.data import Sample
 from engine.grpo.dynamic_sampling import fill_batch, informative_groups, shares, summary
 from engine.grpo.rewards import Reward, metric_names
-from engine.grpo.rollout import RolloutBatch
 from engine.grpo.scoring import (
     ScoredRollout,
     concat,
@@ -16,6 +15,7 @@ from engine.grpo.scoring import (
     score_rollout,
     select_groups,
 )
+from engine.rollout.single_turn import RolloutBatch
 
 PAD = 0
 

@@ -1,4 +1,4 @@
-"""engine/grpo/rollout_engines and rollout.py, in process: the sampling distribution against transformers' own
+"""engine/rollout/engines and rollout.py, in process: the sampling distribution against transformers' own
 processors, the trainer's truncated log-probs, the hf-continuous decode loop against ``generate``, the registry's
 errors, and the checks that name an engine breaking the interface's contract."""
 
@@ -9,8 +9,7 @@ import torch
 
 import accel_backends
 from engine.grpo.logprobs import response_log_probs, token_log_probs
-from engine.grpo.rollout import check_responses, rollout, sync_weights
-from engine.grpo.rollout_engines import (
+from engine.rollout.engines import (
     Responses,
     RolloutContext,
     RolloutEngine,
@@ -22,7 +21,8 @@ from engine.grpo.rollout_engines import (
     hf_continuous,
     sampling_scores,
 )
-from engine.grpo.rollout_engines.hf import left_padded, mask_through_first_eos, model_generation_defaults_ignored
+from engine.rollout.engines.hf import left_padded, mask_through_first_eos, model_generation_defaults_ignored
+from engine.rollout.single_turn import check_responses, rollout, sync_weights
 
 VOCAB = 64
 
@@ -172,22 +172,23 @@ def test_an_engine_that_fails_to_import_when_chosen_is_named_with_its_plugin(tmp
     (tmp_path / "sglang_engine_impl.py").write_text("import not_installed_inference_library\n")
     _plugin(tmp_path, monkeypatch, "lazy_rollout_plugin", (
         "import accel_backends\n"
-        "from engine.grpo.rollout_engines import hookspecs\n\n"
+        "from engine.rollout.engines import hookspecs\n\n"
         "@accel_backends.hookimpl\n"
         "def register_rollout_engines(register):\n"
         "    register('sglang', 'sglang_engine_impl:Engine')\n"))
     assert "sglang" in engine_names()  # registering imported nothing
     assert "sglang_engine_impl" not in sys.modules
     (problem,) = check_engine("sglang")
-    assert problem.startswith("rollout.engine 'sglang' (from plugin 'lazy_rollout_plugin') failed to import "
-                              "'sglang_engine_impl:Engine': ModuleNotFoundError: No module named "
-                              "'not_installed_inference_library'")
+    assert problem.startswith("rollout.engine 'sglang' (from plugin 'lazy_rollout_plugin') "
+                              "'sglang_engine_impl:Engine': cannot import module 'sglang_engine_impl' "
+                              "(ModuleNotFoundError: No module named 'not_installed_inference_library'); install "
+                              "what it needs, or choose another engine (hf, hf-continuous")
 
 
 def test_a_name_registered_twice_names_both_plugins(tmp_path, monkeypatch):
     _plugin(tmp_path, monkeypatch, "clashing_rollout_plugin", (
         "import accel_backends\n"
-        "from engine.grpo.rollout_engines import hookspecs, RolloutEngine\n\n"
+        "from engine.rollout.engines import hookspecs, RolloutEngine\n\n"
         "@accel_backends.hookimpl\n"
         "def register_rollout_engines(register):\n"
         "    register('hf', RolloutEngine)\n"))
@@ -214,7 +215,7 @@ def scripted(monkeypatch):
         def register_rollout_engines(self, register):
             register("scripted", Scripted)
 
-    from engine.grpo.rollout_engines import hookspecs  # noqa: F401
+    from engine.rollout.engines import hookspecs  # noqa: F401
 
     accel_backends.register_plugin(Plugin(), name="scripted-plugin")
     return create_rollout_engine("scripted", RolloutContext(policy=None, tokenizer=None, model=None))
@@ -309,8 +310,18 @@ def test_the_docs_plugin_example_is_under_60_lines_samples_and_takes_the_weights
 
 
 def test_training_rollouts_ask_for_log_probs_where_the_engine_gives_them_cheaply():
-    from engine.grpo.rollout_engines.hf import HFRolloutEngine
-    from engine.grpo.rollout_engines.hf_continuous import ContinuousRolloutEngine
+    from engine.rollout.engines.hf import HFRolloutEngine
+    from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
 
     assert RolloutEngine.cheap_log_probs and ContinuousRolloutEngine.cheap_log_probs  # plugins, vllm: asked
     assert not HFRolloutEngine.cheap_log_probs  # generate() would keep every step's full scores
+
+
+def test_plugins_written_against_the_old_module_path_get_the_same_modules():
+    import engine.rollout.engines as moved
+    from engine.grpo.rollout_engines import RolloutEngine as old_base_class
+    from engine.grpo.rollout_engines import hookspecs as old_hookspecs
+    from engine.grpo.rollout_engines.hf import left_padded as old_left_padded
+
+    assert old_base_class is moved.RolloutEngine and old_hookspecs is moved.hookspecs
+    assert old_left_padded is moved.left_padded

@@ -5,6 +5,7 @@ layer and the full-logits fallback, and with PEFT (LoRA) wrapping the model."""
 import torch
 import torch.nn.functional as F
 
+from engine import output_layer
 from engine.packing import build_layout
 from engine.recipes.sft import loss as sft_loss
 from engine.recipes.sft.batches import MicroBatch, sequence_batch
@@ -65,9 +66,9 @@ def _assert_same(module, micro):
 def test_chunked_loss_accuracy_and_gradients_equal_the_full_logits(monkeypatch):
     model = tiny_qwen2(seed=0, vocab_size=VOCAB, layers=1)
     calls = []
-    real_checkpoint = sft_loss.checkpoint
-    monkeypatch.setattr(sft_loss, "checkpoint", lambda *a, **k: calls.append(1) or real_checkpoint(*a, **k))
-    monkeypatch.setattr(sft_loss, "ROWS_PER_CHUNK", 7)  # several chunks, across sequences, a ragged last one
+    real_checkpoint = output_layer.checkpoint
+    monkeypatch.setattr(output_layer, "checkpoint", lambda *a, **k: calls.append(1) or real_checkpoint(*a, **k))
+    monkeypatch.setattr(output_layer, "ROWS_PER_CHUNK", 7)  # several chunks, across sequences, a ragged last one
     for packed in (True, False):
         micro = _micro(packed)
         assert len(micro.layout.targets) > 3 * 7 and micro.mask.sum() > 0
@@ -77,7 +78,7 @@ def test_chunked_loss_accuracy_and_gradients_equal_the_full_logits(monkeypatch):
     model.config.logit_scale = 1.0  # not a plain linear head as far as loss.py knows: the full-logits fallback
     _assert_same(model, _micro(True))
     del model.config.logit_scale
-    monkeypatch.setattr(sft_loss, "ROWS_PER_CHUNK", None)  # one chunk for this vocabulary: nothing checkpointed
+    monkeypatch.setattr(output_layer, "ROWS_PER_CHUNK", None)  # one chunk for this vocabulary: nothing checkpointed
     calls.clear()
     _assert_same(model, _micro(True))
     assert not calls
@@ -88,7 +89,7 @@ def test_chunked_loss_under_peft_equals_the_full_logits(monkeypatch):
 
     from engine.output_layer import plain_output_layer
 
-    monkeypatch.setattr(sft_loss, "ROWS_PER_CHUNK", 5)
+    monkeypatch.setattr(output_layer, "ROWS_PER_CHUNK", 5)
     for targets, fused in ((["q_proj", "v_proj"], True), (["q_proj", "lm_head"], False)):  # a LoRA head: fallback
         model = get_peft_model(tiny_qwen2(seed=1, vocab_size=VOCAB, layers=1),
                                LoraConfig(r=4, target_modules=targets, init_lora_weights=False))

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from engine.grpo.fixture import CHAT_TEMPLATE, build_tokenizer
+from engine.demo_model import CHAT_TEMPLATE, build_tokenizer
 from engine.recipes.sft.batches import schedule
 from engine.recipes.sft.data import Columns, DataError, Example, load_examples
 from engine.recipes.sft.masks import (

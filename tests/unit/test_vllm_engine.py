@@ -13,8 +13,8 @@ from accel_backends.backends.cpu import CPUBackend
 from accel_backends.backends.cuda import CUDABackend
 from accel_backends.backends.npu import NPUBackend
 from engine.grpo.config import GRPOConfig, RolloutConfig, build_config, check, resolved
-from engine.grpo.rollout_engines import RolloutContext, RolloutEngineError, engine_names, vllm_settings
-from engine.grpo.rollout_engines.vllm import (
+from engine.rollout.engines import RolloutContext, RolloutEngineError, engine_names, vllm_settings
+from engine.rollout.engines.vllm import (
     VLLMRolloutEngine,
     request_seeds,
     responses_from,
@@ -214,7 +214,7 @@ def test_responses_from_vllm_outputs():
                                                zip(tokens, log_probs, strict=True)])
 
     outputs = [types.SimpleNamespace(outputs=[completion(1, [5], [-0.5]), completion(0, [3, 4, 2], [-1, -2, -3])])]
-    from engine.grpo.rollout_engines import SamplingConfig
+    from engine.rollout.engines import SamplingConfig
 
     responses = responses_from(outputs, SamplingConfig(n=2, max_new_tokens=4, eos_token_ids=(2,), log_probs=True))
     assert responses.token_ids.tolist() == [[3, 4, 2], [5, 0, 0]]  # completions in their index order

@@ -13,7 +13,7 @@ from ...config import EngineConfig
 from ...train import config as train_config
 from ...train.settings import ModelConfig, RunConfig, missing_model, run_problems
 
-DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.grpo.fixture)
+DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.demo_model)
 FORMATS = ("auto", "text", "messages", "prompt_completion")
 TRUNCATIONS = ("keep_start", "drop", "error")
 LOSS_ON = ("auto", "assistant", "completion", "all")

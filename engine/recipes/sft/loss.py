@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
+from ... import output_layer
 from ...output_layer import plain_output_layer, replaced_forward
 
 CHUNK_LOGITS = 512 * 151_936  # logits per chunk: 512 positions of Qwen's vocabulary, 311 MB in fp32
-ROWS_PER_CHUNK: int | None = None  # positions per chunk; None: as many as CHUNK_LOGITS allows for the vocabulary
 
 
 def rows_per_chunk(vocab_size: int) -> int:
-    """``ROWS_PER_CHUNK`` if set, else ``CHUNK_LOGITS // vocab_size`` (512 with Qwen's vocabulary)."""
-    return ROWS_PER_CHUNK or max(1, CHUNK_LOGITS // vocab_size)
+    """Positions per chunk (``output_layer.rows_per_chunk``): 512 with Qwen's vocabulary;
+    ``engine.output_layer.ROWS_PER_CHUNK`` overrides it."""
+    return output_layer.rows_per_chunk(vocab_size, CHUNK_LOGITS)
 
 
 def _reduce(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -35,22 +35,10 @@ def _reduce(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, 
 
 
 def _in_chunks(compute, inputs: torch.Tensor, targets: torch.Tensor, vocab_size: int, needs_grad: bool):
-    """``compute(inputs_chunk, targets_chunk)`` over ``rows_per_chunk(vocab_size)`` rows at a time, concatenated.
-
-    With gradients and more than one chunk each chunk is checkpointed (recomputed in the backward pass, keeping
-    only its inputs); a single chunk is kept as is, as checkpointing it would not lower the peak.
-    """
-    rows = rows_per_chunk(vocab_size)
-    starts = range(0, targets.numel(), rows)
-    recompute = needs_grad and torch.is_grad_enabled() and len(starts) > 1
-    losses, hits = [], []
-    for start in starts:
-        part, chosen = inputs[start:start + rows], targets[start:start + rows]
-        loss, hit = (checkpoint(compute, part, chosen, use_reentrant=False) if recompute
-                     else compute(part, chosen))
-        losses.append(loss)
-        hits.append(hit)
-    return torch.cat(losses), torch.cat(hits)
+    """``compute(inputs_chunk, targets_chunk)`` over ``rows_per_chunk(vocab_size)`` rows at a time
+    (``output_layer.in_chunks``; the hits are computed with the losses, inside a checkpointed chunk)."""
+    return output_layer.in_chunks(lambda part, chosen, _: compute(part, chosen), inputs, targets,
+                                  rows_per_chunk(vocab_size), needs_grad, with_side=True)
 
 
 def per_token_losses(module, layout) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,5 +1,5 @@
 """The model an SFT run trains: a local Hugging Face directory, or the demo's tiny Qwen2.5-like model, which is
-written once (``engine.grpo.fixture.make_tiny_model``) under ``run.output_dir`` and then used like any directory."""
+written once (``engine.demo_model.make_tiny_model``) under ``run.output_dir`` and then used like any directory."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ def demo_model_dir(config) -> Path:
     """Write the demo model (atomically: every torchrun worker may get here) and return its directory."""
     from transformers.utils import logging
 
-    from ...grpo.fixture import make_tiny_model
+    from ...demo_model import make_tiny_model
 
     logging.disable_progress_bar()
     m = config.model

@@ -9,12 +9,12 @@ to import stops the run there, before any worker starts, with the reason.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 
 import accel_backends
 from accel_backends import registry as backend_registry
 from accel_backends.names import did_you_mean
 
+from ...object_loader import load_object
 from . import builtin, hookspecs  # noqa: F401 - hookspecs adds register_rollout_engines to the plugin manager
 from .base import RolloutContext, RolloutEngine
 
@@ -73,14 +73,10 @@ def resolve(name: str):
     registration = found[name]
     if not isinstance(registration.engine, str):
         return registration.engine
-    module_name, _, attribute = registration.engine.partition(":")
-    try:
-        return getattr(importlib.import_module(module_name), attribute)
-    except Exception as exc:  # noqa: BLE001 - reported with the engine's and the plugin's names
-        raise RolloutEngineError(
-            f"rollout.engine {name!r} (from plugin '{registration.plugin}') failed to import "
-            f"{registration.engine!r}: {type(exc).__name__}: {exc}. Install what it needs, or choose another "
-            f"engine ({', '.join(sorted(n for n in found if n != name))})") from None
+    others = ", ".join(sorted(n for n in found if n != name))
+    return load_object(registration.engine, what="rollout engine", error=RolloutEngineError,
+                       key=f"rollout.engine {name!r} (from plugin '{registration.plugin}')",
+                       when_unimportable=f"install what it needs, or choose another engine ({others})")
 
 
 def check_engine(name: str) -> list[str]:
@@ -97,6 +93,6 @@ def create_rollout_engine(name: str, context: RolloutContext) -> RolloutEngine:
     engine = resolve(name)(context)
     if not isinstance(engine, RolloutEngine):
         raise RolloutEngineError(f"rollout engine {name!r} built {type(engine).__name__}, not a RolloutEngine: "
-                                 "subclass engine.grpo.rollout_engines.RolloutEngine")
+                                 "subclass engine.rollout.engines.RolloutEngine")
     engine.name = name
     return engine

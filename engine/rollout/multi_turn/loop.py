@@ -20,13 +20,13 @@ from typing import Callable
 
 import torch
 
-from ..rollout import RolloutBatch, check_responses
-from ..rollout_engines import RolloutEngine, SamplingConfig
-from ..rollout_engines.hf import left_padded
+from ..engines import RolloutEngine, SamplingConfig
+from ..engines.hf import left_padded
+from ..single_turn import RolloutBatch, check_responses
+from ..trajectories import Trajectories
 from .execution import run_calls
 from .parsing import parse_turn
 from .template import encode, inserted_text, prompt_ids
-from .trajectories import Trajectories
 
 
 @dataclasses.dataclass
@@ -207,6 +207,6 @@ class MultiTurnRollout:
             tokens_computed=computed,
             sampling_log_probs=rows([t.log_probs for t in trajectories], 0.0, torch.float32)
             if sampling.log_probs else None,
-            agent=Trajectories([copy.deepcopy(t.completion) for t in trajectories],
-                               [t.environment for t in trajectories], *columns),
+            trajectories=Trajectories([copy.deepcopy(t.completion) for t in trajectories],
+                                      [t.environment for t in trajectories], *columns),
         )

@@ -1,9 +1,9 @@
-"""Rollouts: prompts in, a ``RolloutBatch`` out, through the rollout engine chosen by ``rollout.engine``.
+"""Single-turn rollouts: prompts in, a ``RolloutBatch`` out, through the rollout engine chosen by ``rollout.engine``.
 
-The engine (``rollout_engines/``: ``hf``, ``hf-continuous`` or a plugin's) samples; this module tokenizes the
+The engine (``engines/``: ``hf``, ``hf-continuous`` or a plugin's) samples; this module tokenizes the
 prompts, checks what the engine returned against the interface's contract (a broken plugin is named here rather
 than corrupting training), and lays the batch out as the trainer's log-prob forwards expect. The sampling
-distribution is ``rollout_engines.base.sampling_scores`` for every engine, and the log-probs the trainer
+distribution is ``engines.base.sampling_scores`` for every engine, and the log-probs the trainer
 computes use the same definition (temperature, top-k, top-p), so the rollout is on-policy whatever the engine.
 Every EOS id the model lists ends a response.
 """
@@ -14,8 +14,9 @@ import dataclasses
 
 import torch
 
-from .rollout_engines import Responses, RolloutEngine, RolloutEngineError, SamplingConfig
-from .rollout_engines.hf import left_padded, mask_through_first_eos
+from .engines import Responses, RolloutEngine, RolloutEngineError, SamplingConfig
+from .engines.hf import left_padded, mask_through_first_eos
+from .trajectories import Trajectories
 
 
 @dataclasses.dataclass
@@ -31,9 +32,9 @@ class RolloutBatch:
     sampling: SamplingConfig | None = None  # what the responses were sampled with
     tokens_computed: int = 0  # token positions the engine decoded (response_mask.sum() were kept)
     sampling_log_probs: torch.Tensor | None = None  # [B, R], when the sampling config asked the engine for them
-    # Multi-turn rollouts (engine/grpo/agent): tool and template tokens are in the response and attended to
+    # Multi-turn rollouts (engine/rollout/multi_turn): tool and template tokens are in the response and attended to
     # (attention_mask) but 0 in response_mask, the loss mask; this holds each row's messages, environment, counts.
-    agent: object | None = None  # agent.Trajectories
+    trajectories: Trajectories | None = None  # None for a single-turn rollout
 
     def __len__(self) -> int:
         return self.input_ids.size(0)
@@ -102,6 +103,17 @@ def rollout(engine: RolloutEngine, tokenizer, prompts: list[str], sampling: Samp
     )
 
 
+class SingleTurnRollout:
+    """The sampler of a run without tools: each sample's prompt text, sampled ``sampling.n`` times. Called as the
+    multi-turn ``MultiTurnRollout`` is, so a trainer holds one sampler and never asks which kind it has."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+    def __call__(self, engine: RolloutEngine, samples: list, sampling: SamplingConfig) -> RolloutBatch:
+        return rollout(engine, self.tokenizer, [sample.prompt for sample in samples], sampling)
+
+
 def _on_host(responses: Responses) -> Responses:
     """An engine may answer with tensors on its device; the batch lives on the host."""
     log_probs = responses.log_probs
@@ -110,7 +122,7 @@ def _on_host(responses: Responses) -> Responses:
 
 
 def check_responses(name: str, responses: Responses, prompts: int, sampling: SamplingConfig) -> None:
-    """Refuse what breaks the interface's contract, naming the engine (``rollout_engines/base.py: Responses``)."""
+    """Refuse what breaks the interface's contract, naming the engine (``engines/base.py: Responses``)."""
     ids, mask, expected = responses.token_ids, responses.mask, prompts * sampling.n
 
     def fail(problem: str):

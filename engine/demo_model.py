@@ -19,7 +19,7 @@ SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 # Qwen-style, with tools: the tool schemas go into the system message, an assistant's tool calls are rendered as
 # <tool_call>{json}</tool_call>, consecutive tool results form one user turn of <tool_response> blocks. Without
 # tools and tool messages it renders exactly as a plain ChatML template. Prefix-preserving: appending messages
-# never changes the text of earlier ones (what a multi-turn rollout needs, engine/grpo/agent/template.py).
+# never changes the text of earlier ones (what a multi-turn rollout needs, engine/rollout/multi_turn/template.py).
 _TOOLS_BLOCK = (
     "{% if tools %}{{ '\\n\\n' }}# Tools\nYou can call these functions (JSON schemas):\n<tools>"
     "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}{{ '\\n' }}</tools>\n"
@@ -93,7 +93,7 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
     """
     import torch
 
-    from ..tiny_model import tiny_qwen2
+    from .tiny_model import tiny_qwen2
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -120,6 +120,6 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
                          "pad_token_id": tokenizer.pad_token_id}
     (directory / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
     (directory / "README.md").write_text("Tiny random Qwen2.5-Instruct-like model written by "
-                                         "engine.grpo.fixture.make_tiny_model (accel-grpo make-tiny-model).\n")
+                                         "engine.demo_model.make_tiny_model (accel-grpo make-tiny-model).\n")
     return directory
 

@@ -54,7 +54,7 @@ def check(config, tokenizer_source: Callable | None, prompt_limit: int | None = 
     if environment is not None and not config.data.reward and not callable(getattr(environment, "get_reward", None)):
         problems.append(f"rollout.environment {r.environment!r} has no get_reward() and data.reward is not set: "
                         "give a reward (data.reward=module:function) or add get_reward(self) -> float")
-    from ..rollout_engines.registry import resolve
+    from ..engines.registry import resolve
 
     try:
         engine = resolve(r.engine)
@@ -100,20 +100,3 @@ def build(config, tokenizer, any_rank: Callable[[bool], bool] | None = None) -> 
     limits = Limits(r.max_tool_calls, r.max_tool_response_tokens, float(r.tool_timeout_s), r.max_parallel_tool_calls)
     return MultiTurnRollout(tokenizer, schemas, tools, limits, environment, bound_tools, config.data.system_prompt,
                             any_rank)
-
-
-def get_reward(prompts, completions, environments=None, **columns):
-    """The environment's own reward: ``get_reward()`` of each trajectory's environment instance."""
-    return [float(environment.get_reward()) for environment in environments]
-
-
-def environment_rewards(config) -> list:
-    """``[Reward]`` for an environment with ``get_reward()``, added to the run's reward functions."""
-    if not config.rollout.environment:
-        return []
-    from ..rewards import Reward
-
-    environment = load_environment(config.rollout.environment)
-    if not callable(getattr(environment, "get_reward", None)):
-        return []
-    return [Reward(f"{config.rollout.environment}.get_reward", get_reward, "trl", 1.0)]

@@ -4,30 +4,15 @@ docstring)."""
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import types
 from typing import Callable
 
+from ...object_loader import load_object
+
 
 class ToolError(ValueError):
     """A tool or an environment that cannot be used (one sentence naming the value and the fix)."""
-
-
-def import_object(spec: str, key: str, what: str):
-    """``module:attribute`` imported; every failure names ``key``, the value and what to do."""
-    module_name, _, attribute = str(spec).partition(":")
-    if not module_name or not attribute:
-        raise ToolError(f"{key} entry {spec!r} must look like 'package.module:{what}'")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # noqa: BLE001 - the user's module may fail in any way
-        raise ToolError(f"{key} {spec!r}: cannot import module {module_name!r} ({type(exc).__name__}: {exc}); "
-                        "is it on PYTHONPATH?") from None
-    found = getattr(module, attribute, None)
-    if found is None:
-        raise ToolError(f"{key} {spec!r}: module {module_name!r} has no {what} {attribute!r}")
-    return found
 
 
 def tool_schema(fn: Callable, where: str) -> dict:
@@ -50,9 +35,8 @@ def load_tools(specs: list) -> dict[str, Callable]:
     """``rollout.tools`` as ``{name: function}``, each checked to have a schema."""
     tools: dict[str, Callable] = {}
     for spec in specs or []:
-        fn = import_object(spec, "rollout.tools", "function")
-        if not callable(fn) or inspect.isclass(fn):
-            raise ToolError(f"rollout.tools {spec!r} is not a function")
+        fn = load_object(spec, what="function", key="rollout.tools", error=ToolError,
+                         accept=lambda found: callable(found) and not inspect.isclass(found))
         tool_schema(fn, f"rollout.tools {spec!r}")
         name = fn.__name__
         if name in tools:
@@ -72,10 +56,7 @@ def environment_methods(cls) -> list[str]:
 
 def load_environment(spec: str):
     """``rollout.environment``: the class, checked to have ``reset`` and tools that can be described."""
-    cls = import_object(spec, "rollout.environment", "class")
-    if not inspect.isclass(cls):
-        raise ToolError(f"rollout.environment {spec!r} is not a class: give 'module:Class', a class built with no "
-                        "arguments")
+    cls = load_object(spec, what="class", key="rollout.environment", accept=inspect.isclass, error=ToolError)
     required = _required_parameters(cls)
     if required:
         raise ToolError(f"rollout.environment {spec!r} cannot be built with no arguments (its __init__ needs "
