@@ -60,8 +60,8 @@ def _checks(rank, tmp):
     import torch
     import torch.distributed as dist
 
-    from engine.grpo.config import build_config
-    from engine.grpo.trainer import GRPOTrainer
+    from engine.recipes.grpo.config import build_config
+    from engine.recipes.grpo.trainer import GRPOTrainer
 
     out = {}
     trainer = GRPOTrainer(build_config(None, None, BASE), Path(tmp), resume=False)

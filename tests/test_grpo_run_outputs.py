@@ -10,7 +10,7 @@ import pytest
 from conftest import REPO, run_python
 
 from engine.grpo.cli import main
-from engine.grpo.tasks import echo_reward
+from engine.recipes.grpo.prompts import echo_reward
 from engine.train.loggers import flat_params, numbers
 
 pytestmark = pytest.mark.slow

@@ -69,8 +69,8 @@ def test_grpo_eval_of_a_model_directory_sizes_the_prompt_limit_from_its_validati
     demo's echo prompts (37 tokens) and died on a 62-token validation prompt."""
     from transformers import AutoTokenizer
 
-    from engine.grpo.config import max_sequence_tokens
-    from engine.grpo.evaluate import configure, load_inputs
+    from engine.recipes.grpo.config import max_sequence_tokens
+    from engine.recipes.grpo.evaluate import configure, load_inputs
 
     question = "Tom has " + " and ".join(f"{k} {WORDS[k % len(WORDS)]}" for k in range(20)) + ": how many?"
     val = write_jsonl(tmp_path / "val.jsonl", [{"question": question, "answer": "#### 20"},

@@ -31,8 +31,8 @@ def _mark(variable):
 
 def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
     import engine.checkpoint.store
-    import engine.grpo.trainer as trainer_module
-    from engine.grpo.config import GRPOConfig
+    import engine.recipes.grpo.trainer as trainer_module
+    from engine.recipes.grpo.config import GRPOConfig
 
     kind, rank, at = os.environ["GRPO_FAULT"].split(":")
     trainer = trainer_module.GRPOTrainer(GRPOConfig.from_dict(config_dict), Path(run_dir), resume)
@@ -77,13 +77,13 @@ def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir:
 
         engine.checkpoint.store.write_extra_state = dying_write
     elif kind == "pause-rollout":
-        rollout = trainer_module.rollout
+        sampler = trainer.sampler  # the trainer's one sampler (engine/rollout), single- or multi-turn
 
-        def paused_rollout(*args, **kwargs):
+        def paused_sampler(*args, **kwargs):
             pause()
-            return rollout(*args, **kwargs)
+            return sampler(*args, **kwargs)
 
-        trainer_module.rollout = paused_rollout
+        trainer.sampler = paused_sampler
     elif kind == "pause-update":
         step_fn = trainer.loss_fn
 

@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from engine.demo_model import make_tiny_model
-from engine.grpo.config import build_config, check
+from engine.recipes.grpo.config import build_config, check
 from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
 
 PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"

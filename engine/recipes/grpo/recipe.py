@@ -4,10 +4,10 @@ lives in its modules: the schema, presets, migrations and checks (``config.py``)
 
 from __future__ import annotations
 
-from ...grpo import config as grpo_config
-from ...grpo.report import CURVES
 from ...train import export as export_module
 from ...train.recipe import Plan, Recipe
+from . import config as grpo_config
+from .report import CURVES
 
 HELP = """GRPO post-training of a causal language model on prompts with a reward (GSM8K-style data and your own
 reward functions; multi-turn rollouts with tools).
@@ -40,8 +40,8 @@ class GRPORecipe(Recipe):
 
     @property
     def commands(self):
-        from ...grpo import evaluate
-        from ...grpo.cli import make_tiny_model_main
+        from . import evaluate
+        from .tiny_model_command import main as make_tiny_model_main
 
         return {"make-tiny-model": make_tiny_model_main, "eval": evaluate.main}
 
@@ -56,8 +56,8 @@ class GRPORecipe(Recipe):
         return Plan(config, world_size, config.train.steps, grpo_config.derived(config, world_size), inputs)
 
     def plan(self, config, world_size, *, verbose):
-        from ...grpo.trainer import load_inputs
         from ...train.loggers import require_loggers
+        from .trainer import load_inputs
 
         require_loggers(config.run.loggers)
         return self.plan_of(config, world_size, load_inputs(config, verbose=verbose))
@@ -66,7 +66,7 @@ class GRPORecipe(Recipe):
         return grpo_config.resolved(plan.config, plan.world_size)
 
     def build(self, plan, backend):
-        from ...grpo.trainer import GRPOTrainer
+        from .trainer import GRPOTrainer
 
         return GRPOTrainer(plan.config, inputs=plan.inputs)
 
@@ -80,7 +80,7 @@ class GRPORecipe(Recipe):
         return parts.validate(index, baseline)
 
     def run_model(self, config) -> export_module.RunModel:
-        from ...grpo.model import BUILTIN_MODEL, build_model
+        from .model import BUILTIN_MODEL, build_model
 
         return export_module.RunModel(model_path=None if config.model.path == BUILTIN_MODEL else config.model.path,
                                       engine=grpo_config.engine_config(config, world_size=1),

@@ -9,9 +9,9 @@ import dataclasses
 
 import torch
 
-from ..rollout import RolloutBatch, Trajectories
+from ...rollout import RolloutBatch, Trajectories
 from .algorithms import overlong_penalty
-from .data import Sample
+from .prompt_types import Sample
 from .rewards import Reward, score_each, weighted_sum
 
 

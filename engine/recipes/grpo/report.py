@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..train import report
-from ..train.report import MetricsLog, read_metrics  # noqa: F401  (the names GRPO's modules and tests use)
+from ...train import report
+from ...train.report import MetricsLog, read_metrics  # noqa: F401  (the names GRPO's modules and tests use)
 
 CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accuracy"),
           ("val/reward_mean", "validation reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),

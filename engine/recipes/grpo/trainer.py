@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 import accel_backends
 
-from .. import FSDPEngine, checkpoint, runtime
-from ..rollout import (
+from ... import FSDPEngine, checkpoint, runtime
+from ...rollout import (
     RolloutContext,
     build_sampler,
     create_rollout_engine,
@@ -34,9 +34,9 @@ from ..rollout import (
     sync_weights,
     trajectories,
 )
-from ..runtime import phase, sum_over_ranks
-from ..train.config import dist_timeout_s
-from ..train.recipe import StepResult
+from ...runtime import phase, sum_over_ranks
+from ...train.config import dist_timeout_s
+from ...train.recipe import StepResult
 from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
@@ -44,9 +44,9 @@ from .config import GRPOConfig, deprecation_notices, engine_config, updates_per_
 from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
 from .model import build_model
+from .prompts import build_tasks, data_spec, needs_answers
 from .rewards import environment_rewards, load_rewards, metric_names
 from .rollout_correction import MismatchStats, importance_weights
-from .tasks import build_tasks, data_spec, needs_answers
 from .validation import validate
 
 
@@ -367,8 +367,8 @@ class GRPOTrainer:
 
     def train(self) -> dict:
         """The frame's loop over this trainer (``engine/train/loop.py``), as ``accel-grpo`` runs it."""
-        from ..train.loop import run_parts
-        from ..train.registry import get_recipe
+        from ...train.loop import run_parts
+        from ...train.registry import get_recipe
 
         recipe = get_recipe("grpo")
         return run_parts(recipe, recipe.plan_of(self.config, self.world_size), self, self.run_dir, self.resume)

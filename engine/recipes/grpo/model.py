@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ..tiny_model import tiny_qwen2
-from ..train.model_dir import check_model_dir  # noqa: F401  (GRPO's config and eval use it from here)
+from ...tiny_model import tiny_qwen2
+from ...train.model_dir import check_model_dir  # noqa: F401  (GRPO's config and eval use it from here)
 
 BUILTIN_MODEL = "builtin:tiny-char"  # model.path of the CPU demo's character model, built in code
 
@@ -11,7 +11,7 @@ BUILTIN_MODEL = "builtin:tiny-char"  # model.path of the CPU demo's character mo
 def build_model(model_config):
     """(tokenizer, model source) for ``ModelConfig``: a factory, or the directory the engine loads on rank 0."""
     if model_config.path == BUILTIN_MODEL:
-        from .tasks import EchoTask
+        from .prompts import EchoTask
         from .tokenizer import build_char_tokenizer
 
         tokenizer = build_char_tokenizer(EchoTask.alphabet)

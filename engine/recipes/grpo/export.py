@@ -5,19 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..train import export as shared
-from ..train.export import ExportError, locate  # noqa: F401  (accel-grpo eval uses them from here)
+from ...train import export as shared
+from ...train.export import ExportError, locate  # noqa: F401  (accel-grpo eval uses them from here)
 
 
 def run_config(run_dir: Path):
     """The configuration a GRPO run was started with (its ``config.json``)."""
-    from ..train.registry import get_recipe
+    from ...train.registry import get_recipe
 
     return shared.read_run_config(run_dir, get_recipe("grpo"))
 
 
 def load_run(run_dir: Path) -> shared.RunModel:
-    from ..train.registry import get_recipe
+    from ...train.registry import get_recipe
 
     return get_recipe("grpo").run_model(run_config(run_dir))
 

@@ -16,8 +16,8 @@ import dataclasses
 
 import torch
 
-from ..packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
-from ..runtime import all_gather_rows
+from ...packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
+from ...runtime import all_gather_rows
 from .config import GRPOConfig, mini_batch_sequences
 
 

@@ -20,11 +20,11 @@ import sys
 import time
 from pathlib import Path
 
-from .. import checkpoint
-from ..train.config import dist_timeout_s
-from ..train.eval_config import eval_config
-from ..train.workers import parse_nproc
-from ..train.workers import world_size as worker_count
+from ... import checkpoint
+from ...train.config import dist_timeout_s
+from ...train.eval_config import eval_config
+from ...train.workers import parse_nproc
+from ...train.workers import world_size as worker_count
 from .config import GRPOConfig, engine_config, prompts_per_rank
 from .export import ExportError, export
 from .model import BUILTIN_MODEL, check_model_dir
@@ -60,8 +60,8 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
 
     import accel_backends
 
-    from .. import FSDPEngine
-    from ..rollout import (
+    from ... import FSDPEngine
+    from ...rollout import (
         RolloutContext,
         SingleTurnRollout,
         create_rollout_engine,
@@ -71,8 +71,8 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     )
     from .config import max_sequence_tokens
     from .model import build_model
+    from .prompts import data_spec, needs_answers, validation_set
     from .rewards import load_rewards
-    from .tasks import data_spec, needs_answers, validation_set
     from .validation import validate
 
     logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
@@ -115,7 +115,7 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
 def configure(args) -> tuple[GRPOConfig, dict]:
     """The configuration to evaluate with (the frame's ``eval_config``: the run's, or for a model directory the
     library defaults or ``--preset``; then ``--config``, then the overrides) and what is evaluated."""
-    from ..train.registry import get_recipe
+    from ...train.registry import get_recipe
 
     config, target, notices = eval_config(get_recipe("grpo"), args.source, step=args.step, preset=args.preset,
                                           config_file=args.config, overrides=args.overrides)
@@ -130,8 +130,8 @@ def load_inputs(config: GRPOConfig) -> int:
     number of held-out prompts. Without ``data.max_prompt_tokens`` it becomes the longest held-out prompt, so that
     the rollout engine (vLLM's context) is sized for the data evaluated."""
     from .model import build_model
+    from .prompts import data_spec, needs_answers, validation_set
     from .rewards import load_rewards
-    from .tasks import data_spec, needs_answers, validation_set
 
     spec = data_spec(config)
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
@@ -180,7 +180,7 @@ def main(argv: list[str]) -> int:
 
     import accel_backends
 
-    from ..runtime import Interrupted, WorkerFailed, report_early_end, run, under_launcher
+    from ...runtime import Interrupted, WorkerFailed, report_early_end, run, under_launcher
 
     try:
         config, target = configure(args)
