@@ -149,7 +149,7 @@ def _two_ranks(rank, tmp):
             # A real step end to end (rollout, exchange, reference pass, update): the path and pad counts.
             step_data, _, _ = variant.collect(step=0)
             variant.update(step_data)
-            out["lora_step"] = variant._packing_metrics(step_data)
+            out["lora_step"] = variant.packing_metrics(step_data)
 
     # -- an attention that ignores the packing: one warning, padded micro-batches, right log-probs ---------------
     def whole_row_causal(module, query, key, value, attention_mask, **kwargs):
@@ -178,9 +178,9 @@ def _two_ranks(rank, tmp):
     out["fallback_rows_compared"] = len(both)
     step_data, _, _ = fallback.collect(step=0)  # a real step runs on the fallback (its responses may be equal length)
     fallback.update(step_data)
-    out["fallback_step"] = fallback._packing_metrics(step_data)
+    out["fallback_step"] = fallback.packing_metrics(step_data)
     fallback.update(padded)  # uneven lengths: the padded micro-batches compute pad tokens, counted
-    out["fallback_uneven"] = fallback._packing_metrics(padded)
+    out["fallback_uneven"] = fallback.packing_metrics(padded)
 
     # -- world-size-free updates (compared with the 1-rank job) -------------------------------------------------
     trainer.config.algorithm.loss_agg = "token-mean"  # as the 1-rank trainer (the parity loop left the last mode)

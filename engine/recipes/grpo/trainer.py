@@ -271,6 +271,16 @@ class GRPOTrainer:
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
 
+    @staticmethod
+    def pad_counts(data: StepData) -> dict:
+        """This rank's pad tokens computed in each pass over the step's data (update, ref, old)."""
+        return {f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0)) for what in ("update", "ref", "old")}
+
+    def packing_metrics(self, data: StepData) -> dict:
+        """The path that ran, micro-batches per update, token imbalance, and the pad tokens summed over ranks (a
+        collective: every rank calls it); a step reports the same figures through the loop's one reduction."""
+        return {**data.plan_metrics(), **self._global(self.pad_counts(data))}
+
     def _counts_over_ranks(self, count: int) -> list[int]:
         """Every rank's ``count``, in rank order (one all-gather)."""
         mine = torch.tensor([count], dtype=torch.long, device=self.backend.metrics_device())
@@ -313,8 +323,7 @@ class GRPOTrainer:
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
         finished = time.perf_counter()
         mismatch = update.pop("mismatch")
-        sums = {**stats, **{f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0))
-                            for what in ("update", "ref", "old")}, **mismatch.sums()}
+        sums = {**stats, **self.pad_counts(data), **mismatch.sums()}
         maxima = {"response_length_max": extras["longest"],
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
