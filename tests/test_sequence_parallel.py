@@ -1,0 +1,94 @@
+"""Ulysses sequence parallelism is exact: sp=2 on 2 ranks gives the loss and gradient norm of sp=1 on one rank for
+the same global batch (fp32), packed and padded, FSDP2 and FSDP1, LoRA, Qwen2, Llama and Qwen3, grouped-query
+attention with fewer key/value heads than ranks included. Real gloo ranks, real HF models built from a config."""
+
+import pytest
+from distributed import run_ranks
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = 1e-5  # relative error of loss and gradient norm, fp32
+CASES = {  # name: (family, kv heads, lora, fsdp version, data)
+    "qwen2-packed": ("qwen2", 2, False, 2, "packed"),
+    "qwen2-padded": ("qwen2", 2, False, 2, "padded"),
+    "qwen2-kv1-packed": ("qwen2", 1, False, 2, "packed"),
+    "qwen2-left-padded-labels": ("qwen2", 2, False, 2, "plain"),
+    "qwen2-lora-packed": ("qwen2", 2, True, 2, "packed"),
+    "qwen2-fsdp1-packed": ("qwen2", 2, False, 1, "packed"),
+    "llama-padded": ("llama", 4, False, 2, "padded"),
+    "qwen3-kv1-packed": ("qwen3", 1, False, 2, "packed"),
+    "qwen3-checkpointed-padded": ("qwen3", 2, False, 2, "padded-checkpointed"),
+}
+
+
+def _measure(rank, names, sp_size, seeds=(7,)):
+    """Loss and gradient norm of one update over the whole global batch, for each case; the exchanges counted.
+
+    ``seeds``: the data of each data-parallel group (one group's micro-batches per seed); a run with fewer groups
+    than seeds (the one-rank reference) takes them all.
+    """
+    import functools
+
+    from sp_cases import CountingBackend, build_model, layout_loss, layouts, plain_batches, plain_loss
+
+    from engine import EngineConfig, FSDPEngine
+
+    results = {}
+    for name in names:
+        family, kv_heads, lora, fsdp_version, data = CASES[name]
+        config = EngineConfig(fsdp_version=fsdp_version, sequence_parallel_size=sp_size, max_grad_norm=None,
+                              grad_sync="deferred", wrap_single_rank=True,
+                              gradient_checkpointing=data.endswith("checkpointed"))
+        backend = CountingBackend()
+        engine = FSDPEngine(functools.partial(build_model, family, kv_heads, lora), config, backend=backend)
+        sp = engine.sequence_parallel
+        groups = sp.data_parallel_size
+        mine = seeds if groups == 1 else seeds[sp.data_parallel_rank::groups]
+        if data == "plain":
+            batches, step = [b for s in mine for b in plain_batches(s)], plain_loss
+        else:
+            batches, step = [b for s in mine for b in layouts(data == "packed", s)], layout_loss
+        with engine.train_mode():
+            metrics = engine.forward_backward_batch(batches, functools.partial(step, sp=sp))
+            norm = engine.optimizer_step()
+        results[name] = {"loss": metrics["loss"], "weight": metrics["weight"], "grad_norm": norm,
+                         "attn": engine.attn_implementation, "exchanges": backend.exchanges,
+                         "micro_batches": len(batches)}
+    return results
+
+
+def _relative(got, want):
+    return abs(got - want) / abs(want)
+
+
+def test_sp2_matches_one_rank_for_every_model_layout_and_wrapper():
+    names = list(CASES)
+    want = run_ranks(_measure, names, 1, world_size=1)[0]
+    got = run_ranks(_measure, names, 2, world_size=2)
+    worst = 0.0
+    for name in names:
+        assert got[0][name] == got[1][name], (name, got[0][name], got[1][name])  # ranks of the group agree
+        assert got[0][name]["attn"] == "ulysses" and want[name]["attn"] != "ulysses"
+        assert got[0][name]["weight"] == want[name]["weight"]  # each token counted once per group
+        # 4 exchanges per attention layer forward (q, k, v, output) and 4 in its backward; 2 layers, each
+        # checkpointed layer's forward once more in the backward.
+        forwards = 2 if name.endswith("checkpointed-padded") else 1
+        assert got[0][name]["exchanges"] == got[0][name]["micro_batches"] * 2 * 4 * (1 + forwards)
+        assert want[name]["exchanges"] == 0
+        for key in ("loss", "grad_norm"):
+            error = _relative(got[0][name][key], want[name][key])
+            worst = max(worst, error)
+            assert error <= TOLERANCE, (name, key, got[0][name][key], want[name][key])
+    print(f"sp=2 vs sp=1: max relative error of loss and gradient norm {worst:.2e}")
+
+
+def test_two_groups_of_two_count_each_token_once():
+    """4 ranks in 2 groups of 2 (data parallel over the groups) against one rank with every micro-batch."""
+    names = ["qwen2-packed", "qwen2-padded"]
+    want = run_ranks(_measure, names, 1, (7, 8), world_size=1)[0]
+    got = run_ranks(_measure, names, 2, (7, 8), world_size=4)
+    for name in names:
+        assert got[0][name] == got[1][name] and got[2][name] == got[3][name]
+        assert got[0][name]["weight"] == want[name]["weight"]
+        for key in ("loss", "grad_norm"):
+            assert _relative(got[0][name][key], want[name][key]) <= TOLERANCE, (name, key)
