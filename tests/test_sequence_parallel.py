@@ -92,3 +92,29 @@ def test_two_groups_of_two_count_each_token_once():
         assert got[0][name]["weight"] == want[name]["weight"]
         for key in ("loss", "grad_norm"):
             assert _relative(got[0][name][key], want[name][key]) <= TOLERANCE, (name, key)
+
+
+def _refusals(rank):
+    """What FSDPEngine says, before sharding anything, for a size the world or the model cannot take."""
+    import functools
+
+    from sp_cases import build_model
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.tiny_model import tiny_qwen2
+
+    said = []
+    for model in (functools.partial(build_model, "qwen2"),
+                  functools.partial(tiny_qwen2, vocab_size=32, hidden_size=24, heads=3, kv_heads=1)):
+        try:
+            FSDPEngine(model, EngineConfig(sequence_parallel_size=2))
+        except ValueError as error:
+            said.append(str(error))
+    return said
+
+
+def test_engine_refuses_a_size_the_world_or_the_model_cannot_take():
+    said = run_ranks(_refusals, world_size=1)[0]
+    assert said[0] == ("invalid EngineConfig: engine.sequence_parallel_size=2 does not divide the world size 1: use "
+                       "one of 1, or start a multiple of 2 processes")
+    assert "does not divide the model's 3 attention heads: use one of 1, 3" in said[1]
