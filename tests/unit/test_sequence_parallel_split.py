@@ -194,3 +194,16 @@ def test_engine_config_refuses_another_attention_with_sequence_parallelism():
     with pytest.raises(ValueError, match="runs its own attention"):
         EngineConfig(sequence_parallel_size=2, attn_implementation="flash_attention_2")
     assert EngineConfig(sequence_parallel_size=2).sequence_parallel_size == 2
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "sft"])
+def test_trainers_refuse_a_split_they_do_not_compute_yet(trainer, capsys, tmp_path):
+    """Until their losses run on slices, both trainers say so in one line before any worker starts."""
+    import importlib
+
+    main = importlib.import_module(f"engine.{trainer}.cli").main
+    code = main(["engine.sequence_parallel_size=2", f"run.output_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert f"engine.sequence_parallel_size=2: accel-{trainer} does not compute its loss on sequence slices" in err
+    assert not (tmp_path / "runs").exists()
