@@ -6,6 +6,7 @@ from accel_backends.backends.cpu import CPUBackend
 
 VOCAB = 96
 LENGTHS = [([12, 9, 15], [5, 3, 11]), ([19, 7], [9, 2])]  # per micro-batch: sequence lengths, first scored token
+ONE_SEQUENCE = [([37], [4])]  # one row, positions never restart: plain causal attention after the exchange
 
 
 class CountingBackend(CPUBackend):
@@ -37,13 +38,13 @@ def build_model(family: str, kv_heads: int = 2, lora: bool = False):
     return model
 
 
-def layouts(packed: bool, seed: int = 7):
+def layouts(packed: bool, seed: int = 7, shapes=LENGTHS):
     """Two micro-batches of variable-length sequences (prompt + scored part) as ``engine.packing`` layouts."""
     from engine.packing import SequenceBatch, build_layout
 
     g = torch.Generator().manual_seed(seed)
     out = []
-    for lengths, starts in LENGTHS:
+    for lengths, starts in shapes:
         tokens = torch.randint(1, VOCAB, (len(lengths), max(lengths)), generator=g)
         batch = SequenceBatch(tokens, torch.tensor(lengths), torch.tensor(starts))
         out.append(build_layout(batch, list(range(len(lengths))), packed=packed))

@@ -16,6 +16,7 @@ CASES = {  # name: (family, kv heads, lora, fsdp version, data)
     "qwen2-lora-packed": ("qwen2", 2, True, 2, "packed"),
     "qwen2-fsdp1-packed": ("qwen2", 2, False, 1, "packed"),
     "llama-padded": ("llama", 4, False, 2, "padded"),
+    "llama-one-sequence": ("llama", 2, False, 2, "single"),
     "qwen3-kv1-packed": ("qwen3", 1, False, 2, "packed"),
     "qwen3-checkpointed-padded": ("qwen3", 2, False, 2, "padded-checkpointed"),
 }
@@ -29,7 +30,7 @@ def _measure(rank, names, sp_size, seeds=(7,)):
     """
     import functools
 
-    from sp_cases import CountingBackend, build_model, layout_loss, layouts, plain_batches, plain_loss
+    from sp_cases import ONE_SEQUENCE, CountingBackend, build_model, layout_loss, layouts, plain_batches, plain_loss
 
     from engine import EngineConfig, FSDPEngine
 
@@ -46,6 +47,8 @@ def _measure(rank, names, sp_size, seeds=(7,)):
         mine = seeds if groups == 1 else seeds[sp.data_parallel_rank::groups]
         if data == "plain":
             batches, step = [b for s in mine for b in plain_batches(s)], plain_loss
+        elif data == "single":
+            batches, step = [b for s in mine for b in layouts(True, s, ONE_SEQUENCE)], layout_loss
         else:
             batches, step = [b for s in mine for b in layouts(data == "packed", s)], layout_loss
         with engine.train_mode():

@@ -10,8 +10,9 @@ not divide are repeated just enough (grouped-query attention with fewer KV heads
 transformers builds no mask for a registered name, and a slice's positions cannot tell its sequences apart anyway:
 which tokens may attend to which comes from the whole micro-batch's ``position_ids`` (a sequence runs while
 positions rise by one; causal within it), so packed rows, right- and left-padded rows all come out exact. A packed
-row is attended sequence by sequence (``engine.packing``'s ``packed_sdpa``: no ``S x S`` mask); padded rows with
-positions that never restart are plain causal sdpa; only rows that restart (left padding) build a mask.
+row is attended sequence by sequence (``engine.packing``'s ``packed_sdpa``: no ``S x S`` mask); rows whose
+positions never restart (one sequence, right padding) are plain causal sdpa on the exchanged tensors (no copy);
+only several rows that restart (left padding) build a mask.
 
 Without ``sequence_parallel`` among the inputs (generation, the packing probe, any whole-sequence forward) the
 function is ``packed_sdpa``, masks included: rollouts see whole sequences.
@@ -56,11 +57,11 @@ def _local_attention(module, query, key, value, positions, kwargs):
     """Causal attention within each sequence of whole rows, for this rank's heads; returns ``[B, S, h, D]``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if query.size(0) == 1:  # a packed row (or one sequence): sequence by sequence, no mask
+    seq = segments(positions)
+    if seq is not None and query.size(0) == 1:  # a packed row: sequence by sequence, no mask
         marker = torch.empty(1, 1, 0, 0, dtype=torch.bool, device=query.device)
         return packed_sdpa_forward(module, query, key, value, marker, position_ids=positions, **kwargs)[0]
-    seq = segments(positions)
-    mask = None
+    mask = None  # no row restarts: plain causal attention
     if seq is not None:
         order = torch.arange(seq.size(1), device=seq.device)
         mask = (seq.unsqueeze(2) == seq.unsqueeze(1)) & (order.unsqueeze(1) >= order.unsqueeze(0))
