@@ -57,6 +57,16 @@ def _measure(rank, names, sp_size, seeds=(7,)):
         results[name] = {"loss": metrics["loss"], "weight": metrics["weight"], "grad_norm": norm,
                          "attn": engine.attn_implementation, "exchanges": backend.exchanges,
                          "micro_batches": len(batches)}
+        if name == "qwen2-packed":  # whole sequences outside a split forward: the probe, greedy generation
+            import torch
+
+            prompts = torch.tensor([[0, 0, 5, 6, 7], [1, 2, 3, 4, 5]])  # the first row left-padded
+            mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])
+            with engine.eval_mode():
+                tokens = engine.generate(input_ids=prompts, attention_mask=mask, max_new_tokens=4, do_sample=False,
+                                         pad_token_id=0)
+            results[name].update(probe=engine.packed_input_supported(), generated=tokens.tolist(),
+                                 exchanges_after=backend.exchanges)
     return results
 
 
@@ -82,6 +92,9 @@ def test_sp2_matches_one_rank_for_every_model_layout_and_wrapper():
             error = _relative(got[0][name][key], want[name][key])
             worst = max(worst, error)
             assert error <= TOLERANCE, (name, key, got[0][name][key], want[name][key])
+    whole = got[0]["qwen2-packed"]
+    assert whole["probe"] and whole["generated"] == want["qwen2-packed"]["generated"]
+    assert whole["exchanges_after"] == whole["exchanges"]  # generation and the probe exchanged nothing
     print(f"sp=2 vs sp=1: max relative error of loss and gradient norm {worst:.2e}")
 
 

@@ -52,7 +52,7 @@ class LayoutSlice(Layout):
     join the group's exchanges) that ``scored_mask`` leaves out.
     """
 
-    owned: torch.Tensor = None
+    owned: torch.Tensor | None = None
     group_tokens: int = 0
 
     @property
@@ -83,8 +83,7 @@ def split_layout(layout: Layout, sp) -> Layout:
         kept_index = rows_in[owned] * kept_local.numel() + torch.searchsorted(kept_local, local)
         pick = owned
     else:  # a stand-in: the slice's first position, predicting the first target; masked out
-        kept_local, kept_index, pick = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long), \
-            torch.zeros(1, dtype=torch.long)
+        kept_local = kept_index = pick = torch.zeros(1, dtype=torch.long)
     inputs = {"input_ids": ids[:, columns], "position_ids": positions[:, columns],
               "sequence_parallel": SplitForward(sp, positions)}
     return LayoutSlice(inputs=inputs, logits_to_keep=kept_local, kept_index=kept_index,
