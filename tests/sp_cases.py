@@ -83,3 +83,28 @@ def plain_loss(module, batch, sp):
     loss = torch.nn.functional.cross_entropy(logits.reshape(-1, VOCAB), targets.reshape(-1).to(device),
                                              ignore_index=-100, reduction="sum")
     return loss / total, total
+
+
+def grpo_log_prob_loss(module, layout, sp):
+    """GRPO's own chunked log-probs (fused output layer, several checkpointed slices, entropy at temperature 0.7)
+    on this rank's slice, as a trainer will call them: the slice is a ``Layout``."""
+    import engine.grpo.logprobs as logprobs
+    from engine.sequence_parallel import split_layout
+
+    logprobs.ROWS_PER_SLICE = 5
+    piece = split_layout(layout, sp).to(next(module.parameters()).device)
+    log_probs, entropy = logprobs.sequence_log_probs(module, piece, 0.7, with_entropy=True)
+    mask = piece.scored_mask.to(log_probs.device)
+    loss = -(log_probs * mask).sum() / layout.targets.numel()
+    return loss, layout.targets.numel(), {"entropy": (entropy * mask).sum() / layout.targets.numel()}
+
+
+def sft_token_loss(module, layout, sp):
+    """SFT's own chunked cross-entropy on this rank's slice (a rank without scored tokens adds a zero)."""
+    import engine.sft.loss as sft_loss
+    from engine.sequence_parallel import split_layout, token_mean_share
+
+    sft_loss.ROWS_PER_CHUNK = 4
+    piece = split_layout(layout, sp).to(next(module.parameters()).device)
+    losses, hits = sft_loss.per_token_losses(module, piece)
+    return token_mean_share(losses, piece), layout.targets.numel(), {"accuracy": token_mean_share(hits.float(), piece)}
