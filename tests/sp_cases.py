@@ -85,11 +85,22 @@ def plain_loss(module, batch, sp):
     return loss / total, total
 
 
+def _trainer_module(trainer: str, name: str):
+    """A trainer's module, where the recipes live (``engine.recipes.<trainer>``) or where they were."""
+    import importlib
+
+    try:
+        return importlib.import_module(f"engine.recipes.{trainer}.{name}")
+    except ImportError:
+        return importlib.import_module(f"engine.{trainer}.{name}")
+
+
 def grpo_log_prob_loss(module, layout, sp):
     """GRPO's own chunked log-probs (fused output layer, several checkpointed slices, entropy at temperature 0.7)
     on this rank's slice, as a trainer will call them: the slice is a ``Layout``."""
-    import engine.grpo.logprobs as logprobs
     from engine.sequence_parallel import split_layout
+
+    logprobs = _trainer_module("grpo", "logprobs")
 
     logprobs.ROWS_PER_SLICE = 5
     piece = split_layout(layout, sp).to(next(module.parameters()).device)
@@ -101,8 +112,9 @@ def grpo_log_prob_loss(module, layout, sp):
 
 def sft_token_loss(module, layout, sp):
     """SFT's own chunked cross-entropy on this rank's slice (a rank without scored tokens adds a zero)."""
-    import engine.sft.loss as sft_loss
     from engine.sequence_parallel import split_layout, token_mean_share
+
+    sft_loss = _trainer_module("sft", "loss")
 
     sft_loss.ROWS_PER_CHUNK = 4
     piece = split_layout(layout, sp).to(next(module.parameters()).device)
