@@ -54,16 +54,14 @@ class SequenceParallelFacts:
     """What sequence parallelism (the Ulysses exchange: an all-to-all before and after each attention) must know
     about a device.
 
-    ``unsupported``: ``None``, or why the device's collective library cannot run it (said when a user asks for
-    it). ``head_multiple``: the attention heads each rank attends after the exchange must be a multiple of this
-    (1: any count; a kernel that wants whole head blocks says so here). ``attention``: the transformers attention
-    implementation run on each rank's heads between the exchanges (``"sdpa"`` takes packed sequences on every
-    device torch supports).
+    ``unsupported``: ``None``, or why the device cannot run it (its collective library has no all-to-all, it lacks
+    the ``scaled_dot_product_attention`` run between the exchanges...), said when a user asks for it.
+    ``head_multiple``: the attention heads each rank attends after the exchange must be a multiple of this (1: any
+    count; a kernel that wants whole head blocks says so here).
     """
 
     unsupported: str | None = None
     head_multiple: int = 1
-    attention: str = "sdpa"
 
 
 class DeviceBackend:
@@ -240,7 +238,7 @@ class DeviceBackend:
         return InferenceEngineFacts()
 
     def sequence_parallel_facts(self) -> SequenceParallelFacts:
-        """How sequence parallelism runs on this device; the default: any head count, sdpa between the exchanges."""
+        """What sequence parallelism must know about this device; the default: it runs, with any head count."""
         return SequenceParallelFacts()
 
     # -- distributed --------------------------------------------------------------------------------------------
