@@ -107,17 +107,25 @@ def test_sp2_matches_one_rank_for_every_model_layout_and_wrapper():
     print(f"sp=2 vs sp=1: max relative error of loss and gradient norm {worst:.2e}")
 
 
-def test_two_groups_of_two_count_each_token_once():
-    """4 ranks in 2 groups of 2 (data parallel over the groups) against one rank with every micro-batch."""
-    names = ["qwen2-packed"]
+def _two_layouts_of_four_ranks(rank, names, seeds):
+    return {size: _measure(rank, names, size, seeds) for size in (2, 4)}
+
+
+def test_four_ranks_in_two_groups_or_one_match_one_rank():
+    """4 ranks as 2 groups of 2 (data parallel over the groups) and as 1 group of 4 (1 query head per rank; 2 or 1
+    KV heads repeated 2 or 4 times) against one rank with every micro-batch."""
+    names = ["qwen2-packed", "qwen2-kv1-packed"]
     want = run_ranks(_measure, names, 1, (7, 8), world_size=1)[0]
-    got = run_ranks(_measure, names, 2, (7, 8), world_size=4)
-    assert [r["qwen2-packed"]["group_sum"] for r in got] == [3.0, 3.0, 7.0, 7.0]  # ranks 1+2 and 3+4
-    for name in names:
-        assert got[0][name] == got[1][name] and got[2][name] == got[3][name]
-        assert got[0][name]["weight"] == want[name]["weight"]
-        for key in ("loss", "grad_norm"):
-            assert _relative(got[0][name][key], want[name][key]) <= TOLERANCE, (name, key)
+    got = run_ranks(_two_layouts_of_four_ranks, names, (7, 8), world_size=4)
+    assert [r[2]["qwen2-packed"]["group_sum"] for r in got] == [3.0, 3.0, 7.0, 7.0]  # ranks 1+2 and 3+4
+    assert [r[4]["qwen2-packed"]["group_sum"] for r in got] == [10.0] * 4
+    assert {str(r[4]["qwen2-packed"]["generated"]) for r in got} == {str(want["qwen2-packed"]["generated"])}
+    for size in (2, 4):
+        for name in names:
+            assert got[0][size][name]["weight"] == want[name]["weight"]
+            for key in ("loss", "grad_norm"):
+                assert _relative(got[0][size][name][key], want[name][key]) <= TOLERANCE, (size, name, key)
+                assert {r[size][name][key] for r in got} == {got[0][size][name][key]}
 
 
 def _refusals(rank):
