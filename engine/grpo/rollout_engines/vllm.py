@@ -189,9 +189,20 @@ class VLLMRolloutEngine(RolloutEngine):
             dist.all_gather_object(parts, (prompts, seed), group=self.group)
             prompts, seed, slices = share_prompts(parts)
             mine = slices[dist.get_rank(self.group)]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                    self.sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+        try:
+            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                        self.sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+        except Exception as exc:  # vLLM's own error, said as one line (its traceback means nothing to a user)
+            raise RolloutEngineError(f"rollout engine 'vllm' failed to generate: {one_line(exc)}") from None
         return responses_from(outputs[mine], sampling)
+
+    def close(self) -> None:
+        """Shut vLLM down now, while the process group it shares still exists (at the interpreter's exit it would
+        tear down a group the launcher already destroyed: ``Invalid process group specified``)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
 
     def sampling_params(self, sampling: SamplingConfig, prompts: int, seed: int) -> list:
         """One ``SamplingParams`` per prompt: every ``SamplingConfig`` field, each prompt its own seed."""
@@ -251,6 +262,12 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as ``Type: first line of its message`` (vLLM's messages can run over many lines)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _shared_memory() -> set[str]:
