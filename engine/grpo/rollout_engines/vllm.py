@@ -60,6 +60,30 @@ def request_seeds(seed: int, prompts: int, n: int) -> list[int]:
     return [(seed + index * n) % _SEED_RANGE for index in range(prompts)]
 
 
+def sampling_fields(sampling: SamplingConfig) -> dict:
+    """vLLM's sampling parameters for every ``SamplingConfig`` field (a seed added per prompt): the colocated
+    engine's ``SamplingParams`` and the server engine's JSON alike."""
+    want_log_probs = sampling.log_probs and not sampling.greedy
+    fields = {"n": sampling.n, "max_tokens": sampling.max_new_tokens, "stop_token_ids": list(sampling.eos_token_ids),
+              "detokenize": False, "logprobs": 0 if want_log_probs else None, "repetition_penalty": 1.0}
+    if sampling.greedy:
+        fields.update(temperature=0.0)
+    else:
+        fields.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                      top_k=sampling.top_k if sampling.top_k > 0 else 0)
+    return fields
+
+
+def model_directory(context, rank: int) -> tuple[Path, str]:
+    """The policy's own model directory and load format ``auto`` (weights read from it), or a scratch directory
+    with its ``config.json`` only and ``dummy`` (the first weight push brings the weights)."""
+    if isinstance(context.model, (str, Path)) and (Path(context.model) / "config.json").is_file():
+        return Path(context.model), "auto"
+    scratch = Path(tempfile.mkdtemp(prefix=f"accel-vllm-model-{rank}-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return write_model_config(context.policy.module, scratch), "dummy"
+
+
 def write_model_config(module, directory: Path) -> Path:
     """``config.json`` of the Hugging Face model inside ``module`` (a policy's, possibly wrapped), for vLLM."""
     from transformers import PreTrainedModel
@@ -149,12 +173,7 @@ class VLLMRolloutEngine(RolloutEngine):
     # -- start --------------------------------------------------------------------------------------------------
 
     def _model_directory(self, context) -> tuple[Path, str]:
-        """The policy's own model directory (weights read from it), or a scratch one with its config only."""
-        if isinstance(context.model, (str, Path)) and (Path(context.model) / "config.json").is_file():
-            return Path(context.model), "auto"
-        scratch = Path(tempfile.mkdtemp(prefix=f"accel-vllm-model-{self.rank}-"))
-        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-        return write_model_config(context.policy.module, scratch), "dummy"
+        return model_directory(context, self.rank)
 
     def llm_arguments(self, model_dir: Path, load_format: str) -> dict:
         """``LLM(...)``'s arguments: the engine's own, ``rollout.vllm.*`` and its ``llm_args`` pass-through."""
@@ -208,15 +227,7 @@ class VLLMRolloutEngine(RolloutEngine):
         """One ``SamplingParams`` per prompt: every ``SamplingConfig`` field, each prompt its own seed."""
         from vllm import SamplingParams
 
-        want_log_probs = sampling.log_probs and not sampling.greedy
-        common = {"n": sampling.n, "max_tokens": sampling.max_new_tokens,
-                  "stop_token_ids": list(sampling.eos_token_ids), "detokenize": False,
-                  "logprobs": 0 if want_log_probs else None, "repetition_penalty": 1.0}
-        if sampling.greedy:
-            common.update(temperature=0.0)
-        else:
-            common.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k if sampling.top_k > 0 else 0)
+        common = sampling_fields(sampling)
         return [SamplingParams(seed=s, **common) for s in request_seeds(seed, prompts, sampling.n)]
 
     # -- weights and memory -------------------------------------------------------------------------------------
