@@ -14,7 +14,7 @@ import importlib
 import accel_backends
 from accel_backends import registry as backend_registry
 from accel_backends.names import did_you_mean
-from engine.runtime.teardown import OneLineError, at_group_end
+from engine.runtime import OneLineError, at_group_end
 
 from . import builtin, hookspecs  # noqa: F401 - hookspecs adds register_rollout_engines to the plugin manager
 from .base import RolloutContext, RolloutEngine
