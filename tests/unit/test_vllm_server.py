@@ -213,3 +213,16 @@ def test_facts_stay_a_frozen_dataclass():
     assert dataclasses.is_dataclass(GLOO)
     with pytest.raises(dataclasses.FrozenInstanceError):
         GLOO.weight_transfer = "x"
+
+
+def test_an_unreachable_server_url_is_one_line_before_any_worker_starts(monkeypatch):
+    from engine.grpo.config import build_config, check
+
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    config = build_config(None, None, ["rollout.engine=vllm", "model.hidden_size=128", "rollout.vllm.mode=server",
+                                       "rollout.vllm.server_urls=[http://127.0.0.1:9]"])
+    assert config.rollout.vllm.server_urls == ["http://127.0.0.1:9"]
+    assert check(config, 2) == ["rollout.vllm.server_urls: the vLLM server at http://127.0.0.1:9 is unreachable (no "
+                                "answer to /health): start it, or correct the URL"]
+    config = build_config(None, None, ["rollout.engine=vllm", "model.hidden_size=128", "rollout.vllm.mode=remote"])
+    assert "rollout.vllm.mode must be one of colocate, server, got 'remote'" in check(config, 2)
