@@ -148,7 +148,8 @@ def test_a_server_with_another_model_is_refused_before_any_weight(server, model_
     from engine.rollout.vllm_server.pusher import WeightPusher
 
     signature = {**signature_of(AutoConfig.from_pretrained(model_dir)), "num_hidden_layers": 4}
-    pusher = WeightPusher([ServerClient(server)], [1], "127.0.0.1", signature, sender=True, timeout_s=60)
+    pusher = WeightPusher([ServerClient(server)], [1], "127.0.0.1", signature, sender=True,
+                          settings={"timeout_s": 60.0})
     with pytest.raises(ServerError) as refused:
         pusher.connect()
     assert "runs another model than the trainer's (num_hidden_layers: served 2, trainer 4)" in str(refused.value)
@@ -224,7 +225,8 @@ def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_
         if trainer.poll() is None:
             trainer.kill()
     assert trainer.returncode == 1, stderr[-3000:]
-    assert f"vLLM server http://127.0.0.1:{port}" in stderr.splitlines()[-1], stderr[-3000:]
+    (error,) = [line for line in stderr.splitlines() if line.startswith("accel-grpo: error:")]
+    assert f"ServerError: vLLM server http://127.0.0.1:{port} is unreachable" in error, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert ended_s < 60
     assert _processes_with(f"--port {port}") == []

@@ -118,7 +118,9 @@ def test_another_model_is_named_field_by_field():
 
 def _member(port, queue):
     group = gloo_wire.open_group("127.0.0.1", port, 1, 2, 60)
-    queue.put([(name, tensor) for name, tensor in gloo_wire.receive(group)])
+    # Plain values, not tensors: a tensor in a queue is shared through a file descriptor this process must outlive.
+    queue.put([(name, str(t.dtype), tuple(t.shape), t.float().flatten().tolist()) for name, t in
+               gloo_wire.receive(group)])
 
 
 def test_named_tensors_of_any_dtype_cross_the_gloo_wire():
@@ -140,9 +142,7 @@ def test_named_tensors_of_any_dtype_cross_the_gloo_wire():
     gloo_wire.send_end([group])
     received = queue.get(timeout=60)
     member.join(30)
-    assert [name for name, _ in received] == [name for name, _ in sent]
-    for (_, a), (_, b) in zip(sent, received, strict=True):
-        assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
+    assert received == [(name, str(t.dtype), tuple(t.shape), t.float().flatten().tolist()) for name, t in sent]
     with pytest.raises(ValueError, match="cannot be sent"):
         gloo_wire.send([group], "complex", torch.zeros(2, dtype=torch.complex64))
 
@@ -226,3 +226,57 @@ def test_an_unreachable_server_url_is_one_line_before_any_worker_starts(monkeypa
                                 "answer to /health): start it, or correct the URL"]
     config = build_config(None, None, ["rollout.engine=vllm", "model.hidden_size=128", "rollout.vllm.mode=remote"])
     assert "rollout.vllm.mode must be one of colocate, server, got 'remote'" in check(config, 2)
+
+
+class _NoGlooServer:
+    """A stand-in HTTP server: refuses the weight-transfer handshake as a vLLM server without the engine does, and
+    lacks the RL routes' /weight_info (404, as without VLLM_SERVER_DEV_MODE=1)."""
+
+    def __enter__(self):
+        import http.server
+        import json
+        import threading
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, code, body):
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                self._answer(500, {"error": "Invalid weight transfer backend: gloo. Available engines: ['nccl']"})
+
+            def do_GET(self):  # noqa: N802
+                self._answer(404, {"detail": "Not Found"})
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+
+
+def test_a_server_without_the_engine_or_the_rl_routes_is_one_line():
+    from engine.rollout.vllm_server.client import ServerClient, ServerError
+    from engine.rollout.vllm_server.pusher import WeightPusher
+
+    with _NoGlooServer() as url:
+        pusher = WeightPusher([ServerClient(url)], [1], "127.0.0.1", {}, sender=True, settings={"timeout_s": 5.0})
+        with pytest.raises(ServerError) as refused:
+            pusher.connect()
+        message = str(refused.value)
+        assert message.startswith(f"vLLM server {url}: POST /init_weight_transfer_engine answered 500: ")
+        assert "Invalid weight transfer backend: gloo" in message and "\n" not in message
+        assert message.endswith("(it registers the engine through vllm.general_plugins)")
+        assert "--weight-transfer-config '{\"backend\": \"gloo\"}'" in message
+        with pytest.raises(ServerError, match="answered 404 \\(the RL routes need VLLM_SERVER_DEV_MODE=1"):
+            ServerClient(url).weight_version()
+    with pytest.raises(ServerError, match="is unreachable .*check the URL and that the server is running"):
+        ServerClient("http://127.0.0.1:9").models()

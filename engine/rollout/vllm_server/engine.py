@@ -61,7 +61,7 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
         self.pusher = WeightPusher(self.clients, workers, self.settings.weight_transfer_address or "127.0.0.1",
                                    signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
-                                   timeout_s=float(self.facts.weight_transfer_settings.get("timeout_s", 600.0)))
+                                   engine=self.facts.weight_transfer, settings=self.facts.weight_transfer_settings)
         self.pusher.connect()
 
     # -- servers ------------------------------------------------------------------------------------------------

@@ -50,9 +50,12 @@ class WeightPusher:
     (its tensor-parallel size). ``address``: where the servers reach this process (its weight groups' stores)."""
 
     def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
-                 sender: bool, timeout_s: float = 600.0, free_port: Callable[[], int] | None = None) -> None:
+                 sender: bool, engine: str = "gloo", settings: dict | None = None,
+                 free_port: Callable[[], int] | None = None) -> None:
         self.clients, self.workers, self.address = clients, workers, address
-        self.signature, self.sender, self.timeout_s = signature, sender, timeout_s
+        self.signature, self.sender, self.engine = signature, sender, engine
+        self.settings = dict(settings or {})  # the device's weight-group settings, sent with the init info
+        self.timeout_s = float(self.settings.get("timeout_s", 600.0))
         self.free_port = free_port
         self.groups: list = []
         self.version = 0  # the version the servers report once a push finished; 0: none yet
@@ -67,18 +70,31 @@ class WeightPusher:
         for client, workers in zip(self.clients, self.workers, strict=True):
             port = (self.free_port or free_port)()
             size = 1 + workers
+            info = {**self.settings, "master_address": self.address, "master_port": port, "rank_offset": 1,
+                    "world_size": size, "model_signature": self.signature}
+            try:  # first the check alone: a refusal must not leave this side waiting for the group
+                client.init_weight_transfer_engine({**info, "check_only": True})
+            except ServerError as exc:
+                raise ServerError(self._refusal(exc)) from None
             store = gloo_wire.host_store(self.address, port, size, self.timeout_s)
-            info = {"master_address": self.address, "master_port": port, "rank_offset": 1, "world_size": size,
-                    "timeout_s": self.timeout_s, "model_signature": self.signature}
             joining = _in_thread(lambda c=client, i=info: c.init_weight_transfer_engine(i))
             opened: list = []
             opening = _in_thread(lambda s=store, p=port, n=size, box=opened: box.append(
                 gloo_wire.open_group(self.address, p, 0, n, self.timeout_s, store=s)))
             joining[0].join(self.timeout_s)
-            if joining[1]:  # the server refused: the group would wait for it until its timeout
-                raise ServerError(_refusal(client, joining[1][0]))
+            if joining[1]:  # the server failed to join after the check passed
+                raise ServerError(self._refusal(joining[1][0]))
             _joined([opening], self.timeout_s)
             self.groups.append(opened[0])
+
+    def _refusal(self, exc: BaseException) -> str:
+        """The server's refusal of the handshake, with what to do unless it says so itself (another model)."""
+        text = str(exc)
+        if "runs another model" in text:
+            return text
+        return (f"{text}: the server needs the {self.engine!r} weight-transfer engine: start it with "
+                f"--weight-transfer-config '{{\"backend\": \"{self.engine}\"}}' and VLLM_SERVER_DEV_MODE=1, from a "
+                "Python where this package is installed (it registers the engine through vllm.general_plugins)")
 
     def push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
         """Send every ``(name, tensor)`` of ``weights`` to every server under the next version; returns the
@@ -114,12 +130,3 @@ class WeightPusher:
             if self.version and reported != str(self.version):
                 raise ServerError(f"vLLM server {client.url} reports weight version {reported!r}, the trainer pushed "
                                   f"{self.version}: another trainer or a restart changed its weights")
-
-
-def _refusal(client: ServerClient, exc: BaseException) -> str:
-    text = str(exc)
-    if "Invalid weight transfer backend" in text or "weight transfer" in text and "not" in text and "config" in text:
-        return (f"vLLM server {client.url} has no 'gloo' weight-transfer engine: install this package in the "
-                "server's Python (its vllm.general_plugins entry point registers the engine) and start the server "
-                "with --weight-transfer-config '{\"backend\": \"gloo\"}'")
-    return text

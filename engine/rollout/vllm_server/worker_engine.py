@@ -1,7 +1,8 @@
 """The ``gloo`` weight-transfer engine, inside vLLM's server workers (registered by ``plugin.py``).
 
-vLLM calls it through its RL routes: ``init_weight_transfer_engine`` joins the trainer's weight group (this worker
-at rank ``rank_offset`` + its rank inside the server) after checking that the server runs the trainer's model;
+vLLM calls it through its RL routes. ``init_weight_transfer_engine`` comes twice: first to check that the server
+runs the trainer's model (``check_only``: a refusal leaves nobody waiting for a group), then to join the trainer's
+weight group (this worker at rank ``rank_offset`` + its rank inside the server);
 ``start_weight_update`` / ``finish_weight_update`` wrap the load in vLLM's layerwise reload (its CPU backend repacks
 linear weights at start-up and empties ``.weight``, so a plain ``load_weights`` would write into nothing);
 ``update_weights`` receives one push (``gloo_wire.receive``) into the model. This module imports vLLM: it is
@@ -31,6 +32,7 @@ class GlooInitInfo(WeightTransferInitInfo):
     world_size: int
     timeout_s: float = 600.0
     model_signature: dict[str, Any] = dataclasses.field(default_factory=dict)
+    check_only: bool = False  # the handshake's first call: check the model, join nothing
 
 
 @dataclasses.dataclass
@@ -50,6 +52,8 @@ class GlooWeightTransferEngine(WeightTransferEngine[GlooInitInfo, GlooUpdateInfo
         differences = signature_differences(signature_of(self.model_config.hf_config), init_info.model_signature)
         if differences:
             raise ValueError("this server runs another model than the trainer's (" + "; ".join(differences) + ")")
+        if init_info.check_only:
+            return
         rank = init_info.rank_offset + self.parallel_config.rank
         self.group = gloo_wire.open_group(init_info.master_address, init_info.master_port, rank,
                                           init_info.world_size, init_info.timeout_s)
