@@ -56,6 +56,6 @@ def test_an_error_inside_vllm_is_one_line_and_the_engine_still_closes(model_dir)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "details: ''" in result.stdout, result.stdout  # no traceback to print
     (message,) = [line for line in result.stdout.splitlines() if line.startswith("message:")]
-    assert message.startswith("message: rank 0 failed: RolloutEngineError: rollout engine 'vllm' failed to "
-                              "generate: VLLMValidationError: This model's maximum context length is 32 tokens"), message
+    assert message.startswith("message: rank 0 failed: RolloutEngineError: rollout engine 'vllm' failed to generate: "
+                              "VLLMValidationError: This model's maximum context length is 32 tokens"), message
     assert "Traceback" not in result.stderr and "Invalid process group" not in result.stderr, result.stderr[-3000:]
