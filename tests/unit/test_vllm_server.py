@@ -280,3 +280,82 @@ def test_a_server_without_the_engine_or_the_rl_routes_is_one_line():
             ServerClient(url).weight_version()
     with pytest.raises(ServerError, match="is unreachable .*check the URL and that the server is running"):
         ServerClient("http://127.0.0.1:9").models()
+
+
+class _RecordingGenerateServer:
+    """A stand-in vLLM server: records each /inference/v1/generate request and answers ``n`` choices whose tokens
+    are the prompt's first id + 100 + choice index, with log-prob -0.5 each; reports weight version ``version``."""
+
+    def __init__(self, version):
+        self.version, self.requests = version, []
+
+    def __enter__(self):
+        import http.server
+        import json
+        import threading
+
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self, body):
+                data = json.dumps(body).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_POST(self):  # noqa: N802 - http.server's name
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(body)
+                first, params = body["token_ids"][0], body["sampling_params"]
+                choices = [{"index": k, "token_ids": [first + 100 + k] * (k + 1),
+                            "logprobs": {"content": [{"token_id": first + 100 + k, "logprob": -0.5}] * (k + 1)}}
+                           for k in reversed(range(params["n"]))]  # out of order: the client sorts them
+                self._answer({"choices": choices})
+
+            def do_GET(self):  # noqa: N802
+                self._answer({"weight_version": outer.version})
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self, f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+
+
+def test_requests_are_spread_over_the_servers_and_the_version_is_checked_first():
+    import torch
+
+    from engine.grpo.rollout_engines import SamplingConfig
+    from engine.rollout.vllm_server.client import ServerClient, ServerError
+    from engine.rollout.vllm_server.engine import VLLMServerRolloutEngine
+    from engine.rollout.vllm_server.pusher import WeightPusher
+
+    with _RecordingGenerateServer("3") as (first, url_a), _RecordingGenerateServer("3") as (second, url_b):
+        engine = object.__new__(VLLMServerRolloutEngine)  # its parts, without starting or connecting anything
+        engine.rank, engine.clients = 1, [ServerClient(url_a), ServerClient(url_b)]
+        engine.pusher = WeightPusher(engine.clients, [1, 1], "127.0.0.1", {}, sender=False)
+        engine.pusher.version = 3
+        sampling = SamplingConfig(n=2, max_new_tokens=5, eos_token_ids=(7,), temperature=0.7, top_k=20, top_p=0.8,
+                                  log_probs=True)
+        responses = engine.generate([[10, 11], [20], [30, 31, 32]], sampling)
+        # Rank 1 sends prompt i to server (i + 1) mod 2: prompts 0 and 2 to the second server, 1 to the first.
+        assert [r["token_ids"] for r in first.requests] == [[20]]
+        assert sorted(r["token_ids"] for r in second.requests) == [[10, 11], [30, 31, 32]]
+        params = first.requests[0]["sampling_params"]
+        assert {k: params[k] for k in ("n", "max_tokens", "stop_token_ids", "temperature", "top_k", "top_p",
+                                       "logprobs", "detokenize", "repetition_penalty")} == {
+            "n": 2, "max_tokens": 5, "stop_token_ids": [7], "temperature": 0.7, "top_k": 20, "top_p": 0.8,
+            "logprobs": 0, "detokenize": False, "repetition_penalty": 1.0}
+        seeds = sorted(r["sampling_params"]["seed"] for r in first.requests + second.requests)
+        assert seeds[1] - seeds[0] == 2 and seeds[2] - seeds[1] == 2  # a seed per prompt, n apart
+        assert responses.token_ids[:, 0].tolist() == [110, 111, 120, 121, 130, 131]  # prompt order, choice order
+        assert responses.mask.sum(dim=1).tolist() == [1, 2, 1, 2, 1, 2]
+        assert torch.equal(responses.log_probs, -0.5 * responses.mask.float())
+        second.version = "2"  # a server still on an older version: no sample from it
+        with pytest.raises(ServerError, match=f"vLLM server {url_b} reports weight version '2', the trainer pushed 3"):
+            engine.generate([[10]], sampling)
