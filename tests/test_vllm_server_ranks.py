@@ -5,8 +5,9 @@ One server, shared by the module (started by the same plan the engine uses), tak
 policies on 1 and 2 trainer ranks: its log-probs of fixed token sequences equal the trainer's after a push and
 differ before it (so the check can fail), its sampled tokens' log-probs equal the trainer's, it reports every
 pushed version, and a server serving another model is refused before any weight is sent. accel-grpo then runs
-two steps on 2 ranks with a server it starts and stops itself, and a run whose server is killed mid-run ends
-within a bounded time with one line naming it and no process left behind. Skipped where vLLM is not importable.
+steps on 2 ranks with a server it starts itself until a Ctrl-C (the step is saved, the server stopped), and a run
+whose server is killed mid-run ends within a bounded time with one line naming it and no process left behind.
+Skipped where vLLM is not importable.
 """
 
 import json
@@ -17,7 +18,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO, run_python
+from conftest import REPO
 from distributed import run_ranks
 
 # The leg's marks and skip, the vLLM environment and the model size: as the colocated engine's tests.
@@ -179,19 +180,43 @@ def _processes_with(text):
     return found
 
 
-def test_grpo_on_two_ranks_with_a_server_it_starts_and_stops(tmp_path, model_dir):
+def _start_run(tmp_path, model_dir, port, nproc, name, *extra):
+    """accel-grpo in server mode, a long run with a local server on ``port``, started in the background."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
+           "OMP_NUM_THREADS": "1", **ENV}
+    return subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "--nproc", str(nproc), *SMALL,
+                             f"model.path={model_dir}", f"data.path={_data(tmp_path)}", "train.steps=500",
+                             f"rollout.vllm.server_port={port}", f"run.output_dir={tmp_path}", f"run.name={name}",
+                             *extra], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rows_after(trainer, metrics, steps, timeout_s=400):
+    """The run's metrics rows once it has logged ``steps`` steps (its server up and pushes done)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        if len(rows) >= steps:
+            return rows
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[1][-3000:]
+        time.sleep(0.5)
+
+
+def test_grpo_on_two_ranks_with_a_server_it_starts_and_stops_on_ctrl_c(tmp_path, model_dir):
     from accel_backends.spawn import free_port
 
     port = free_port()
-    env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
-    result = run_python(["-m", "engine.grpo.cli", "--nproc", "2", *SMALL, f"model.path={model_dir}",
-                         f"data.path={_data(tmp_path)}", "train.steps=2", f"rollout.vllm.server_port={port}",
-                         f"run.output_dir={tmp_path}", "run.name=server"], env=env, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "server" / "metrics.jsonl").read_text().splitlines()]
-    assert [row["step"] for row in rows] == [1, 2]
-    for row in rows:
+    trainer = _start_run(tmp_path, model_dir, port, 2, "server", "run.save_on_interrupt=true")
+    try:
+        rows = _rows_after(trainer, tmp_path / "server" / "metrics.jsonl", 2)
+        trainer.send_signal(signal.SIGINT)  # the launcher forwards it; the step ends, is saved, the server stops
+        _, stderr = trainer.communicate(timeout=180)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert list((tmp_path / "server" / "checkpoints").glob("step_*")), stderr[-3000:]
+    for row in rows[:2]:
         assert row["rollout/weight_sync_s"] > 0 and row["response_length"] > 0
         assert row["rollout/logprob_diff_max"] < 1e-3, row  # the server samples the trainer's policy
     assert _processes_with(f"--port {port}") == []  # stopped with the run
@@ -203,17 +228,9 @@ def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_
     from engine.rollout.vllm_server.client import ServerClient
 
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
-           "OMP_NUM_THREADS": "1", **ENV}
-    trainer = subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "--nproc", "1", *SMALL,
-                                f"model.path={model_dir}", f"data.path={_data(tmp_path)}", "train.steps=500",
-                                f"rollout.vllm.server_port={port}", f"run.output_dir={tmp_path}", "run.name=killed"],
-                               env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    trainer = _start_run(tmp_path, model_dir, port, 1, "killed")
     try:
-        deadline = time.monotonic() + 400
-        while not (tmp_path / "killed" / "metrics.jsonl").is_file():  # the server is up and a step is done
-            assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[1][-3000:]
-            time.sleep(1)
+        _rows_after(trainer, tmp_path / "killed" / "metrics.jsonl", 1)
         assert ServerClient(f"http://127.0.0.1:{port}").healthy()
         (guard,) = [pid for pid in _processes_with(f"--port {port}") if "vllm_server.guard" in
                     " ".join(__import__("psutil").Process(pid).cmdline())]
