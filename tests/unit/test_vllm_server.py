@@ -359,3 +359,52 @@ def test_requests_are_spread_over_the_servers_and_the_version_is_checked_first()
         second.version = "2"  # a server still on an older version: no sample from it
         with pytest.raises(ServerError, match=f"vLLM server {url_b} reports weight version '2', the trainer pushed 3"):
             engine.generate([[10]], sampling)
+
+
+_HEALTH_SERVER = """
+import http.server, sys
+class Handler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.send_header("Content-Length", "0"); self.end_headers()
+    def log_message(self, *args):
+        pass
+print("listening", flush=True)
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+"""
+
+
+def _stand_in_manager(tmp_path, code, **options):
+    """A ServerManager whose 'server' is a small script under the real guard (no vLLM)."""
+    from accel_backends.spawn import free_port
+    from engine.rollout.vllm_server.manager import ServerManager, ServerSpec
+
+    class StandIn(ServerManager):
+        def command(self, spec):
+            return [self.python, "-m", "engine.rollout.vllm_server.guard", str(os.getpid()), "--", self.python, "-c",
+                    code, str(spec.port)]
+
+    return StandIn(tmp_path / "model", [ServerSpec(free_port())], tmp_path / "logs", **options)
+
+
+def test_the_manager_waits_for_health_stops_every_process_and_tidies_its_logs(tmp_path):
+    manager = _stand_in_manager(tmp_path, _HEALTH_SERVER, start_timeout_s=60, remove_logs=True)
+    (url,) = manager.start()
+    assert url == manager.specs[0].url and manager.alive() == [True]
+    group = manager.processes[0].pid
+    manager.stop()
+    deadline = time.monotonic() + 10  # the last ones may wait a moment to be reaped
+    while _group_alive(group) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _group_alive(group) and not (tmp_path / "logs").exists()  # a clean stop leaves nothing
+
+
+def test_a_server_that_dies_while_starting_is_named_with_its_log(tmp_path):
+    from engine.rollout.vllm_server.client import ServerError
+
+    code = "import sys; print('RuntimeError: no model in /nowhere', flush=True); sys.exit(3)"
+    manager = _stand_in_manager(tmp_path, code, start_timeout_s=60, remove_logs=True)
+    with pytest.raises(ServerError) as failed:
+        manager.start()
+    message = str(failed.value)
+    assert message.startswith("vLLM server 0 (port ") and "exited while starting: RuntimeError: no model" in message
+    assert (tmp_path / "logs" / "server-0.log").is_file()  # kept: the error names it

@@ -74,7 +74,8 @@ class VLLMServerRolloutEngine(RolloutEngine):
         options = server_options(self.settings, self.facts, dtype, load_format, self.context.max_sequence_tokens)
         specs = server_specs(self.settings, self.facts, policy.backend.visible_devices_env, options, free_port)
         log_dir = tempfile.mkdtemp(prefix="accel-vllm-servers-")  # named in any error about a server
-        self.manager = ServerManager(model_dir, specs, log_dir, self.settings.server_start_timeout_s)
+        self.manager = ServerManager(model_dir, specs, log_dir, self.settings.server_start_timeout_s,
+                                     remove_logs=True)
         return self.manager.start()
 
     def _workers(self, client: ServerClient) -> int:

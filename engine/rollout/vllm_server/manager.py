@@ -12,6 +12,7 @@ import atexit
 import dataclasses
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -57,9 +58,10 @@ class ServerManager:
     """Starts ``specs`` serving ``model`` (a directory), each logging to ``log_dir/server-<i>.log``."""
 
     def __init__(self, model: str | Path, specs: list[ServerSpec], log_dir: str | Path,
-                 start_timeout_s: float = 600.0, python: str = sys.executable) -> None:
+                 start_timeout_s: float = 600.0, python: str = sys.executable, remove_logs: bool = False) -> None:
         self.model, self.specs, self.log_dir = str(model), specs, Path(log_dir)
         self.start_timeout_s, self.python = start_timeout_s, python
+        self.remove_logs = remove_logs  # on a clean stop (every server alive until then): nothing to read in them
         self.processes: list[subprocess.Popen] = []
 
     def command(self, spec: ServerSpec) -> list[str]:
@@ -85,7 +87,7 @@ class ServerManager:
         try:
             self.wait_ready()
         except BaseException:
-            self.stop()
+            self.stop(keep_logs=True)  # the error names them
             raise
         return [spec.url for spec in self.specs]
 
@@ -113,8 +115,10 @@ class ServerManager:
     def alive(self) -> list[bool]:
         return [process.poll() is None for process in self.processes]
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """End every server's process group (its guard ends the rest); wait at most ``grace_s`` for each."""
+    def stop(self, grace_s: float = 20.0, keep_logs: bool = False) -> None:
+        """End every server's process group (its guard ends the rest); wait at most ``grace_s`` for each. The logs
+        are removed with ``remove_logs`` unless a server had ended before (or ``keep_logs``)."""
+        keep_logs = keep_logs or not self.remove_logs or not all(self.alive())
         for process in self.processes:
             if process.poll() is None:
                 try:
@@ -131,3 +135,5 @@ class ServerManager:
                     pass
                 process.wait()
         self.processes = []
+        if not keep_logs:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
