@@ -37,6 +37,12 @@ class InferenceEngineFacts:
     engine's build needs on this device, set before it starts unless the user set them. ``engine_args``: engine
     arguments this device needs (the user's own arguments still win). ``min_head_size``: the smallest attention
     head size the engine's kernels take on this device (0: no known limit).
+
+    For vLLM servers (``rollout.vllm.mode=server``): ``weight_transfer``, the weight-transfer engine that carries
+    the trainer's weights into the servers on this device (the name given to a server's ``--weight-transfer-config``:
+    vLLM's ``nccl``, vllm-ascend's ``hccl``, the ``gloo`` engine this package registers in vLLM, or a third-party
+    one), and ``weight_transfer_settings``, the weight group's settings sent with the engine's init info (e.g. its
+    timeout).
     """
 
     package: str = "vllm"
@@ -47,6 +53,8 @@ class InferenceEngineFacts:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     min_head_size: int = 0
+    weight_transfer: str = "nccl"
+    weight_transfer_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass(frozen=True)
