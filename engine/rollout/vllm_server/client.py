@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from ...runtime.teardown import OneLineError
+from ...runtime import OneLineError
 
 PAUSE_MODES = ("keep", "abort", "wait")
 
