@@ -10,7 +10,7 @@ from .torch_import import import_torch
 
 import_torch()  # before anything imports torch: a broken device-backend autoload gets a diagnosis, not a traceback
 
-from .base import DeviceBackend, InferenceEngineFacts
+from .base import DeviceBackend, InferenceEngineFacts, SequenceParallelFacts
 from .distributed import DistributedInfo
 from .errors import (
     AccelBackendError,
@@ -46,6 +46,7 @@ __all__ = [
     "InferenceEngineFacts",
     "MemoryStats",
     "PluginLoadWarning",
+    "SequenceParallelFacts",
     "add_hookspecs",
     "get_backend",
     "hook",

@@ -37,6 +37,12 @@ class InferenceEngineFacts:
     engine's build needs on this device, set before it starts unless the user set them. ``engine_args``: engine
     arguments this device needs (the user's own arguments still win). ``min_head_size``: the smallest attention
     head size the engine's kernels take on this device (0: no known limit).
+
+    For vLLM servers (``rollout.vllm.mode=server``): ``weight_transfer``, the weight-transfer engine that carries
+    the trainer's weights into the servers on this device (the name given to a server's ``--weight-transfer-config``:
+    vLLM's ``nccl``, vllm-ascend's ``hccl``, the ``gloo`` engine this package registers in vLLM, or a third-party
+    one), and ``weight_transfer_settings``, the weight group's settings sent with the engine's init info (e.g. its
+    timeout).
     """
 
     package: str = "vllm"
@@ -47,6 +53,23 @@ class InferenceEngineFacts:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     min_head_size: int = 0
+    weight_transfer: str = "nccl"
+    weight_transfer_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceParallelFacts:
+    """What sequence parallelism (the Ulysses exchange: an all-to-all before and after each attention) must know
+    about a device.
+
+    ``unsupported``: ``None``, or why the device cannot run it (its collective library has no all-to-all, it lacks
+    the ``scaled_dot_product_attention`` run between the exchanges...), said when a user asks for it.
+    ``head_multiple``: the attention heads each rank attends after the exchange must be a multiple of this (1: any
+    count; a kernel that wants whole head blocks says so here).
+    """
+
+    unsupported: str | None = None
+    head_multiple: int = 1
 
 
 class DeviceBackend:
@@ -222,6 +245,10 @@ class DeviceBackend:
         conservative one: no sleep mode, the worker's ``reload_weights``, memory by device share."""
         return InferenceEngineFacts()
 
+    def sequence_parallel_facts(self) -> SequenceParallelFacts:
+        """What sequence parallelism must know about this device; the default: it runs, with any head count."""
+        return SequenceParallelFacts()
+
     # -- distributed --------------------------------------------------------------------------------------------
 
     def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
@@ -283,6 +310,21 @@ class DeviceBackend:
                 f"{self._visible_devices_hint()}: start fewer processes per node or make more devices visible."
             )
         self.set_device(info.local_rank)
+
+    def new_group(self, ranks: list[int]) -> Any:
+        """A process group of ``ranks`` on ``dist_backend`` (a collective: every rank of the job calls it, for every
+        group, in the same order)."""
+        import torch.distributed as dist
+
+        return dist.new_group(ranks=list(ranks), backend=self.dist_backend)
+
+    def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Any = None) -> None:
+        """Chunk ``i`` of ``input`` (along dim 0, one per rank of ``group``) goes to rank ``i``; ``output`` receives
+        rank ``i``'s chunk at ``i``. Both contiguous, same shape. A backend whose library lacks ``all_to_all_single``
+        overrides it."""
+        import torch.distributed as dist
+
+        dist.all_to_all_single(output, input, group=group)
 
     def process_group_device_id(self) -> torch.device | None:
         """The device ``init_process_group(device_id=...)`` binds eagerly; ``None`` where that is not wanted."""

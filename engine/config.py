@@ -49,6 +49,10 @@ class EngineConfig:
         default (``False``) the model runs without an FSDP wrapper: FSDP's hooks would only add work (about a
         quarter of a small model's GRPO step on the CPU). ``True`` wraps it anyway (e.g. to exercise FSDP with
         one process). With a cast compute dtype (bf16) the model is always wrapped: FSDP does the casting.
+    sequence_parallel_size: ranks that share each micro-batch, each holding a slice of its tokens (Ulysses: an
+        all-to-all around every attention layer; ``docs/sequence-parallel.md``). It must divide the world size and
+        the model's attention heads; FSDP still shards over every rank, data parallelism runs over
+        ``world / sequence_parallel_size`` groups. 1 (the default): off.
     """
 
     fsdp_version: int = 2
@@ -81,6 +85,7 @@ class EngineConfig:
     load_on_rank0: bool = True
     wrap_single_rank: bool = False
     attn_implementation: str | None = None
+    sequence_parallel_size: int = 1
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -126,6 +131,14 @@ class EngineConfig:
         if self.attn_implementation is not None and not (isinstance(self.attn_implementation, str)
                                                          and self.attn_implementation.strip()):
             yield f"attn_implementation must be a name or None, got {self.attn_implementation!r}"
+        if isinstance(self.sequence_parallel_size, bool) or not isinstance(self.sequence_parallel_size, int) \
+                or self.sequence_parallel_size < 1:
+            yield f"sequence_parallel_size must be a whole number >= 1, got {self.sequence_parallel_size!r}"
+        else:
+            from .sequence_parallel.checks import config_problems
+
+            yield from config_problems(self.sequence_parallel_size, fsdp_version=self.fsdp_version,
+                                       attn_implementation=self.attn_implementation)
         if self.dist_timeout_s <= 0:
             yield f"dist_timeout_s must be positive, got {self.dist_timeout_s!r}"
 

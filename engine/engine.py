@@ -28,7 +28,7 @@ import torch.nn as nn
 import accel_backends
 from accel_backends.names import did_you_mean
 
-from . import checkpoint, events, packing
+from . import checkpoint, events, packing, sequence_parallel
 from .config import EngineConfig
 from .fsdp import offload, private_state, rank0_loading, sync_plan
 from .fsdp.full_weights import unit_weights
@@ -66,6 +66,7 @@ class FSDPEngine:
         # A path or a factory is built for real on rank 0 only; the other ranks build it on the meta device.
         built, from_rank0 = rank0_loading.build(model, self.rank, self.world_size, self.config.load_on_rank0)
         self.model_config = getattr(built, "config", None)
+        self.sequence_parallel = self._sequence_parallel_group(built)
         self.attn_implementation = self._attention_choice()
         prepared = prepare_model(built, self.config, self.attn_implementation)
         if self.config.frozen:
@@ -120,9 +121,24 @@ class FSDPEngine:
         sync_plan.log_plan(decision, self.rank)
         return decision
 
+    def _sequence_parallel_group(self, model: nn.Module) -> sequence_parallel.SequenceParallel:
+        """This rank's sequence-parallel group (``engine.sequence_parallel``), once the settings, the model and the
+        device are known to allow the split: else one line naming each problem."""
+        size = self.config.sequence_parallel_size
+        problems = [*sequence_parallel.config_problems(size, self.world_size, fsdp_version=self.config.fsdp_version,
+                                                       attn_implementation=self.config.attn_implementation),
+                    *sequence_parallel.model_problems(size, self.model_config, self.backend.sequence_parallel_facts()),
+                    *sequence_parallel.module_problems(size, model)]
+        if problems:
+            raise ValueError("invalid EngineConfig: " + "; ".join(problems))
+        return sequence_parallel.SequenceParallel.create(self.backend, size)
+
     def _attention_choice(self) -> str:
         """The configured attention implementation, else the backend's (flash kernels need half precision), with
-        ``sdpa`` run as ``packed_sdpa`` (the same, but a packed row costs what its sequences cost)."""
+        ``sdpa`` run as ``packed_sdpa`` (the same, but a packed row costs what its sequences cost); ``ulysses``
+        (sdpa with the exchange) when sequences are split."""
+        if self.sequence_parallel.enabled:
+            return sequence_parallel.register_ulysses()
         chosen = self.config.attn_implementation
         if chosen is None:
             chosen = self.backend.attention_implementation(packed=True)
@@ -290,6 +306,10 @@ class FSDPEngine:
         ``step_fn`` returns the micro-batch's mean loss, or ``(loss, weight)`` or ``(loss, weight, metrics)``
         with ``weight`` its number of tokens or samples. Each micro-batch counts in proportion to its weight
         across all micro-batches and all data-parallel ranks; the weight total is all-reduced once.
+
+        With sequence parallelism the ranks of a group share each micro-batch: each returns its share of the
+        micro-batch's loss (the group's shares add up to its mean; ``engine.sequence_parallel``) and the whole
+        micro-batch's weight, which counts once per group. Metrics are shares alike.
         """
         micro_batches = list(micro_batches)
         if not micro_batches:
@@ -337,7 +357,7 @@ class FSDPEngine:
                     warnings.warn(f"could not reset the engine after a failed micro-batch: {cleanup_error!r}",
                                   stacklevel=2)
             raise
-        total_weight = reduced.pop("weight")
+        total_weight = reduced.pop("weight") / self.sequence_parallel.size  # each group's ranks gave it alike
         if total_weight <= 0:
             raise ValueError(f"the weights of this mini-batch sum to {total_weight} over all ranks: every "
                              "micro-batch weight must be >= 0 and at least one > 0")

@@ -11,7 +11,7 @@ TINY = ["--steps", "1", "--switches", "1", "--switch-layers", "2,3", "--micro-ba
         "--rollout-tokens", "2,4", "--rollout-batch", "2", "--grpo-steps", "1",
         "--grpo-override", "train.prompts_per_step=4", "--grpo-override", "rollout.n=4",
         "--grpo-override", "train.prompts_per_update=4", "--grpo-override", "train.micro_batch_size=4",
-        "--packing-budgets", "16,128"]
+        "--packing-budgets", "16,128", "--sp-tokens", "64", "--sp-repeats", "1"]
 
 
 @pytest.mark.slow
@@ -23,7 +23,8 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert "== GRPO step" in result.stdout and "engine / hand-written" in result.stdout
     data = json.loads(out.read_text())
     scenarios = data["scenarios"]
-    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo", "packing", "sft"}
+    assert set(scenarios) == {"mode_switch", "grad_accum", "overhead", "rollout", "grpo", "packing", "sft",
+                              "sequence_parallel"}
     assert png.read_bytes()[:4] == b"\x89PNG"
 
     switch = scenarios["mode_switch"]
@@ -81,6 +82,9 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert variants["packed_deferred"]["pad_tokens_this_rank"] == 0
     assert sft["peak_by_budget"]["16"]["skipped"].startswith("below the longest sequence")
     assert sft["peak_by_budget"]["128"]["activation_mib"] > 0
+    split = scenarios["sequence_parallel"]["tokens"]["64"]  # 2 layers: 4 exchanges each way per layer
+    assert split["sp1"]["exchanges"] == 0 and split["sp2"]["exchanges"] == 2 * 4 * 2
+    assert 0 < split["sp2"]["activation_mib"] < split["sp1"]["activation_mib"] and split["sp2"]["exchange_mib"] > 0
 
 
 @pytest.mark.parametrize("argv, message", [

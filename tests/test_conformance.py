@@ -201,3 +201,19 @@ def test_the_kit_and_the_trace_plugin_name_no_device():
     offenders = [f"{p.name}:{n}" for p in sources for n, line in enumerate(p.read_text().splitlines(), 1)
                  if DEVICE_NAMES.search(line.split("#", 1)[0])]
     assert sources and not offenders
+
+
+class LoopbackAllToAll(CPUBackend):
+    """An all-to-all that keeps what each rank sent (a library that only copies locally)."""
+
+    name = "loopback-all-to-all"
+
+    def all_to_all(self, output, input, group=None):
+        output.copy_(input)
+
+
+@pytest.mark.slow
+def test_an_all_to_all_that_exchanges_nothing_fails_its_rule():
+    (result,) = run_conformance(LoopbackAllToAll(), nproc=2, rules=("all-to-all",))
+    assert result.status == "failed"
+    assert "rank 1: all_to_all() gave [100.0, 100.0, 100.0, 101.0, 101.0, 101.0], expected [1.0" in result.detail

@@ -27,10 +27,10 @@ class CUDABackend(DeviceBackend):
 
     def inference_engine_facts(self) -> InferenceEngineFacts:
         """vLLM on NVIDIA/ROCm GPUs: sleep level 1 (weights to host memory, KV cache dropped) during the update;
-        weights replaced through the worker's ``reload_weights``; memory by ``gpu_memory_utilization``. Not run
-        on a GPU here: these follow vLLM's documentation."""
+        weights replaced through the worker's ``reload_weights``; memory by ``gpu_memory_utilization``; servers take
+        weights through vLLM's ``nccl`` engine. Not run on a GPU here: these follow vLLM's documentation."""
         return InferenceEngineFacts(package="vllm (pip install vllm: it pins its own torch)", sleep_level=1,
-                                    weight_reload="reload_weights", memory_fraction=True)
+                                    weight_reload="reload_weights", memory_fraction=True, weight_transfer="nccl")
 
     @staticmethod
     def platform() -> str:

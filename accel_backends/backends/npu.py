@@ -92,10 +92,11 @@ class NPUBackend(DeviceBackend):
         """vllm-ascend (public reports; not run here): sleep level 1 is the one that works; its worker has no
         ``reload_weights``, so weights go through the model's ``load_weights``; pushing into sleeping memory
         crashes (the engine wakes its weights first); the NZ weight layout must be off for weights replaced in
-        place (``VLLM_ASCEND_ENABLE_NZ=0``)."""
+        place (``VLLM_ASCEND_ENABLE_NZ=0``). Servers take weights through vllm-ascend's ``hccl`` weight-transfer
+        engine (``vllm_ascend/distributed/weight_transfer``)."""
         return InferenceEngineFacts(package="vllm-ascend (pip install vllm-ascend matching torch_npu and CANN)",
                                     sleep_level=1, weight_reload="load_weights", memory_fraction=True,
-                                    env={"VLLM_ASCEND_ENABLE_NZ": "0"})
+                                    env={"VLLM_ASCEND_ENABLE_NZ": "0"}, weight_transfer="hccl")
 
     def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
         """HCCL's connect and execution timeouts of at least 1800 s (Ascend's advice for FSDP), or the group's

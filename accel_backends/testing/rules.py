@@ -266,6 +266,30 @@ def check_distributed(backend: DeviceBackend, nproc: int) -> str:
             f"{backend.device()}")
 
 
+def check_all_to_all(backend: DeviceBackend, nproc: int) -> str:
+    """A group made by ``new_group`` of every rank; ``all_to_all`` sends chunk ``i`` to rank ``i`` (sequence
+    parallelism's exchange); ``sequence_parallel_facts()`` is well formed."""
+    import torch.distributed as dist
+
+    from ..base import SequenceParallelFacts
+
+    facts = backend.sequence_parallel_facts()
+    require(isinstance(facts, SequenceParallelFacts), f"sequence_parallel_facts() returned {facts!r}")
+    require(isinstance(facts.head_multiple, int) and facts.head_multiple >= 1,
+            f"sequence_parallel_facts().head_multiple must be an int >= 1, got {facts.head_multiple!r}")
+    if facts.unsupported:
+        raise RuleSkipped(f"the backend says sequence parallelism cannot run: {facts.unsupported}")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    group = backend.new_group(list(range(world)))
+    # Rank r sends 100 * r + i to rank i, three values each: rank r must receive 100 * i + r from every rank i.
+    send = (100.0 * rank + torch.arange(world, dtype=torch.float32)).repeat_interleave(3).to(backend.device())
+    received = torch.empty_like(send)
+    backend.all_to_all(received, send, group)
+    want = (100.0 * torch.arange(world, dtype=torch.float32) + rank).repeat_interleave(3)
+    require(torch.equal(received.cpu(), want), f"all_to_all() gave {received.cpu().tolist()}, expected {want.tolist()}")
+    return f"all_to_all over a {world}-rank group from new_group() right on {backend.device()}"
+
+
 DEVICE_RULES: tuple[Rule, ...] = (
     Rule("attributes", "class attributes name, device_type, dist_backend, priority... are well formed",
          check_attributes),
@@ -277,4 +301,6 @@ DEVICE_RULES: tuple[Rule, ...] = (
     Rule("rng", "rng_state()/set_rng_state() and manual_seed() reproduce the draws", check_rng),
     Rule("distributed", "init_distributed() joins a multi-process group whose all-reduce is right", check_distributed,
          multi_process=True),
+    Rule("all-to-all", "new_group() and all_to_all() exchange chunks between ranks (sequence parallelism)",
+         check_all_to_all, multi_process=True),
 )

@@ -14,6 +14,9 @@ Scenarios (``--scenarios``, default all):
                peak memory per token budget
   sft          one accel-sft step at 8 micro-batches per rank: packed deferred / packed every-micro-batch sync /
                padded, interleaved: step time, supervised tokens per second; activations per token budget
+  sequence_parallel
+               one long sequence's forward/backward at sp=1 and sp=2 (--sp-tokens), interleaved: time, the
+               all-to-all exchange's time and bytes, activations and peak memory per rank (needs an even --nproc)
 
 --grpo-case long (grpo and packing) runs a model whose responses spread over 1..128 tokens (make-tiny-model
 --hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos, written to a temporary directory) on
@@ -32,12 +35,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout, sft
+from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout, sequence_parallel, sft
 from .common import release
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
-             "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run}
+             "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run,
+             "sequence_parallel": sequence_parallel.run}
 GRPO_SCENARIOS = ("grpo", "packing")
 # The long-response case: the model make-tiny-model writes with these settings, and the work around it.
 LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
@@ -141,6 +145,10 @@ def build_parser() -> argparse.ArgumentParser:
     grpo.add_argument("--grpo-model-dir", type=Path, help="a model directory (sets model.path) for grpo and packing")
     grpo.add_argument("--packing-budgets", type=_positive_list, default=[256, 512, 1024, 2048],
                       help="token budgets whose update peak memory the packing scenario measures")
+    sp = parser.add_argument_group("sequence_parallel")
+    sp.add_argument("--sp-tokens", type=_positive_list, default=[8192, 16384],
+                    help="sequence lengths of the sequence_parallel scenario (each run at sp=1 and sp=2)")
+    sp.add_argument("--sp-repeats", type=_positive, default=2, help="timed passes per variant and length")
     return parser
 
 

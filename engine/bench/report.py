@@ -132,8 +132,29 @@ def print_sft(s: dict) -> None:
     _print_budgets(s["peak_by_budget"])
 
 
+def print_sequence_parallel(s: dict) -> None:
+    if "skipped" in s:
+        print(f"\n== sequence parallelism: skipped, {s['skipped']} ==")
+        return
+    model = s["model"]
+    print(f"\n== sequence parallelism (one sequence's forward+backward, {s['world_size']} ranks; hidden "
+          f"{model['hidden']}, {model['layers']} layers, {model['heads']} heads / {model['kv_heads']} KV) ==")
+    print(f"  {'tokens':>7} {'sp':>3} {'fwd+bwd':>30} {'exchange':>12} {'share':>6} {'MiB sent':>9} "
+          f"{'activations MiB':>16} {'peak MiB':>9}  (per rank)")
+    for tokens, per in s["tokens"].items():
+        for name in ("sp1", "sp2"):
+            row = per[name]
+            print(f"  {tokens:>7} {name[2:]:>3} {_ms(row):>30} {row['exchange']['median_ms']:9.1f} ms "
+                  f"{row['exchange_share']:6.1%} {row['exchange_mib']:9.1f} {row['activation_mib']:16.1f} "
+                  f"{_mib(None if row['peak_above_start_mib'] is None else row['peak_above_start_mib'] * 2**20):>9}")
+        r = per["sp2_over_sp1"]
+        peak = "n/a" if r["peak"] is None else f"{r['peak']:.2f}"
+        print(f"  {tokens:>7} sp2 / sp1: time {r['time']:.2f}, activations {r['activations']:.2f}, peak {peak}")
+
+
 PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
-            "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft}
+            "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
+            "sequence_parallel": print_sequence_parallel}
 
 
 def print_result(result: dict) -> None:

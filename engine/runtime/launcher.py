@@ -34,6 +34,7 @@ from accel_backends.spawn import LocalJob, QuietExit, RankOutcome, free_port
 from . import stop
 from .phase_labels import phase_of
 from .stop import install_stop_handlers, stop_requested
+from .teardown import OneLineError, run_group_end_callbacks
 
 DEFAULT_GRACE_S = 60.0  # how long workers get to reach a safe point (and save) after SIGINT/SIGTERM
 
@@ -127,8 +128,8 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
         if isinstance(exc, Interrupted):
             raise
         where = f" in phase {phase_of(exc)}" if phase_of(exc) else ""
-        raise WorkerFailed(f"rank 0 failed{where}: {type(exc).__name__}: {exc}".strip(),
-                           {0: traceback.format_exc()}) from exc
+        trace = None if isinstance(exc, OneLineError) else traceback.format_exc()
+        raise WorkerFailed(f"rank 0 failed{where}: {type(exc).__name__}: {exc}".strip(), {0: trace}) from exc
     finally:
         _end_group_made_since(group_before)
         for signum, handler in saved_handlers.items():
@@ -158,13 +159,16 @@ def _end_group_made_since(group_before: bool) -> None:
 
 
 def _call_stoppable(fn: Callable[..., Any], args: tuple) -> Any:
-    """``fn(*args)`` in this process; a stop by SIGINT/SIGTERM (at once, or at a safe point) ends as Interrupted."""
+    """``fn(*args)`` in this process; a stop by SIGINT/SIGTERM (at once, or at a safe point) ends as Interrupted.
+    What must close while the process group exists (``teardown.at_group_end``) closes when ``fn`` ends."""
     try:
         result = fn(*args)
     except KeyboardInterrupt:
         if not stop_requested():
             raise
         raise Interrupted(stop_requested()) from None
+    finally:
+        run_group_end_callbacks()
     if stop_requested():
         raise Interrupted(stop_requested())
     return result
@@ -218,7 +222,7 @@ def _stoppable(fn: Callable[..., Any], args: tuple) -> Any:
 
 
 def _phase_details(exc: BaseException) -> dict:
-    return {"phase": phase_of(exc)}
+    return {"phase": phase_of(exc), "one_line": isinstance(exc, OneLineError)}
 
 
 def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str]]:
@@ -241,4 +245,4 @@ def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple
                          "or a crash in native code: see its output above)")
     if len(lines) > 1:
         lines[1:] = ["then " + line for line in lines[1:]]
-    return "; ".join(lines), {o.rank: o.traceback for o in raised}
+    return "; ".join(lines), {o.rank: o.traceback for o in raised if not o.details.get("one_line")}

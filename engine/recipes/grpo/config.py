@@ -249,6 +249,10 @@ def _batch_problems(config: GRPOConfig, world_size: int) -> list[str]:
     """Step, update and micro-batch sizes that cannot work (the values are positive integers here)."""
     problems = []
     t, r = config.train, config.rollout
+    sp = config.engine.get("sequence_parallel_size", 1)
+    if str(sp) != "1":  # the engine splits sequences (docs/sequence-parallel.md); this trainer's losses do not yet
+        problems.append(f"engine.sequence_parallel_size={sp}: accel-grpo does not compute its loss on sequence "
+                        "slices yet (the engine does; the trainer's part of issue 30 is to come): use 1")
     if t.prompts_per_step % world_size:
         problems.append(f"train.prompts_per_step={t.prompts_per_step} does not divide over {world_size} ranks")
     if t.mini_batch_size is not None and t.prompts_per_update is not None:

@@ -101,6 +101,10 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     """Every problem that can be found from the options alone, as sentences (the data is checked next)."""
     problems = []
     d, t, r = config.data, config.train, config.run
+    sp = config.engine.get("sequence_parallel_size", 1)
+    if str(sp) != "1":  # the engine splits sequences (docs/sequence-parallel.md); this trainer's losses do not yet
+        problems.append(f"engine.sequence_parallel_size={sp}: accel-sft does not compute its loss on sequence "
+                        "slices yet (the engine does; the trainer's part of issue 30 is to come): use 1")
     if config.model.path is None:
         problems.append(missing_model(config.preset))
     elif config.model.path != DEMO_MODEL:

@@ -102,6 +102,10 @@ class RolloutEngine:
         memory here (vLLM's sleep mode); ``load_weights`` (or the next ``generate``) brings it back. Default:
         nothing."""
 
+    def close(self) -> None:
+        """Release what the engine holds (processes, servers, collectives). Called once when the rank's work ends,
+        failed or not, while the process group still exists. Default: nothing."""
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Take the policy's full weights, ``(name, tensor)`` one at a time (each valid only until the next one
         is drawn: copy it). Names are the model's own (``model.layers.0.mlp.up_proj.weight``; LoRA merged in).

@@ -12,4 +12,4 @@ from .hf_continuous import ContinuousRolloutEngine
 def register_rollout_engines(register):
     register("hf", HFRolloutEngine)
     register("hf-continuous", ContinuousRolloutEngine)
-    register("vllm", "engine.rollout.engines.vllm:VLLMRolloutEngine")  # imported only when chosen
+    register("vllm", "engine.rollout.vllm_server.mode:create_vllm_engine")  # imported only when chosen

@@ -13,6 +13,7 @@ import dataclasses
 import accel_backends
 from accel_backends import registry as backend_registry
 from accel_backends.names import did_you_mean
+from engine.runtime import OneLineError, at_group_end
 
 from ...object_loader import load_object
 from . import builtin, hookspecs  # noqa: F401 - hookspecs adds register_rollout_engines to the plugin manager
@@ -21,8 +22,9 @@ from .base import RolloutContext, RolloutEngine
 BUILTIN_PLUGIN = "builtin.rollout_engines"
 
 
-class RolloutEngineError(ValueError):
-    """A rollout engine that cannot be used: unknown, failed to load, or broke the interface's contract."""
+class RolloutEngineError(OneLineError, ValueError):
+    """A rollout engine that cannot be used: unknown, failed to load, failed inside, or broke the interface's
+    contract. Its message is complete: a run that ends on it reports that one line, without a traceback."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,4 +97,5 @@ def create_rollout_engine(name: str, context: RolloutContext) -> RolloutEngine:
         raise RolloutEngineError(f"rollout engine {name!r} built {type(engine).__name__}, not a RolloutEngine: "
                                  "subclass engine.rollout.engines.RolloutEngine")
     engine.name = name
+    at_group_end(engine.close)  # an engine with collectives of its own closes before the process group goes
     return engine

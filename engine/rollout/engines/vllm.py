@@ -60,6 +60,30 @@ def request_seeds(seed: int, prompts: int, n: int) -> list[int]:
     return [(seed + index * n) % _SEED_RANGE for index in range(prompts)]
 
 
+def sampling_fields(sampling: SamplingConfig) -> dict:
+    """vLLM's sampling parameters for every ``SamplingConfig`` field (a seed added per prompt): the colocated
+    engine's ``SamplingParams`` and the server engine's JSON alike."""
+    want_log_probs = sampling.log_probs and not sampling.greedy
+    fields = {"n": sampling.n, "max_tokens": sampling.max_new_tokens, "stop_token_ids": list(sampling.eos_token_ids),
+              "detokenize": False, "logprobs": 0 if want_log_probs else None, "repetition_penalty": 1.0}
+    if sampling.greedy:
+        fields.update(temperature=0.0)
+    else:
+        fields.update(temperature=sampling.temperature, top_p=sampling.top_p,
+                      top_k=sampling.top_k if sampling.top_k > 0 else 0)
+    return fields
+
+
+def model_directory(context, rank: int) -> tuple[Path, str]:
+    """The policy's own model directory and load format ``auto`` (weights read from it), or a scratch directory
+    with its ``config.json`` only and ``dummy`` (the first weight push brings the weights)."""
+    if isinstance(context.model, (str, Path)) and (Path(context.model) / "config.json").is_file():
+        return Path(context.model), "auto"
+    scratch = Path(tempfile.mkdtemp(prefix=f"accel-vllm-model-{rank}-"))
+    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
+    return write_model_config(context.policy.module, scratch), "dummy"
+
+
 def write_model_config(module, directory: Path) -> Path:
     """``config.json`` of the Hugging Face model inside ``module`` (a policy's, possibly wrapped), for vLLM."""
     from transformers import PreTrainedModel
@@ -149,12 +173,7 @@ class VLLMRolloutEngine(RolloutEngine):
     # -- start --------------------------------------------------------------------------------------------------
 
     def _model_directory(self, context) -> tuple[Path, str]:
-        """The policy's own model directory (weights read from it), or a scratch one with its config only."""
-        if isinstance(context.model, (str, Path)) and (Path(context.model) / "config.json").is_file():
-            return Path(context.model), "auto"
-        scratch = Path(tempfile.mkdtemp(prefix=f"accel-vllm-model-{self.rank}-"))
-        atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-        return write_model_config(context.policy.module, scratch), "dummy"
+        return model_directory(context, self.rank)
 
     def llm_arguments(self, model_dir: Path, load_format: str) -> dict:
         """``LLM(...)``'s arguments: the engine's own, ``rollout.vllm.*`` and its ``llm_args`` pass-through."""
@@ -189,23 +208,26 @@ class VLLMRolloutEngine(RolloutEngine):
             dist.all_gather_object(parts, (prompts, seed), group=self.group)
             prompts, seed, slices = share_prompts(parts)
             mine = slices[dist.get_rank(self.group)]
-        outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                    self.sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+        try:
+            outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
+                                        self.sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+        except Exception as exc:  # vLLM's own error, said as one line (its traceback means nothing to a user)
+            raise RolloutEngineError(f"rollout engine 'vllm' failed to generate: {one_line(exc)}") from None
         return responses_from(outputs[mine], sampling)
+
+    def close(self) -> None:
+        """Shut vLLM down now, while the process group it shares still exists (at the interpreter's exit it would
+        tear down a group the launcher already destroyed: ``Invalid process group specified``)."""
+        llm, self.llm = getattr(self, "llm", None), None
+        core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+        if core is not None:
+            core.shutdown()
 
     def sampling_params(self, sampling: SamplingConfig, prompts: int, seed: int) -> list:
         """One ``SamplingParams`` per prompt: every ``SamplingConfig`` field, each prompt its own seed."""
         from vllm import SamplingParams
 
-        want_log_probs = sampling.log_probs and not sampling.greedy
-        common = {"n": sampling.n, "max_tokens": sampling.max_new_tokens,
-                  "stop_token_ids": list(sampling.eos_token_ids), "detokenize": False,
-                  "logprobs": 0 if want_log_probs else None, "repetition_penalty": 1.0}
-        if sampling.greedy:
-            common.update(temperature=0.0)
-        else:
-            common.update(temperature=sampling.temperature, top_p=sampling.top_p,
-                          top_k=sampling.top_k if sampling.top_k > 0 else 0)
+        common = sampling_fields(sampling)
         return [SamplingParams(seed=s, **common) for s in request_seeds(seed, prompts, sampling.n)]
 
     # -- weights and memory -------------------------------------------------------------------------------------
@@ -251,6 +273,12 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as ``Type: first line of its message`` (vLLM's messages can run over many lines)."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
 
 
 def _shared_memory() -> set[str]:

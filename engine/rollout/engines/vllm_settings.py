@@ -36,6 +36,16 @@ class VLLMConfig:
     enforce_eager: bool = True  # no graph capture or compilation: starts in seconds; false on GPUs for speed
     dtype: str | None = None  # null: the dtype the trainer computes in (its weights are pushed in that dtype)
     llm_args: dict = dataclasses.field(default_factory=dict)  # other LLM(...) arguments, passed as they are
+    # Server mode (engine/rollout/vllm_server): vLLM in separate servers, reached over HTTP, weights pushed over
+    # the device's collective library (the backend's inference_engine_facts().weight_transfer).
+    mode: str = "colocate"  # colocate: an engine in every trainer rank; server: separate vLLM servers
+    servers: int | None = None  # local servers the run starts and stops (null: 1, or 0 when server_urls are given)
+    server_urls: list = dataclasses.field(default_factory=list)  # running servers' base URLs (http://host:port)
+    server_port: int = 0  # the first local server's port, the next ones follow; 0: free ports
+    server_devices: list = dataclasses.field(default_factory=list)  # each local server's visible devices ("2,3")
+    server_args: dict = dataclasses.field(default_factory=dict)  # other api_server arguments (--key value)
+    server_start_timeout_s: float = 600.0  # how long local servers may take to answer /health
+    weight_transfer_address: str | None = None  # where servers reach the trainer for weights (null: 127.0.0.1)
 
 
 def quiet_vllm_logging() -> None:
@@ -65,7 +75,7 @@ def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int 
     tp = settings.tensor_parallel_size
     if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
         problems.append(f"rollout.vllm.tensor_parallel_size must be a positive integer, got {tp!r}")
-    elif world_size % tp:
+    elif world_size % tp and settings.mode != "server":  # a server's tensor-parallel group is its own
         problems.append(f"rollout.vllm.tensor_parallel_size={tp} does not divide the {world_size} ranks: each "
                         f"engine spans {tp} consecutive ranks; choose a divisor of {world_size} or change nproc")
     share = settings.gpu_memory_utilization
@@ -148,8 +158,15 @@ def check_head_size(model_config, minimum: int) -> list[str]:
 def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) -> list[str]:
     """Everything wrong with ``rollout.engine=vllm`` for ``config`` (a ``GRPOConfig``), before any worker starts.
     ``facts``: the backend's ``inference_engine_facts()`` (for the package to name)."""
-    problems = check_settings(config.rollout.vllm, world_size, longest_sequence)
+    from engine.rollout.vllm_server.settings import server_problems
+
+    settings = config.rollout.vllm
+    problems = check_settings(settings, world_size, longest_sequence) + server_problems(settings, facts)
     problems += check_head_size(config.model, facts.min_head_size)
+    if settings.mode == "server" and settings.server_urls and not problems:
+        from engine.rollout.vllm_server.settings import unreachable_servers
+
+        return unreachable_servers(settings.server_urls)  # the servers have their own vLLM
     if not vllm_installed():
         return [missing_vllm_message(facts.package)] + problems
     if not problems and config.model.path and not str(config.model.path).startswith("builtin:"):

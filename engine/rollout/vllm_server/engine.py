@@ -1,0 +1,151 @@
+"""``rollout.engine=vllm`` with ``rollout.vllm.mode=server``: sampling in separate vLLM servers, over HTTP.
+
+Rank 0 starts the local servers (``rollout.vllm.servers``, ``manager.py``) or takes running ones
+(``rollout.vllm.server_urls``) and tells every rank their URLs; every rank sends its own prompts, spread over the
+servers, as token ids and gets token ids and the sampled tokens' log-probs back (``/inference/v1/generate``; the
+same sampling parameters as the colocated engine, a seed per prompt). After every update the policy's weights go
+to the servers through the device's weight-transfer engine (``pusher.py``): rank 0 sends, every rank gathers one
+sharded unit at a time, LoRA merged. Synchronous: a push finishes, and every server reports its version, before
+any rank samples again (staleness 0).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from engine.rollout.engines.base import Responses, RolloutEngine, SamplingConfig
+from engine.rollout.engines.registry import RolloutEngineError
+from engine.rollout.engines.vllm import (
+    _SEED_RANGE,
+    DTYPE_NAMES,
+    CheckedWeights,
+    expected_weights,
+    model_directory,
+    request_seeds,
+    sampling_fields,
+)
+
+from .client import ServerClient
+from .manager import ServerManager
+from .model_signature import signature_of
+from .plan import server_options, server_specs
+from .pusher import WeightPusher
+
+MAX_REQUESTS_IN_FLIGHT = 64  # per rank: enough for a server to batch, few enough threads
+
+
+class VLLMServerRolloutEngine(RolloutEngine):
+    receives_weights = True
+
+    def __init__(self, context) -> None:
+        super().__init__(context)
+        policy = context.policy
+        self.settings = context.config.vllm
+        self.facts = policy.backend.inference_engine_facts()
+        self.rank, self.world_size = policy.rank, policy.world_size
+        self.manager: ServerManager | None = None
+        model_dir, load_format = model_directory(context, self.rank)
+        self.expected = expected_weights(model_dir)
+        urls = None
+        if self.rank == 0:
+            urls = list(self.settings.server_urls) or self._start_servers(model_dir, load_format)
+        urls = _from_rank_0(urls)
+        self.clients = [ServerClient(url, self.settings.server_start_timeout_s) for url in urls]
+        workers = [self._workers(client) for client in self.clients] if self.rank == 0 else [0] * len(urls)
+        from transformers import AutoConfig
+
+        self.pusher = WeightPusher(self.clients, workers, self.settings.weight_transfer_address or "127.0.0.1",
+                                   signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
+                                   engine=self.facts.weight_transfer, settings=self.facts.weight_transfer_settings)
+        self.pusher.connect()
+
+    # -- servers ------------------------------------------------------------------------------------------------
+
+    def _start_servers(self, model_dir: Path, load_format: str) -> list[str]:
+        from accel_backends.spawn import free_port
+
+        policy = self.context.policy
+        dtype = DTYPE_NAMES.get(getattr(policy, "compute_dtype", torch.float32), "float32")
+        options = server_options(self.settings, self.facts, dtype, load_format, self.context.max_sequence_tokens)
+        specs = server_specs(self.settings, self.facts, policy.backend.visible_devices_env, options, free_port)
+        log_dir = tempfile.mkdtemp(prefix="accel-vllm-servers-")  # named in any error about a server
+        self.manager = ServerManager(model_dir, specs, log_dir, self.settings.server_start_timeout_s,
+                                     remove_logs=True)
+        return self.manager.start()
+
+    def _workers(self, client: ServerClient) -> int:
+        """The server's workers (tensor x pipeline parallel): its weight group's members after the trainer."""
+        answer = client.call("GET", "/get_world_size", query={"include_dp": "false"})
+        return int(answer["world_size"] if isinstance(answer, dict) else answer)
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.stop()
+            self.manager = None
+
+    # -- sampling -----------------------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
+        self.pusher.check_version()
+        seed = int(torch.randint(0, _SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
+        fields = sampling_fields(sampling)
+        seeds = request_seeds(seed, len(prompts), sampling.n)
+
+        def one(index: int) -> list[dict]:
+            client = self.clients[(index + self.rank) % len(self.clients)]
+            return client.generate(prompts[index], {**fields, "seed": seeds[index]})
+
+        with ThreadPoolExecutor(max_workers=max(1, min(MAX_REQUESTS_IN_FLIGHT, len(prompts)))) as pool:
+            choices = [choice for answer in pool.map(one, range(len(prompts))) for choice in answer]
+        return responses_from_choices(choices, sampling)
+
+    # -- weights ------------------------------------------------------------------------------------------------
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Push under the next version; every rank waits until the servers have it before sampling again."""
+        self.pusher.push(self._checked(weights) if self.rank == 0 else weights)
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+
+    def _checked(self, weights) -> Iterator[tuple[str, torch.Tensor]]:
+        """Names and shapes checked before each tensor goes, and none missing before the push is closed."""
+        checked = CheckedWeights(weights, self.expected)
+        yield from checked
+        missing = checked.missing()
+        if missing:
+            raise RolloutEngineError(f"rollout engine 'vllm' received no weight for {', '.join(missing[:3])}"
+                                     f"{' and others' if len(missing) > 3 else ''}")
+
+
+def _from_rank_0(value):
+    """``value`` as rank 0 has it, on every rank."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def responses_from_choices(choices: list[dict], sampling: SamplingConfig) -> Responses:
+    """The servers' choices (``n`` per prompt, in prompt order) as right-padded ``Responses``."""
+    width = max([len(c["token_ids"]) for c in choices] + [1])
+    ids = torch.zeros(len(choices), width, dtype=torch.long)
+    mask = torch.zeros(len(choices), width, dtype=torch.long)
+    want_log_probs = sampling.log_probs and not sampling.greedy
+    log_probs = torch.zeros(len(choices), width) if want_log_probs else None
+    for row, choice in enumerate(choices):
+        tokens = choice["token_ids"]
+        ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        mask[row, :len(tokens)] = 1
+        if log_probs is not None:
+            log_probs[row, :len(tokens)] = torch.tensor([entry["logprob"] for entry in choice["logprobs"]["content"]])
+    return Responses(token_ids=ids, mask=mask, tokens_computed=int(mask.sum()), log_probs=log_probs)

@@ -1,0 +1,132 @@
+"""The trainer's side of weight pushes into vLLM servers: one weight group per server, versioned pushes.
+
+``connect`` opens, for every server, a weight group (``gloo_wire``) with the trainer's rank 0 as its rank 0 and the
+server's workers after it, through the server's ``/init_weight_transfer_engine`` (the worker checks there that it
+serves the trainer's model). ``push`` pauses every server (``keep``: requests in flight wait), starts the update,
+streams the weights one tensor at a time, each drawn just before it goes (the policy gathers one sharded unit at a
+time: never a full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the
+weights too (drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they
+never sample from a part-old, part-new model; the error says so.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+import torch
+
+from . import gloo_wire
+from .client import ServerClient, ServerError
+
+
+def _in_thread(work: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
+    """``work`` started in a thread; the list receives its exception, if any."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            errors.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+def _joined(threads: list[tuple[threading.Thread, list[BaseException]]], timeout_s: float) -> None:
+    """Wait for every thread; raise the first error (a thread still running after ``timeout_s`` is one)."""
+    for thread, errors in threads:
+        thread.join(timeout_s)
+        if thread.is_alive():
+            raise ServerError(f"a vLLM server did not answer within {timeout_s:g} s during a weight push")
+        if errors:
+            raise errors[0]
+
+
+class WeightPusher:
+    """Pushes from the trainer's rank 0 (``sender``) to ``clients``; ``workers[i]``: server i's worker count
+    (its tensor-parallel size). ``address``: where the servers reach this process (its weight groups' stores)."""
+
+    def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
+                 sender: bool, engine: str = "gloo", settings: dict | None = None,
+                 free_port: Callable[[], int] | None = None) -> None:
+        self.clients, self.workers, self.address = clients, workers, address
+        self.signature, self.sender, self.engine = signature, sender, engine
+        self.settings = dict(settings or {})  # the device's weight-group settings, sent with the init info
+        self.timeout_s = float(self.settings.get("timeout_s", 600.0))
+        self.free_port = free_port
+        self.groups: list = []
+        self.version = 0  # the version the servers report once a push finished; 0: none yet
+
+    def connect(self) -> None:
+        """Open one weight group per server (rank 0 only); a server lacking the engine or serving another model
+        is named here, before any training."""
+        if not self.sender:
+            return
+        from accel_backends.spawn import free_port
+
+        for client, workers in zip(self.clients, self.workers, strict=True):
+            port = (self.free_port or free_port)()
+            size = 1 + workers
+            info = {**self.settings, "master_address": self.address, "master_port": port, "rank_offset": 1,
+                    "world_size": size, "model_signature": self.signature}
+            try:  # first the check alone: a refusal must not leave this side waiting for the group
+                client.init_weight_transfer_engine({**info, "check_only": True})
+            except ServerError as exc:
+                raise ServerError(self._refusal(exc)) from None
+            store = gloo_wire.host_store(self.address, port, size, self.timeout_s)
+            joining = _in_thread(lambda c=client, i=info: c.init_weight_transfer_engine(i))
+            opened: list = []
+            opening = _in_thread(lambda s=store, p=port, n=size, box=opened: box.append(
+                gloo_wire.open_group(self.address, p, 0, n, self.timeout_s, store=s)))
+            joining[0].join(self.timeout_s)
+            if joining[1]:  # the server failed to join after the check passed
+                raise ServerError(self._refusal(joining[1][0]))
+            _joined([opening], self.timeout_s)
+            self.groups.append(opened[0])
+
+    def _refusal(self, exc: BaseException) -> str:
+        """The server's refusal of the handshake, with what to do unless it says so itself (another model)."""
+        text = str(exc)
+        if "runs another model" in text:
+            return text
+        return (f"{text}: the server needs the {self.engine!r} weight-transfer engine: start it with "
+                f"--weight-transfer-config '{{\"backend\": \"{self.engine}\"}}' and VLLM_SERVER_DEV_MODE=1, from a "
+                "Python where this package is installed (it registers the engine through vllm.general_plugins)")
+
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+        """Send every ``(name, tensor)`` of ``weights`` to every server under the next version; returns the
+        version's number. Every rank calls it and consumes ``weights``."""
+        version = self.version + 1
+        if not self.sender:
+            for _ in weights:
+                pass
+            self.version = version
+            return version
+        for client in self.clients:
+            client.pause("keep")
+            client.start_weight_update()
+        receiving = [_in_thread(lambda c=c: c.update_weights({"version": str(version)})) for c in self.clients]
+        try:
+            for name, tensor in weights:
+                gloo_wire.send(self.groups, name, tensor)
+            gloo_wire.send_end(self.groups)
+            _joined(receiving, self.timeout_s)
+        except Exception as exc:
+            raise ServerError(f"a weight push to the vLLM servers failed half-way ({type(exc).__name__}: {exc}); "
+                              "they stay paused with part of the new weights and must be restarted") from None
+        for client in self.clients:
+            client.finish_weight_update(str(version))
+            client.resume()
+        self.version = version
+        return version
+
+    def check_version(self) -> None:
+        """Every server reports the last pushed version (a sample never comes from a half-updated model)."""
+        for client in self.clients:
+            reported = client.weight_version()
+            if self.version and reported != str(self.version):
+                raise ServerError(f"vLLM server {client.url} reports weight version {reported!r}, the trainer pushed "
+                                  f"{self.version}: another trainer or a restart changed its weights")

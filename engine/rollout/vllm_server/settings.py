@@ -1,0 +1,56 @@
+"""The checks of ``rollout.vllm.*``'s server-mode settings, in the launching process before any worker starts."""
+
+from __future__ import annotations
+
+MODES = ("colocate", "server")
+TRAINER_SIDE_ENGINES = ("gloo",)  # weight-transfer engines this package can push into from the trainer
+
+
+def local_servers(settings) -> int:
+    """How many servers the run starts: ``servers``, or 1 without ``server_urls`` and 0 with them."""
+    if settings.servers is not None:
+        return settings.servers
+    return 0 if settings.server_urls else 1
+
+
+def server_problems(settings, facts) -> list[str]:
+    """Problems with the server-mode keys, as sentences (none in colocate mode but a bad ``mode``)."""
+    if settings.mode not in MODES:
+        return [f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"]
+    if settings.mode != "server":
+        return []
+    problems = []
+    servers, urls = settings.servers, settings.server_urls
+    if servers is not None and (not isinstance(servers, int) or isinstance(servers, bool) or servers < 0):
+        problems.append(f"rollout.vllm.servers must be a non-negative integer or null, got {servers!r}")
+    if not isinstance(urls, list) or not all(isinstance(u, str) and u.startswith(("http://", "https://"))
+                                             for u in urls):
+        problems.append(f"rollout.vllm.server_urls must be a list of base URLs (http://host:port), got {urls!r}")
+    elif servers and urls:
+        problems.append("rollout.vllm.servers and rollout.vllm.server_urls are both set: start servers here "
+                        "(servers) or connect to running ones (server_urls), not both")
+    elif servers == 0 and not urls:
+        problems.append("rollout.vllm.mode=server with rollout.vllm.servers=0 needs rollout.vllm.server_urls")
+    devices = settings.server_devices
+    if devices and (not isinstance(devices, list) or len(devices) != local_servers(settings)):
+        problems.append(f"rollout.vllm.server_devices must list one entry per local server "
+                        f"({local_servers(settings)}), got {devices!r}")
+    port = settings.server_port
+    if not isinstance(port, int) or not 0 <= port < 65536:
+        problems.append(f"rollout.vllm.server_port must be a port number (0: free ports), got {port!r}")
+    if not isinstance(settings.server_args, dict):
+        problems.append(f"rollout.vllm.server_args must be a mapping of api_server arguments, got "
+                        f"{settings.server_args!r}")
+    if facts.weight_transfer not in TRAINER_SIDE_ENGINES:
+        problems.append(f"rollout.vllm.mode=server: this device's weight-transfer engine is "
+                        f"{facts.weight_transfer!r}, and the trainer can push only into "
+                        f"{', '.join(TRAINER_SIDE_ENGINES)} so far: use rollout.vllm.mode=colocate here")
+    return problems
+
+
+def unreachable_servers(urls: list[str]) -> list[str]:
+    """A sentence for each server in ``urls`` that does not answer ``/health``."""
+    from .client import ServerClient
+
+    return [f"rollout.vllm.server_urls: the vLLM server at {url} is unreachable (no answer to /health): start it, "
+            "or correct the URL" for url in urls if not ServerClient(url).healthy()]

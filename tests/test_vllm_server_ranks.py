@@ -1,0 +1,251 @@
+"""rollout.vllm.mode=server for real (the vLLM leg, ci/test-vllm.sh): vLLM's CPU build as separate servers, weights
+pushed over the gloo weight-transfer engine that this package registers inside them (vllm.general_plugins).
+
+One server, shared by the module (started by the same plan the engine uses), takes pushes from FSDP2 and LoRA
+policies on 1 and 2 trainer ranks: its log-probs of fixed token sequences equal the trainer's after a push and
+differ before it (so the check can fail), its sampled tokens' log-probs equal the trainer's, it reports every
+pushed version, and a server serving another model is refused before any weight is sent. accel-grpo then runs
+steps on 2 ranks with a server it starts itself until a Ctrl-C (the step is saved, the server stopped), and a run
+whose server is killed mid-run ends within a bounded time with one line naming it and no process left behind.
+Skipped where vLLM is not importable.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import REPO
+from distributed import run_ranks
+
+# The leg's marks and skip, the vLLM environment and the model size: as the colocated engine's tests.
+from test_vllm_engine_ranks import ENV, HIDDEN, pytestmark  # noqa: F401 - pytestmark: pytest reads it here
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    from engine.grpo.fixture import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("served-model"), hidden_size=HIDDEN, layers=2, eos_bias=0.0)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir, tmp_path_factory):
+    """One vLLM server with the gloo weight-transfer engine, as the engine would start it."""
+    from accel_backends.backends.cpu import CPUBackend
+    from accel_backends.spawn import free_port
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+    from engine.rollout.vllm_server.manager import ServerManager
+    from engine.rollout.vllm_server.plan import server_options, server_specs
+
+    settings = VLLMConfig(mode="server", kv_cache_gib=1.0)
+    facts = CPUBackend().inference_engine_facts()
+    options = server_options(settings, facts, "float32", "auto", 128)
+    manager = ServerManager(model_dir, server_specs(settings, facts, None, options, free_port),
+                            tmp_path_factory.mktemp("server-logs"))
+    started = time.perf_counter()
+    (url,) = manager.start()
+    print(f"server ready in {time.perf_counter() - started:.1f} s")
+    yield url
+    manager.stop()
+
+
+def _server_log_probs(client, batch):
+    """The server's log-probs of each response token of ``batch`` as a fixed sequence (temperature 1)."""
+    import torch
+
+    rows, width, start = len(batch), batch.response_ids.size(1), batch.prompt_length
+    result = torch.zeros(rows, width)
+    for row in range(rows):
+        sequence = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
+        answer = client.call("POST", "/inference/v1/generate", {
+            "token_ids": sequence, "output_mode": "tokens",
+            "sampling_params": {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0, "detokenize": False}})
+        prompt_length = int(batch.attention_mask[row, :start].sum())
+        for t in range(int(batch.response_mask[row].sum())):
+            entry = answer["prompt_logprobs"][prompt_length + t]
+            result[row, t] = entry[str(sequence[prompt_length + t])]["logprob"]
+    return result
+
+
+def _push_checks(rank, model_dir, url):
+    import time
+
+    import torch
+    from test_vllm_engine_ranks import _big_update, _largest_gap, _trainer_log_probs
+    from transformers import AutoTokenizer
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout import eos_token_ids, rollout, sync_weights
+    from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+
+    out = {}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(mode="server", server_urls=[url]))
+    engine = create_rollout_engine("vllm", RolloutContext(policy, tokenizer, str(model_dir), config, 96))
+    client = engine.clients[0]
+    started = time.perf_counter()
+    sync_weights(policy, engine)
+    out["push_s"] = [time.perf_counter() - started]
+    eos = tuple(eos_token_ids(policy.module, tokenizer))
+    prompts = [f"how many apples does {name} have {rank}" for name in ("Tom", "Maria", "Sam")]
+
+    sampled = SamplingConfig(n=4, max_new_tokens=16, eos_token_ids=eos, temperature=0.7, top_k=20, top_p=0.8,
+                             log_probs=True)
+    torch.manual_seed(1234 + rank)
+    batch = rollout(engine, tokenizer, prompts, sampled)
+    mask = batch.response_mask.float()
+    out["tokens"] = int(mask.sum())
+    out["sampled_gap"] = _largest_gap(batch.sampling_log_probs, _trainer_log_probs(policy, batch, 0.7, 20, 0.8), mask)
+
+    server_before = _server_log_probs(client, batch)
+    out["before_gap"] = _largest_gap(server_before, _trainer_log_probs(policy, batch), mask)
+    _big_update(policy, batch)
+    trainer_after = _trainer_log_probs(policy, batch)
+    out["stale_gap"] = _largest_gap(_server_log_probs(client, batch), trainer_after, mask)
+    started = time.perf_counter()
+    sync_weights(policy, engine)
+    out["push_s"].append(time.perf_counter() - started)
+    server_after = _server_log_probs(client, batch)
+    out["after_gap"] = _largest_gap(server_after, trainer_after, mask)
+    out["moved"] = _largest_gap(server_after, server_before, mask)
+
+    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
+    _big_update(lora, batch)
+    lora_log_probs = _trainer_log_probs(lora, batch)
+    sync_weights(lora, engine)
+    out["lora_gap"] = _largest_gap(_server_log_probs(client, batch), lora_log_probs, mask)
+    out["lora_moved"] = _largest_gap(lora_log_probs, trainer_after, mask)
+    out["versions"] = (engine.pusher.version, client.weight_version())
+    engine.generate([[5, 6, 7]], sampled)  # the version check passes after the last push
+    return out
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_the_server_samples_the_pushed_policy(model_dir, server, ranks):
+    outs = run_ranks(_push_checks, model_dir, server, world_size=ranks, env=ENV, timeout=400)
+    for out in outs:
+        assert out["tokens"] > 8
+        assert out["sampled_gap"] < 1e-4, out  # temperature 0.7, top-k 20, top-p 0.8, from the server
+        assert out["before_gap"] < 1e-4, out
+        assert out["stale_gap"] > 0.05, out  # the update moved the policy; the server has not seen it yet
+        assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
+        assert out["lora_gap"] < 1e-4 and out["lora_moved"] > 0.05, out  # LoRA merged into the pushed weights
+        assert out["versions"] == (3, "3"), out  # three pushes, each reported by the server
+    print({"push_s": [[round(s, 3) for s in out["push_s"]] for out in outs]})
+
+
+def test_a_server_with_another_model_is_refused_before_any_weight(server, model_dir):
+    from transformers import AutoConfig
+
+    from engine.rollout.vllm_server.client import ServerClient, ServerError
+    from engine.rollout.vllm_server.model_signature import signature_of
+    from engine.rollout.vllm_server.pusher import WeightPusher
+
+    signature = {**signature_of(AutoConfig.from_pretrained(model_dir)), "num_hidden_layers": 4}
+    pusher = WeightPusher([ServerClient(server)], [1], "127.0.0.1", signature, sender=True,
+                          settings={"timeout_s": 60.0})
+    with pytest.raises(ServerError) as refused:
+        pusher.connect()
+    assert "runs another model than the trainer's (num_hidden_layers: served 2, trainer 4)" in str(refused.value)
+    assert "\n" not in str(refused.value)
+    assert ServerClient(server).healthy()  # refused at the handshake: the server lives on
+
+
+SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
+         "run.progress=false", "rollout.engine=vllm", "rollout.vllm.mode=server", "rollout.vllm.kv_cache_gib=1",
+         "data.max_prompt_tokens=64", "data.task=gsm8k"]
+
+
+def _data(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
+                            for i in range(16)))
+    return data
+
+
+def _processes_with(text):
+    import psutil
+
+    found = []
+    for process in psutil.process_iter(["pid", "cmdline"]):
+        if text in " ".join(process.info["cmdline"] or []):
+            found.append(process.info["pid"])
+    return found
+
+
+def _start_run(tmp_path, model_dir, port, nproc, name, *extra):
+    """accel-grpo in server mode, a long run with a local server on ``port``, started in the background."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
+           "OMP_NUM_THREADS": "1", **ENV}
+    return subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", str(nproc),
+                             *SMALL,
+                             f"model.path={model_dir}", f"data.path={_data(tmp_path)}", "train.steps=500",
+                             f"rollout.vllm.server_port={port}", f"run.output_dir={tmp_path}", f"run.name={name}",
+                             *extra], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _rows_after(trainer, metrics, steps, timeout_s=400):
+    """The run's metrics rows once it has logged ``steps`` steps (its server up and pushes done)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.is_file() else []
+        if len(rows) >= steps:
+            return rows
+        assert trainer.poll() is None and time.monotonic() < deadline, trainer.communicate()[1][-3000:]
+        time.sleep(0.5)
+
+
+def test_grpo_on_two_ranks_with_a_server_it_starts_and_stops_on_ctrl_c(tmp_path, model_dir):
+    from accel_backends.spawn import free_port
+
+    port = free_port()
+    trainer = _start_run(tmp_path, model_dir, port, 2, "server", "run.save_on_interrupt=true")
+    try:
+        rows = _rows_after(trainer, tmp_path / "server" / "metrics.jsonl", 2)
+        trainer.send_signal(signal.SIGINT)  # the launcher forwards it; the step ends, is saved, the server stops
+        _, stderr = trainer.communicate(timeout=180)
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 130, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert list((tmp_path / "server" / "checkpoints").glob("step_*")), stderr[-3000:]
+    for row in rows[:2]:
+        assert row["rollout/weight_sync_s"] > 0 and row["response_length"] > 0
+        assert row["rollout/logprob_diff_max"] < 1e-3, row  # the server samples the trainer's policy
+    assert _processes_with(f"--port {port}") == []  # stopped with the run
+    print({"weight_sync_s": [round(row["rollout/weight_sync_s"], 3) for row in rows]})
+
+
+def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_dir):
+    from accel_backends.spawn import free_port
+    from engine.rollout.vllm_server.client import ServerClient
+
+    port = free_port()
+    trainer = _start_run(tmp_path, model_dir, port, 1, "killed")
+    try:
+        _rows_after(trainer, tmp_path / "killed" / "metrics.jsonl", 1)
+        assert ServerClient(f"http://127.0.0.1:{port}").healthy()
+        (guard,) = [pid for pid in _processes_with(f"--port {port}") if "vllm_server.guard" in
+                    " ".join(__import__("psutil").Process(pid).cmdline())]
+        killed = time.monotonic()
+        os.killpg(guard, signal.SIGKILL)  # the whole server: API server, engine core, worker, guard
+        _, stderr = trainer.communicate(timeout=120)
+        ended_s = time.monotonic() - killed
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+    assert trainer.returncode == 1, stderr[-3000:]
+    (error,) = [line for line in stderr.splitlines() if line.startswith("accel-grpo: error:")]
+    assert f"ServerError: vLLM server http://127.0.0.1:{port} is unreachable" in error, stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+    assert ended_s < 60
+    assert _processes_with(f"--port {port}") == []
+    print({"ended_after_kill_s": round(ended_s, 1)})
