@@ -8,6 +8,9 @@ The engine knows FSDP, models and optimizers; everything about the device comes 
   submodule, whatever the depth of the model;
 * deferred gradient sync: gradients are reduced once per mini-batch, on its last micro-batch (``fsdp/grad_sync.py``),
   when the unsharded gradients this needs fit the device (``fsdp/sync_plan.py``).
+
+Its parts, one concern each, are in ``engine/facade/``: the choices made while it is built, the mini-batch loop and
+its weighting, where parameters and optimizer state live, the module's train/eval mode.
 """
 
 from __future__ import annotations
@@ -103,7 +106,7 @@ class FSDPEngine:
         self.skipped_steps = 0
         self.last_metrics: dict[str, Any] = {}  # of the last forward_backward_batch
         self.last_step_metrics: dict[str, Any] = {}  # of the last optimizer_step
-        self._residency = Residency(self)
+        self._residency = Residency(self.config, self.backend)
         self._grads_pending = False
         self._module_mode = ModuleMode(self.module)
         self._update_peak_open = False  # the peak-memory figure already covers this update's onload
@@ -158,7 +161,7 @@ class FSDPEngine:
         Parts already there are not touched. Gradients live with their parameters (torch requires it): ``grad``
         lets existing gradients travel along; ``grad=False`` while gradients exist is an error.
         """
-        self._residency.move(device, model=model, optimizer=optimizer, grad=grad)
+        self._residency.move(self, device, model=model, optimizer=optimizer, grad=grad)
 
     @contextlib.contextmanager
     def train_mode(self, disable_auto_offload: bool = False):
