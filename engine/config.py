@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from accel_backends.names import did_you_mean
 
 GRAD_SYNC_MODES = ("auto", "deferred", "every_micro_batch")
 OPTIMIZER_ONLOAD_MODES = ("mode", "step")
@@ -145,3 +149,19 @@ class EngineConfig:
     @property
     def offload_enabled(self) -> bool:
         return self.param_offload or self.optimizer_offload
+
+
+def as_config(config: EngineConfig | Mapping[str, Any] | None) -> EngineConfig:
+    """Accept an ``EngineConfig`` or a mapping of its fields (from YAML), and name unknown keys."""
+    if config is None:
+        return EngineConfig()
+    if isinstance(config, EngineConfig):
+        return config
+    if isinstance(config, Mapping):
+        fields = {f.name for f in dataclasses.fields(EngineConfig)}
+        for key in config:
+            if key not in fields:
+                raise ValueError(f"unknown engine option {key!r}{did_you_mean(key, fields)}; valid options: "
+                                 f"{', '.join(sorted(fields))}")
+        return EngineConfig(**config)
+    raise TypeError(f"config must be an engine.EngineConfig or a mapping, got {type(config).__name__}")
