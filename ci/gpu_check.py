@@ -47,8 +47,9 @@ def steps(cpu: bool, out_dir: Path) -> list[dict]:
     vllm_model = TINY_VLLM_GRPO_MODEL if cpu else VLLM_GRPO_MODEL
     vllm = [] if importlib.util.find_spec("vllm") is None else [
         {"name": "grpo_vllm", "limit_s": 120, "metrics": out_dir / "grpo" / "gpu-check-vllm" / "metrics.jsonl",
-         "cmd": [PY, "-m", "engine.grpo.cli", "--nproc", "1", *vllm_model, "rollout.engine=vllm", "train.steps=6",
-                 "run.progress=false", f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check-vllm"]}]
+         "cmd": [PY, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *vllm_model,
+                 "rollout.engine=vllm", "train.steps=6", "run.progress=false", f"run.output_dir={out_dir / 'grpo'}",
+                 "run.name=gpu-check-vllm"]}]
     return [
         {"name": "backends", "limit_s": 20, "cmd": [PY, "-m", "accel_backends", "list", "--json"]},
         {"name": "pytest_cuda", "limit_s": 70,
@@ -61,8 +62,8 @@ def steps(cpu: bool, out_dir: Path) -> list[dict]:
                  "--grpo-steps", "2", *[a for o in grpo_model for a in ("--grpo-override", o)]],
          "env": {"BENCH_PYTHON": PY, "BENCH_OUT": str(out_dir)}},
         {"name": "grpo", "limit_s": 90, "metrics": out_dir / "grpo" / "gpu-check" / "metrics.jsonl",
-         "cmd": [PY, "-m", "engine.grpo.cli", "--nproc", "1", *grpo_model, "train.steps=6", "run.progress=false",
-                 f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check"]},
+         "cmd": [PY, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *grpo_model, "train.steps=6",
+                 "run.progress=false", f"run.output_dir={out_dir / 'grpo'}", "run.name=gpu-check"]},
         *vllm,
     ]
 

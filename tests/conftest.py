@@ -43,7 +43,7 @@ version = "9.9"
 broken = "accel_broken_backend"
 """
 
-INSTALLED_PLUGINS = ("accel-example-backend", "accel-backend-xpu", "accel-trace")
+INSTALLED_PLUGINS = ("accel-example-backend", "accel-backend-xpu", "accel-trace", "accel-example-trainer")
 
 
 @pytest.fixture(scope="session")

@@ -27,8 +27,8 @@ ENV = {"ACCEL_BACKENDS_PLUGINS": "agent_script_plugin", "ACCEL_TEST_SCRIPT": "ca
 def _trainer(tmp, model_dir, data_path, *overrides):
     from pathlib import Path
 
-    from engine.grpo.config import build_config
-    from engine.grpo.trainer import GRPOTrainer
+    from engine.recipes.grpo.config import build_config
+    from engine.recipes.grpo.trainer import GRPOTrainer
 
     config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
     return GRPOTrainer(config, Path(tmp), resume=False)
@@ -139,7 +139,7 @@ def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_tok
 def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padded=False):
     from transformers import AutoModelForCausalLM
 
-    from engine.grpo.logprobs import planned_log_probs
+    from engine.recipes.grpo.logprobs import planned_log_probs
     from engine.runtime import all_gather_rows
 
     trainer = _trainer(f"{tmp}/{name}", model_dir, data_path, *overrides)
@@ -153,7 +153,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     real_engines = _real_engines(rank, trainer, model_dir) if name == "fsdp2_packed" else None
     batches, multi_turn = [], trainer.sampler
     trainer.sampler = lambda *args: batches.append(multi_turn(*args)) or batches[-1]
-    data, stats = trainer.collect(0)
+    data, stats, _ = trainer.collect(0)
     (batch,) = batches
     out = {"packed": trainer.packed,
            "stats": {k: v for k, v in stats.items() if k.startswith(("agent_", "response_tokens", "sequences"))},
@@ -198,7 +198,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
     plans = {"planned": data}
     if also_padded:  # the same global batch in padded micro-batches (its old-log-prob pass: its rows differ)
-        from engine.grpo.batches import StepData, plan_updates
+        from engine.recipes.grpo.batches import StepData, plan_updates
 
         plans["padded"] = StepData(data.sequences, data.loss_mask, data.advantages,
                                    plan_updates(data.sequences, dataclasses.replace(trainer.batching, packed=False), 2),
@@ -215,7 +215,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
         for plan_name, plan in plans.items():
             mini = plan.mini_batches[0]
             with trainer.actor.train_mode():
-                metrics = trainer.actor.forward_backward_batch(plan.micro_batches(mini), trainer._step_fn)
+                metrics = trainer.actor.forward_backward_batch(plan.micro_batches(mini), trainer.loss_fn)
                 got = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
             loss = _hand_loss(hand, data, list(mini.indices), 0.9, mode, entropy_coeff, reference=reference,

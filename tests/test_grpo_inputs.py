@@ -5,10 +5,9 @@ import json
 import pytest
 
 from engine.grpo.cli import main
-from engine.grpo.config import build_config, check
-from engine.grpo.data import read_rows
-from engine.grpo.rewards import import_function
-from engine.grpo.tasks import EchoTask, echo_reward, final_number, gsm8k_reward
+from engine.recipes.grpo.config import build_config, check
+from engine.recipes.grpo.prompts import EchoTask, echo_reward, final_number, gsm8k_reward, read_rows
+from engine.recipes.grpo.rewards import import_function
 
 
 def run_cli(capsys, *args):
@@ -43,7 +42,7 @@ def test_malformed_row_names_file_and_line(capsys, tmp_path):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n" + json.dumps({"question": "2+2?"})
                     + "\n")
-    code, err = run_cli(capsys, "--nproc", "1", "data.task=gsm8k", f"data.path={data}")
+    code, err = run_cli(capsys, "--preset", "cpu-demo", "--nproc", "1", "data.task=gsm8k", f"data.path={data}")
     assert code == 2 and f"{data}:2: missing or empty answer in column 'answer'" in err
     data.write_text("{not json\n")
     with pytest.raises(ValueError, match=r"train.jsonl:1: not valid JSON"):
@@ -58,8 +57,9 @@ def test_reward_that_cannot_be_imported(capsys):
                          "'no_such_fn'; check the function's name" in err
     with pytest.raises(ValueError, match="data.reward 'just_a_name': must look like 'package.module:function'"):
         import_function("just_a_name")
-    with pytest.raises(ValueError, match="'CORRECT' in module 'engine.grpo.validation' is not a function; name a"):
-        import_function("engine.grpo.validation:CORRECT")
+    with pytest.raises(ValueError,
+                       match="'CORRECT' in module 'engine.recipes.grpo.validation' is not a function; name a"):
+        import_function("engine.recipes.grpo.validation:CORRECT")
 
 
 @pytest.mark.parametrize("overrides, message", [

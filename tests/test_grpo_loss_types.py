@@ -60,14 +60,14 @@ def _checks(rank, tmp):
     import torch
     import torch.distributed as dist
 
-    from engine.grpo.config import build_config
-    from engine.grpo.trainer import GRPOTrainer
+    from engine.recipes.grpo.config import build_config
+    from engine.recipes.grpo.trainer import GRPOTrainer
 
     out = {}
     trainer = GRPOTrainer(build_config(None, None, BASE), Path(tmp), resume=False)
 
     # -- dynamic sampling: rank 1's first draw has only equal rewards; both ranks draw again, then train --------
-    data, stats = trainer.collect(step=0)
+    data, stats, _ = trainer.collect(step=0)
     out["sampling"] = {key: value for key, value in stats.items() if key.startswith("sampling/")}
     out["rows"] = len(data.advantages)  # the step's global batch: every rank's groups
     out["has_signal"] = all(len(set(g.tolist())) > 1 for g in data.advantages.view(-1, N))
@@ -79,7 +79,7 @@ def _checks(rank, tmp):
     with trainer.actor.train_mode():
         for loss_type in LOSS_TYPES:
             _use(trainer, loss_type)
-            got = [trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn,
+            got = [trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn,
                                                         forward_only=True)["pg_loss"] for mini in data.mini_batches]
             out["pg_loss"][loss_type] = got
     out["pg_loss_expected"] = {loss_type: [_expected_pg_loss(data, mini, old, max_new_tokens=4)[loss_type]
@@ -92,7 +92,7 @@ def _checks(rank, tmp):
         settings = {"cispo": {"entropy_coeff": 0.05}, "dapo-masked": {"mask_truncated": True},
                     "dr_grpo": {"scale_rewards": "batch"}}.get(name, {})
         _use(trainer, loss_type, **settings)
-        data, stats = trainer.collect(step)
+        data, stats, extras = trainer.collect(step)
         result = {"old_used": data.old_log_probs is not None and data.old_log_probs.shape == data.loss_mask.shape}
         if settings.get("mask_truncated"):  # a full-length response without EOS keeps no loss token
             eos = trainer.tokenizer.eos_token_id
@@ -105,7 +105,7 @@ def _checks(rank, tmp):
             result["all_truncated"] = all(cut)
         if settings.get("scale_rewards") == "batch":  # run.log_samples=100: the records hold every response
             pairs = [None] * dist.get_world_size()
-            dist.all_gather_object(pairs, [(r["reward"], r["advantage"]) for r in trainer.sample_records])
+            dist.all_gather_object(pairs, [(r["reward"], r["advantage"]) for r in extras["samples"]])
             result["reward_advantage"] = [pair for rank_pairs in pairs for pair in rank_pairs]
         update = trainer.update(data)
         result.update({key: update[key] for key in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy",

@@ -146,7 +146,7 @@ def real_run(tmp_path_factory):
     model = fixture_model(tmp_path / "tiny-qwen")
     train = write_parquet(tmp_path / "train.parquet", verl_rows(QUESTIONS[:8]))
     val = write_parquet(tmp_path / "test.parquet", verl_rows(QUESTIONS[8:], split="test"))
-    args = [f"model.path={model}", f"data.path={train}", f"data.val_path={val}",
+    args = ["--preset", "cpu-demo", f"model.path={model}", f"data.path={train}", f"data.val_path={val}",
             # A verl-style reward, plus a TRL-style one with a weight (the sum is the reward).
             "data.reward=[grpo_rewards:compute_score,grpo_rewards:length_penalty]", "data.reward_weights=[1,0.5]",
             # Sampled validation: the fixture's most likely token is an EOS, so greedy responses are empty.

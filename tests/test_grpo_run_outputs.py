@@ -10,8 +10,8 @@ import pytest
 from conftest import REPO, run_python
 
 from engine.grpo.cli import main
-from engine.grpo.tasks import echo_reward
-from engine.runs.loggers import flat_params, numbers
+from engine.recipes.grpo.prompts import echo_reward
+from engine.train.loggers import flat_params, numbers
 
 pytestmark = pytest.mark.slow
 
@@ -28,7 +28,8 @@ def _jsonl(path, pairs):
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("outputs")
     train, val = _jsonl(root / "train.jsonl", PROMPTS), _jsonl(root / "val.jsonl", PROMPTS)
-    args = ["train.prompts_per_step=4", "rollout.n=4", "train.prompts_per_update=4", "train.micro_batch_size=4",
+    args = ["--preset", "cpu-demo", "train.prompts_per_step=4", "rollout.n=4", "train.prompts_per_update=4",
+            "train.micro_batch_size=4",
             "run.progress=false", f"run.output_dir={root}", "run.name=tracked", "train.steps=2",
             "algorithm.kl_loss_coef=0", f"data.path={train}", f"data.val_path={val}",
             "data.reward=engine.grpo.tasks:echo_reward", "run.val_every=2", "run.save_every=1",

@@ -40,8 +40,8 @@ def _local_sequences(rank: int, world_size: int = 2, total: int = 8) -> dict:
 
 
 def _trainer(tmp, *overrides):
-    from engine.grpo.config import build_config
-    from engine.grpo.trainer import GRPOTrainer
+    from engine.recipes.grpo.config import build_config
+    from engine.recipes.grpo.trainer import GRPOTrainer
 
     return GRPOTrainer(build_config(None, None, [*BASE, *overrides]), Path(tmp), resume=False)
 
@@ -58,7 +58,7 @@ def _full_grads(module):
 
 def _step_data(trainer, local, packed, rank, world_size, mini_batch_sequences=8, budget=None):
     """Packed micro-batches within the budget, or padded ones of 2 sequences (or within ``budget``, padded)."""
-    from engine.grpo.batches import Batching, gather_step_data
+    from engine.recipes.grpo.batches import Batching, gather_step_data
 
     budget = BUDGET if packed else budget
     batching = Batching(mini_batch_sequences, 4, budget, 2, packed)
@@ -79,7 +79,7 @@ def _gradients_packed_and_padded(trainer, rank):
         for mode in MODES:
             trainer.config.algorithm.loss_agg = mode
             with trainer.actor.train_mode():
-                trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer._step_fn)
+                trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
                 grads[variant, mode] = _full_grads(trainer.actor.module)
                 trainer.actor.zero_grad()
     worst = {}
@@ -147,9 +147,9 @@ def _two_ranks(rank, tmp):
         out["plans"][name] = {variant: (plan.ranks, plan.imbalance, plan.loads) for variant, plan in plans.items()}
         if name == "lora":
             # A real step end to end (rollout, exchange, reference pass, update): the path and pad counts.
-            step_data, _ = variant.collect(step=0)
+            step_data, _, _ = variant.collect(step=0)
             variant.update(step_data)
-            out["lora_step"] = variant._packing_metrics(step_data)
+            out["lora_step"] = variant.packing_metrics(step_data)
 
     # -- an attention that ignores the packing: one warning, padded micro-batches, right log-probs ---------------
     def whole_row_causal(module, query, key, value, attention_mask, **kwargs):
@@ -163,7 +163,7 @@ def _two_ranks(rank, tmp):
     out["fallback_warnings"] = [str(w.message) for w in caught if "packed" in str(w.message)]
     out["fallback_packed"] = fallback.packed
     out["fallback_attention"] = fallback.actor.attn_implementation
-    from engine.grpo.logprobs import planned_log_probs
+    from engine.recipes.grpo.logprobs import planned_log_probs
 
     padded = _step_data(fallback, _local_sequences(rank), False, rank, 2)
     with fallback.actor.eval_mode():
@@ -176,11 +176,11 @@ def _two_ranks(rank, tmp):
     both = sorted(set(mine) & set(theirs))  # rows each rank computed on both paths (the plans differ)
     out["fallback_vs_sdpa"] = (got[both] - want[both]).abs().max().item() if both else 0.0
     out["fallback_rows_compared"] = len(both)
-    step_data, _ = fallback.collect(step=0)  # a real step runs on the fallback (its responses may be equal length)
+    step_data, _, _ = fallback.collect(step=0)  # a real step runs on the fallback (its responses may be equal length)
     fallback.update(step_data)
-    out["fallback_step"] = fallback._packing_metrics(step_data)
+    out["fallback_step"] = fallback.packing_metrics(step_data)
     fallback.update(padded)  # uneven lengths: the padded micro-batches compute pad tokens, counted
-    out["fallback_uneven"] = fallback._packing_metrics(padded)
+    out["fallback_uneven"] = fallback.packing_metrics(padded)
 
     # -- world-size-free updates (compared with the 1-rank job) -------------------------------------------------
     trainer.config.algorithm.loss_agg = "token-mean"  # as the 1-rank trainer (the parity loop left the last mode)

@@ -25,7 +25,7 @@ def _model(kind: str):
 def _items():
     import torch
 
-    from engine.sft.masks import Tokenized
+    from engine.recipes.sft.masks import Tokenized
 
     g = torch.Generator().manual_seed(5)
     items = []
@@ -56,8 +56,8 @@ def _train(rank: int) -> dict:
     import accel_backends
     from engine import EngineConfig, FSDPEngine
     from engine.packing import build_layout
-    from engine.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
-    from engine.sft.trainer import token_loss
+    from engine.recipes.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
+    from engine.recipes.sft.trainer import token_loss
 
     cpu, items, results = torch.device("cpu"), _items(), {}
     backend = accel_backends.get_backend()

@@ -53,11 +53,11 @@ def _exactness(rank: int, model_dir: str) -> dict:
     import accel_backends
     from engine import EngineConfig, FSDPEngine
     from engine.packing import build_layout
-    from engine.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
-    from engine.sft.data import Example
-    from engine.sft.masks import tokenize_example
-    from engine.sft.model import load_tokenizer
-    from engine.sft.trainer import token_loss
+    from engine.recipes.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
+    from engine.recipes.sft.data import Example
+    from engine.recipes.sft.masks import tokenize_example
+    from engine.recipes.sft.model import load_tokenizer
+    from engine.recipes.sft.trainer import token_loss
 
     tokenizer = load_tokenizer(model_dir)
     items = [tokenize_example(Example(f"t:{i}", messages=_conversation(i)), tokenizer, "assistant")

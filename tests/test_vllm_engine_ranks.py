@@ -56,7 +56,7 @@ def _engine_log_probs(llm, batch):
 def _trainer_log_probs(policy, batch, temperature=1.0, top_k=0, top_p=1.0):
     import torch
 
-    from engine.grpo.logprobs import response_log_probs
+    from engine.recipes.grpo.logprobs import response_log_probs
 
     with policy.eval_mode(), torch.no_grad():
         return response_log_probs(policy.module, batch.input_ids, batch.attention_mask, batch.prompt_length,
@@ -69,7 +69,7 @@ def _largest_gap(a, b, mask):
 
 def _big_update(policy, batch):
     """One optimizer step that raises the log-probs of ``batch``'s responses (large learning rate)."""
-    from engine.grpo.logprobs import response_log_probs
+    from engine.recipes.grpo.logprobs import response_log_probs
 
     mask = batch.response_mask.float()
 
@@ -115,7 +115,7 @@ def _checks(rank, model_dir):
     from transformers import AutoTokenizer
 
     from engine import EngineConfig, FSDPEngine
-    from engine.grpo.config import RolloutConfig
+    from engine.recipes.grpo.config import RolloutConfig
     from engine.rollout.engines import RolloutContext, RolloutEngineError, SamplingConfig, create_rollout_engine
     from engine.rollout.single_turn import eos_token_ids, rollout, sync_weights
 
@@ -231,7 +231,8 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
                             for i in range(16)))
     env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
-    result = run_python(["-m", "engine.grpo.cli", *SMALL, *variant, f"model.path={model_dir}", "data.task=gsm8k",
+    result = run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", *SMALL, *variant, f"model.path={model_dir}",
+                         "data.task=gsm8k",
                          f"data.path={data}", "train.steps=3", f"run.output_dir={tmp_path}", "run.name=vllm"],
                         env=env, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -249,7 +250,7 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
 def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, model_dir):
     import shutil
 
-    from engine.grpo.config import build_config, check
+    from engine.recipes.grpo.config import build_config, check
 
     other = tmp_path / "model"
     shutil.copytree(model_dir, other)

@@ -17,7 +17,7 @@ def work(model_dir):
     import accel_backends
     from transformers import AutoTokenizer
     from engine import EngineConfig, FSDPEngine
-    from engine.grpo.config import RolloutConfig
+    from engine.recipes.grpo.config import RolloutConfig
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
 
     accel_backends.get_backend().init_distributed()

@@ -79,8 +79,8 @@ def _push_checks(rank, model_dir, url):
     from transformers import AutoTokenizer
 
     from engine import EngineConfig, FSDPEngine
-    from engine.grpo.config import RolloutConfig
-    from engine.grpo.rollout import eos_token_ids, rollout, sync_weights
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout import eos_token_ids, rollout, sync_weights
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
     from engine.rollout.engines.vllm_settings import VLLMConfig
 
@@ -184,7 +184,8 @@ def _start_run(tmp_path, model_dir, port, nproc, name, *extra):
     """accel-grpo in server mode, a long run with a local server on ``port``, started in the background."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
            "OMP_NUM_THREADS": "1", **ENV}
-    return subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "--nproc", str(nproc), *SMALL,
+    return subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", str(nproc),
+                             *SMALL,
                              f"model.path={model_dir}", f"data.path={_data(tmp_path)}", "train.steps=500",
                              f"rollout.vllm.server_port={port}", f"run.output_dir={tmp_path}", f"run.name={name}",
                              *extra], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 def rollout_lengths(model_dir: Path) -> tuple[list[int], list[int]]:
     """(prompt + response lengths, prompt lengths) of one rollout of the long case, in rollout order."""
     from engine.bench.cli import LONG_CASE_WORK
-    from engine.grpo.config import build_config
-    from engine.grpo.trainer import GRPOTrainer
+    from engine.recipes.grpo.config import build_config
+    from engine.recipes.grpo.trainer import GRPOTrainer
 
     config = build_config(None, None, [*LONG_CASE_WORK, f"model.path={model_dir}", "run.progress=false",
                                        "algorithm.kl_coef=0"])

@@ -207,7 +207,7 @@ def _run_and_report(args, options: dict) -> int:
 
 def _check_grpo_settings(parser, args) -> None:
     """Preset and overrides are checked here, before any worker starts."""
-    from ..grpo.config import check, load_config
+    from ..recipes.grpo.config import check, load_config
 
     try:
         config, notices = load_config(args.grpo_preset, None, args.grpo_overrides)

@@ -20,9 +20,7 @@ a budget bounds the activations, where padded micro-batches are sized by their l
 
 from __future__ import annotations
 
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 
@@ -99,8 +97,8 @@ def _rollout_micro_batches(data, rank: int, rows_per_rank: int, size: int) -> li
 
 def _rollout_step_fn(trainer, micro_batches_total: int):
     """The trainer's step function as it was before packing (left-padded log-probs, the same loss)."""
-    from ..grpo.algorithms import aggregate_loss, micro_batch_scale, policy_loss
-    from ..grpo.logprobs import response_log_probs
+    from ..recipes.grpo.algorithms import aggregate_loss, micro_batch_scale, policy_loss
+    from ..recipes.grpo.logprobs import response_log_probs
 
     settings, device = trainer.loss, trainer.backend.device()
 
@@ -132,9 +130,9 @@ def _timed_update(trainer, run) -> tuple[float, float]:
 def run(options, backend, rank) -> dict:
     import torch.distributed as dist
 
-    from ..grpo import batches
-    from ..grpo.config import check, load_config
-    from ..grpo.trainer import GRPOTrainer
+    from ..recipes.grpo import batches
+    from ..recipes.grpo.config import check, load_config
+    from ..recipes.grpo.trainer import GRPOTrainer
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
     config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices
@@ -142,80 +140,71 @@ def run(options, backend, rank) -> dict:
     problems = check(config, world_size)
     if problems:
         raise ValueError("the packing benchmark's settings are invalid: " + "; ".join(problems))
-    with tempfile.TemporaryDirectory() as run_dir:
-        trainer = GRPOTrainer(config, Path(run_dir), resume=False)
-        data, _ = trainer.collect(step=0)
-        data.old_log_probs = data.ref_log_probs = None  # the update alone is timed: its own log-probs are the old
-        train = config.train
-        limits = batches.batching_for(config, world_size, packed=True)
-        padded_limits = batches.batching_for(config, world_size, packed=False)
-        variants_data = {"packed": data, "padded": batches.StepData(
-            data.sequences, data.loss_mask, data.advantages,
-            batches.plan_updates(data.sequences, padded_limits, world_size), rank, packed=False)}
-        rows_per_rank = len(data.sequences) // world_size
-        legacy = _rollout_micro_batches(data, rank, rows_per_rank, train.micro_batch_size)
-        activations = {name: [] for name in VARIANTS}
-        legacy_step = _measuring(_rollout_step_fn(trainer, len(legacy) * world_size), activations["rollout"])
-        pad_tokens = {"rollout": sum(m["pad_tokens"] for m in legacy)}
-        peaks = {name: [] for name in VARIANTS}
-        step_fn = trainer._step_fn
+    trainer = GRPOTrainer(config)
+    data, _, _ = trainer.collect(step=0)
+    data.old_log_probs = data.ref_log_probs = None  # the update alone is timed: its own log-probs are the old
+    train = config.train
+    limits = batches.batching_for(config, world_size, packed=True)
+    padded_limits = batches.batching_for(config, world_size, packed=False)
+    variants_data = {"packed": data, "padded": batches.StepData(
+        data.sequences, data.loss_mask, data.advantages,
+        batches.plan_updates(data.sequences, padded_limits, world_size), rank, packed=False)}
+    rows_per_rank = len(data.sequences) // world_size
+    legacy = _rollout_micro_batches(data, rank, rows_per_rank, train.micro_batch_size)
+    activations = {name: [] for name in VARIANTS}
+    legacy_step = _measuring(_rollout_step_fn(trainer, len(legacy) * world_size), activations["rollout"])
+    pad_tokens = {"rollout": sum(m["pad_tokens"] for m in legacy)}
+    peaks = {name: [] for name in VARIANTS}
 
-        def update(name):
-            def run_once():
-                if name == "rollout":
-                    with trainer.actor.train_mode():
-                        trainer.actor.forward_backward_batch(legacy, legacy_step)
-                        trainer.actor.optimizer_step()
-                else:
-                    variant = variants_data[name]
-                    variant.pad_tokens.clear()
-                    trainer._step_fn = _measuring(step_fn, activations[name])
-                    try:
-                        trainer.update(variant)
-                    finally:
-                        del trainer._step_fn  # the class's method again
-                    pad_tokens[name] = variant.pad_tokens.get("update", 0)
+    def update(name):
+        def run_once():
+            if name == "rollout":
+                with trainer.actor.train_mode():
+                    trainer.actor.forward_backward_batch(legacy, legacy_step)
+                    trainer.actor.optimizer_step()
+            else:
+                variant = variants_data[name]
+                variant.pad_tokens.clear()
+                trainer.update(variant, loss_fn=_measuring(trainer.loss_fn, activations[name]))
+                pad_tokens[name] = variant.pad_tokens.get("update", 0)
 
-            def sample():
-                seconds, peak = _timed_update(trainer, run_once)
-                peaks[name].append(peak)
-                return seconds
+        def sample():
+            seconds, peak = _timed_update(trainer, run_once)
+            peaks[name].append(peak)
+            return seconds
 
-            return sample
+        return sample
 
-        update("packed")()  # warm-up, not counted
-        samples = interleave({name: update(name) for name in VARIANTS}, options["steps"])
-        lengths = data.sequences.lengths.tolist()
-        result = {"world_size": world_size, "sequences": len(lengths), "tokens": sum(lengths),
-                  "longest_sequence": max(lengths), "micro_batch_tokens": train.micro_batch_tokens,
-                  "micro_batch_size": train.micro_batch_size,
-                  "micro_batches_per_rank": {"packed": data.mini_batches[0].plan.micro_batches,
-                                             "padded": variants_data["padded"].mini_batches[0].plan.micro_batches,
-                                             "rollout": len(legacy)},
-                  "token_imbalance": data.mini_batches[0].plan.imbalance,
-                  "pad_tokens_per_update": pad_tokens,
-                  "update": {name: summary(values) for name, values in samples.items()},
-                  "peak_gib_above_start": {name: max(values) for name, values in peaks.items()},
-                  "activation_mib": {name: max(values) / 2**20 for name, values in activations.items()},
-                  "packed_over_padded": ratio(samples["packed"], samples["padded"]),
-                  "packed_over_rollout": ratio(samples["packed"], samples["rollout"])}
-        budgets = {}
-        for budget in options["packing_budgets"]:
-            if budget < max(lengths):
-                budgets[str(budget)] = {"skipped": f"below the longest sequence ({max(lengths)} tokens)"}
-                continue
-            planned = batches.Batching(limits.mini_batch_sequences, limits.group_size, budget, train.micro_batch_size,
-                                       True)
-            variant = batches.StepData(data.sequences, data.loss_mask, data.advantages,
-                                       batches.plan_updates(data.sequences, planned, world_size), rank, packed=True)
-            sizes: list[int] = []
-            trainer._step_fn = _measuring(step_fn, sizes)
-            try:
-                seconds, peak = _timed_update(trainer, lambda v=variant: trainer.update(v))
-            finally:
-                del trainer._step_fn
-            budgets[str(budget)] = {"activation_mib": max(sizes) / 2**20, "peak_gib_above_start": peak,
-                                    "seconds": seconds,
-                                    "micro_batches_per_rank": variant.mini_batches[0].plan.micro_batches}
-        result["peak_by_budget"] = budgets
+    update("packed")()  # warm-up, not counted
+    samples = interleave({name: update(name) for name in VARIANTS}, options["steps"])
+    lengths = data.sequences.lengths.tolist()
+    result = {"world_size": world_size, "sequences": len(lengths), "tokens": sum(lengths),
+              "longest_sequence": max(lengths), "micro_batch_tokens": train.micro_batch_tokens,
+              "micro_batch_size": train.micro_batch_size,
+              "micro_batches_per_rank": {"packed": data.mini_batches[0].plan.micro_batches,
+                                         "padded": variants_data["padded"].mini_batches[0].plan.micro_batches,
+                                         "rollout": len(legacy)},
+              "token_imbalance": data.mini_batches[0].plan.imbalance,
+              "pad_tokens_per_update": pad_tokens,
+              "update": {name: summary(values) for name, values in samples.items()},
+              "peak_gib_above_start": {name: max(values) for name, values in peaks.items()},
+              "activation_mib": {name: max(values) / 2**20 for name, values in activations.items()},
+              "packed_over_padded": ratio(samples["packed"], samples["padded"]),
+              "packed_over_rollout": ratio(samples["packed"], samples["rollout"])}
+    budgets = {}
+    for budget in options["packing_budgets"]:
+        if budget < max(lengths):
+            budgets[str(budget)] = {"skipped": f"below the longest sequence ({max(lengths)} tokens)"}
+            continue
+        planned = batches.Batching(limits.mini_batch_sequences, limits.group_size, budget, train.micro_batch_size,
+                                   True)
+        variant = batches.StepData(data.sequences, data.loss_mask, data.advantages,
+                                   batches.plan_updates(data.sequences, planned, world_size), rank, packed=True)
+        sizes: list[int] = []
+        measured = _measuring(trainer.loss_fn, sizes)
+        seconds, peak = _timed_update(trainer, lambda v=variant, f=measured: trainer.update(v, loss_fn=f))
+        budgets[str(budget)] = {"activation_mib": max(sizes) / 2**20, "peak_gib_above_start": peak,
+                                "seconds": seconds,
+                                "micro_batches_per_rank": variant.mini_batches[0].plan.micro_batches}
+    result["peak_by_budget"] = budgets
     return result

@@ -15,9 +15,9 @@ from __future__ import annotations
 import math
 
 from .. import EngineConfig, FSDPEngine
-from ..sft.batches import rank_micro_batches
-from ..sft.masks import Tokenized
-from ..sft.trainer import token_loss
+from ..recipes.sft.batches import rank_micro_batches
+from ..recipes.sft.masks import Tokenized
+from ..recipes.sft.trainer import token_loss
 from .common import interleave, model_factory, ratio, release, summary, timed
 from .packing import SavedActivations
 

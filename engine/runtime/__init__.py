@@ -7,11 +7,11 @@ It knows processes and collectives, never FSDP (``engine/fsdp/``), so a trainer 
 from .exchange import all_gather_rows, on_any_rank, on_every_rank
 from .launcher import Interrupted, WorkerFailed, report_early_end, run, threads_per_worker, under_launcher
 from .metric_reduce import MetricKeysMismatch, start_sum_over_ranks, sum_over_ranks
-from .phase_labels import labelled, phase, phase_of
+from .phase_labels import PhaseTimes, labelled, phase, phase_of, phase_timings
 from .stop import install_stop_handlers, stop_at_safe_point, stop_requested
 from .teardown import OneLineError, at_group_end
 
-__all__ = ["Interrupted", "MetricKeysMismatch", "OneLineError", "WorkerFailed", "all_gather_rows", "at_group_end",
-           "install_stop_handlers", "labelled", "on_any_rank", "on_every_rank", "phase", "phase_of",
-           "report_early_end", "run", "start_sum_over_ranks", "stop_at_safe_point", "stop_requested",
+__all__ = ["Interrupted", "MetricKeysMismatch", "OneLineError", "PhaseTimes", "WorkerFailed", "all_gather_rows",
+           "at_group_end", "install_stop_handlers", "labelled", "on_any_rank", "on_every_rank", "phase", "phase_of",
+           "phase_timings", "report_early_end", "run", "start_sum_over_ranks", "stop_at_safe_point", "stop_requested",
            "sum_over_ranks", "threads_per_worker", "under_launcher"]

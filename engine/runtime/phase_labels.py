@@ -1,19 +1,55 @@
-"""What a rank was doing when it failed: ``with phase("backward"): ...`` labels errors raised inside.
+"""What a rank was doing: ``with phase("backward"): ...`` labels errors raised inside, and, while a
+``phase_timings()`` collector is open, adds the phase's time to it (how ``accel-bench`` times a trainer's parts
+without reaching into the trainer).
 
 The innermost label wins: an error in the backward pass of an update reads "backward", not "update". The launcher
-(``engine.launch``) puts the label, the rank and the original error into the one line the user sees.
+(``engine.launch``) puts the label, the rank and the original error into the one line the user sees. Timings are
+inclusive: a phase inside another counts in both. With no collector open a phase reads no clock.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
+import time
+from collections.abc import Callable
 
 _ATTRIBUTE = "accel_phase"
+_collectors: list[PhaseTimes] = []
+
+
+@dataclasses.dataclass
+class PhaseTimes:
+    """Seconds and calls per phase name, while open; ``synchronize`` (e.g. the backend's) runs before each clock
+    read at a phase's end, so that a device's queued work counts in the phase that queued it."""
+
+    synchronize: Callable[[], None] | None = None
+    seconds: dict[str, float] = dataclasses.field(default_factory=dict)
+    calls: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    def reset(self) -> None:
+        self.seconds, self.calls = {}, {}
+
+
+@contextlib.contextmanager
+def phase_timings(synchronize: Callable[[], None] | None = None):
+    """Collect the time of every phase entered inside, on this process."""
+    collector = PhaseTimes(synchronize)
+    _collectors.append(collector)
+    try:
+        yield collector
+    finally:
+        _collectors.remove(collector)
 
 
 @contextlib.contextmanager
 def phase(name: str):
+    started = time.perf_counter() if _collectors else None
     try:
         yield
     except BaseException as exc:
@@ -23,6 +59,14 @@ def phase(name: str):
             except AttributeError:  # a few built-in exception types refuse attributes; the label is optional
                 pass
         raise
+    finally:
+        if started is not None:
+            for collector in _collectors:
+                if collector.synchronize is not None:
+                    collector.synchronize()
+            elapsed = time.perf_counter() - started
+            for collector in _collectors:
+                collector.add(name, elapsed)
 
 
 def phase_of(exc: BaseException) -> str | None:

@@ -29,10 +29,10 @@ def _mark(variable):
         Path(path).write_text(repr(time.time()))
 
 
-def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
+def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
     import engine.checkpoint.store
-    import engine.grpo.trainer as trainer_module
-    from engine.grpo.config import GRPOConfig
+    import engine.recipes.grpo.trainer as trainer_module
+    from engine.recipes.grpo.config import GRPOConfig
 
     kind, rank, at = os.environ["GRPO_FAULT"].split(":")
     trainer = trainer_module.GRPOTrainer(GRPOConfig.from_dict(config_dict), Path(run_dir), resume)
@@ -77,21 +77,21 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
         engine.checkpoint.store.write_extra_state = dying_write
     elif kind == "pause-rollout":
-        rollout = trainer_module.rollout
+        sampler = trainer.sampler  # the trainer's one sampler (engine/rollout), single- or multi-turn
 
-        def paused_rollout(*args, **kwargs):
+        def paused_sampler(*args, **kwargs):
             pause()
-            return rollout(*args, **kwargs)
+            return sampler(*args, **kwargs)
 
-        trainer_module.rollout = paused_rollout
+        trainer.sampler = paused_sampler
     elif kind == "pause-update":
-        step_fn = trainer._step_fn
+        step_fn = trainer.loss_fn
 
         def paused_step_fn(module, micro):
             pause()
             return step_fn(module, micro)
 
-        trainer._step_fn = paused_step_fn
+        trainer.loss_fn = paused_step_fn
     else:
         raise ValueError(f"unknown fault {kind!r}")
     return trainer.train()
@@ -99,7 +99,8 @@ def faulty_worker(config_dict: dict, run_dir: str, resume: bool) -> dict:
 
 if __name__ == "__main__":
     import engine.grpo.cli as cli
+    import engine.train.loop
 
     os.environ["GRPO_FAULT"] = sys.argv[1]
-    cli.worker = faulty_worker
+    engine.train.loop.worker = faulty_worker  # the frame's command runs the loop's worker on every rank
     sys.exit(cli.main(sys.argv[2:]))

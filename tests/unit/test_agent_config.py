@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from engine.demo_model import make_tiny_model
-from engine.grpo.config import build_config, check
+from engine.recipes.grpo.config import build_config, check
 from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
 
 PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -68,7 +68,8 @@ def test_an_engine_that_cannot_continue_token_ids_is_refused(model_dir, monkeypa
 def test_the_cli_stops_with_one_line_before_any_worker(model_dir, capsys, tmp_path):
     from engine.grpo.cli import main
 
-    assert main([f"model.path={model_dir}", "rollout.tools=[agent_tools:untyped]", f"run.output_dir={tmp_path}"]) == 2
+    assert main(["--preset", "cpu-demo", f"model.path={model_dir}", "rollout.tools=[agent_tools:untyped]",
+                 f"run.output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("accel-grpo: error: invalid configuration: rollout.tools")
     assert list(tmp_path.iterdir()) == []

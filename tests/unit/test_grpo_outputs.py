@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from engine.grpo.report import panels
-from engine.runs.loggers import flat_params, numbers, require_logger
-from engine.runs.retention import human_size
+from engine.recipes.grpo.report import panels
+from engine.train.loggers import flat_params, numbers, require_logger
+from engine.train.retention import human_size
 
 
 def test_validation_panels_only_for_a_run_with_validation():

@@ -1,4 +1,4 @@
-"""engine/grpo/rollout_correction.py: the importance weights of every algorithm.rollout_correction mode against
+"""engine/recipes/grpo/rollout_correction.py: the importance weights of every algorithm.rollout_correction mode against
 numbers worked out by hand, over the loss mask only, and the rollout/* mismatch metrics over micro-batches and
 ranks."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.grpo.rollout_correction import CORRECTION_MODES, MismatchStats, importance_weights
+from engine.recipes.grpo.rollout_correction import CORRECTION_MODES, MismatchStats, importance_weights
 
 # Two sequences; the trainer's log-probs minus the engine's give the per-token log ratios below.
 # Sequence 0 has 3 loss tokens with ratios 1.5, 3.0 (above the cap 2), 0.5; sequence 1 has 1 loss token (ratio
@@ -65,7 +65,8 @@ def test_mismatch_metrics_over_micro_batches_and_ranks():
         _, ratios, masked = importance_weights(TRAINER[rows], SAMPLING[rows], MASK[rows], "token_mask", cap=2.0)
         stats.add(TRAINER[rows], SAMPLING[rows], MASK[rows], ratios, masked)
     stats.add(TRAINER[:0], SAMPLING[:0], MASK[:0], LOG_RATIO[:0], MASK[:0].bool())  # a filler: nothing counts
-    other_rank = {"tokens": 2.0, "diff_sum": 0.2, "ratios": 2.0, "ratio_sum": 2.0, "masked": 0.0}
+    other_rank = {"mismatch/tokens": 2.0, "mismatch/diff_sum": 0.2, "mismatch/ratios": 2.0, "mismatch/ratio_sum": 2.0,
+                  "mismatch/masked": 0.0}
     other_maxima = iter([0.1, 1.01, -0.99])  # the other rank's diff max, ratio max and minus its ratio min
 
     def summed(values):  # this rank's sums plus the other rank's

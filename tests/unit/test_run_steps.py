@@ -1,4 +1,4 @@
-"""engine/runs/steps.py: when both trainers' loops save a checkpoint, and the bar and loggers they close."""
+"""engine/train/steps.py: when both trainers' loops save a checkpoint, and the bar and loggers they close."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 from tqdm import tqdm
 
-from engine.runs.steps import advance, finish, save_if_due
+from engine.train.steps import advance, finish, save_if_due
 
 
 class RecordingEngine:

@@ -1,4 +1,4 @@
-"""The shared run layer (engine/runs/): a user's WANDB_DIR wins over the run directory; the progress bar takes no
+"""The shared run layer (engine/train/): a user's WANDB_DIR wins over the run directory; the progress bar takes no
 multiprocessing lock (whose semaphore leaked at the end of every run); one config pipeline for any schema."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from engine.runs.config import build_config
+from engine.train.config import build_config
 
 
 def _fake_wandb(monkeypatch, seen):
@@ -20,7 +20,7 @@ def _fake_wandb(monkeypatch, seen):
 
 @pytest.mark.parametrize("user_dir", [None, "/somewhere/wandb-files"])
 def test_wandb_dir_of_the_user_wins(monkeypatch, tmp_path, user_dir):
-    from engine.runs.loggers import WandbLogger
+    from engine.train.loggers import WandbLogger
 
     seen = {}
     _fake_wandb(monkeypatch, seen)
@@ -39,7 +39,7 @@ def test_progress_bar_uses_a_thread_lock():
 
     from tqdm import tqdm
 
-    from engine.runs.progress import progress_bar
+    from engine.train.progress import progress_bar
 
     bar = progress_bar(3, 0, "x")
     try:
@@ -73,35 +73,39 @@ def test_the_pipeline_takes_any_trainers_schema(tmp_path):
 
 
 def test_each_trainer_reads_its_own_run_config_and_names_the_other_tool(tmp_path):
-    """engine/runs/export.py: run_config, one reader behind accel-grpo's and accel-sft's (round trip with the shared
-    ConfigRoot.to_dict/from_dict; a run of the other trainer named with the tool to use)."""
+    """engine/train/export.py: read_run_config, one reader behind every trainer's export and eval (round trip with
+    the shared ConfigRoot.to_dict/from_dict; a run of another trainer named with the tool to use; a run from before
+    config.json named its trainer is GRPO's)."""
     import json
 
-    from engine.grpo.config import GRPOConfig
-    from engine.grpo.export import run_config as grpo_run_config
-    from engine.runs.export import ExportError
-    from engine.sft.config import SFTConfig
-    from engine.sft.export import run_config as sft_run_config
+    from engine.train.export import ExportError, read_run_config
+    from engine.train.registry import get_recipe
 
+    grpo, sft = get_recipe("grpo"), get_recipe("sft")
     runs = {}
-    for name, config in [("grpo", GRPOConfig()), ("sft", SFTConfig())]:
+    for recipe in (grpo, sft):
+        config = recipe.schema()
         config.train.seed = 7
-        runs[name] = tmp_path / name
-        runs[name].mkdir()
-        (runs[name] / "config.json").write_text(json.dumps({**config.to_dict(), "derived": {"world_size": 2}}))
-    assert grpo_run_config(runs["grpo"]) == GRPOConfig.from_dict(GRPOConfig().to_dict() | {"train": {"seed": 7}})
-    assert sft_run_config(runs["sft"]).train.seed == 7
+        runs[recipe.name] = tmp_path / recipe.name
+        runs[recipe.name].mkdir()
+        (runs[recipe.name] / "config.json").write_text(json.dumps({**config.to_dict(), "derived": {"world_size": 2}}))
+    seeded = grpo.schema.from_dict(grpo.schema().to_dict() | {"train": {"seed": 7}})
+    assert read_run_config(runs["grpo"], grpo) == seeded
+    assert read_run_config(runs["sft"], sft).train.seed == 7
     with pytest.raises(ExportError, match="is an accel-sft run: use accel-sft export"):
-        grpo_run_config(runs["sft"])
-    with pytest.raises(ExportError, match=r"is not an accel-sft run \(an accel-grpo run\? use accel-grpo export\)"):
-        sft_run_config(runs["grpo"])
+        read_run_config(runs["sft"], grpo)
+    with pytest.raises(ExportError, match="is an accel-grpo run: use accel-grpo export"):
+        read_run_config(runs["grpo"], sft)
+    legacy = {k: v for k, v in grpo.schema().to_dict().items() if k != "trainer"}
+    (runs["grpo"] / "config.json").write_text(json.dumps(legacy))
+    assert read_run_config(runs["grpo"], grpo) == grpo.schema()
     (runs["grpo"] / "config.json").write_text('{"model": {"nope": 1}}')
     with pytest.raises(ExportError, match="is not a readable accel-grpo config: unknown option 'model.nope'"):
-        grpo_run_config(runs["grpo"])
+        read_run_config(runs["grpo"], grpo)
 
 
 def test_invalid_configuration_is_one_line_for_one_problem_and_a_list_for_several():
-    from engine.runs.config import require_valid
+    from engine.train.config import require_valid
 
     require_valid([])
     with pytest.raises(ValueError, match=r"^invalid configuration: a$"):

@@ -1,5 +1,5 @@
-"""engine/sft/loss.py: the chunked SFT loss and token accuracy equal the unchunked full-logits computation (fp32),
-gradients included, for packed and padded micro-batches, several chunks (a ragged last one), the fused output
+"""engine/recipes/sft/loss.py: the chunked SFT loss and token accuracy equal the unchunked full-logits computation
+(fp32), gradients included, for packed and padded micro-batches, several chunks (a ragged last one), the fused output
 layer and the full-logits fallback, and with PEFT (LoRA) wrapping the model."""
 
 import torch
@@ -7,10 +7,10 @@ import torch.nn.functional as F
 
 from engine import output_layer
 from engine.packing import build_layout
-from engine.sft import loss as sft_loss
-from engine.sft.batches import MicroBatch, sequence_batch
-from engine.sft.masks import Tokenized
-from engine.sft.trainer import token_loss
+from engine.recipes.sft import loss as sft_loss
+from engine.recipes.sft.batches import MicroBatch, sequence_batch
+from engine.recipes.sft.masks import Tokenized
+from engine.recipes.sft.trainer import token_loss
 from engine.tiny_model import tiny_qwen2
 
 VOCAB = 384

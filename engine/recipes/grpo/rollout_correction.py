@@ -1,0 +1,118 @@
+"""Rollout/training mismatch: how far the rollout engine's log-probs are from the trainer's, and the truncated or
+masked importance sampling that corrects for it (``algorithm.rollout_correction``, ``_cap``).
+
+An engine with its own kernels (vLLM) samples from a distribution slightly different from the one the trainer
+computes for the same policy and tokens (other kernels, other precision, weights not yet pushed). With ``p`` the
+trainer's probability of a sampled token under the policy that sampled it and ``q`` the engine's, the per-token
+ratio is ``r = p / q`` and the policy-gradient term of each token is weighted by ``w``:
+
+- ``none``: ``w = 1`` (the ratios are still measured);
+- ``token_truncate``: ``w = min(r, cap)`` (truncated importance sampling);
+- ``token_mask``: ``w = r`` where ``r <= cap``, else 0 (the token is left out of the gradient);
+- ``sequence_truncate`` / ``sequence_mask``: the same with the sequence's ratio ``R = prod r`` over its loss
+  tokens, one weight for all its tokens.
+
+The default is ``token_truncate`` with ``cap = 2``: it costs nothing where the engines agree (the ratios stay
+near 1 and are never cut) and bounds the variance where they do not. Everything is computed over the loss mask
+(the tokens the model produced; tool output and padding are left out) and carries no gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor
+
+CORRECTION_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+DEFAULT_CORRECTION = "token_truncate"
+DEFAULT_CAP = 2.0
+_LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 4.9e8: keeps the ratio finite when the two disagree wildly
+
+
+def importance_weights(log_probs: Tensor, sampling_log_probs: Tensor, mask: Tensor, mode: str,
+                       cap: float) -> tuple[Tensor, Tensor, Tensor]:
+    """``(weights [B, T], ratios, masked [B, T] bool)``: the weight of each token's policy-gradient term, the
+    ratios the mode works on (per token ``[B, T]``, or per sequence ``[B]`` for the sequence modes) and the loss
+    tokens a mask mode left out. ``log_probs``: the trainer's, for the policy that sampled; all detached."""
+    if mode not in CORRECTION_MODES:
+        raise ValueError(f"unknown rollout correction {mode!r}; expected one of {CORRECTION_MODES}")
+    mask = mask.to(torch.bool)
+    log_ratio = ((log_probs.detach().float() - sampling_log_probs.float()) * mask).clamp(-_LOG_RATIO_LIMIT,
+                                                                                          _LOG_RATIO_LIMIT)
+    if mode.startswith("sequence"):
+        ratios = log_ratio.sum(dim=-1).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT).exp()  # [B]
+        per_token = ratios.unsqueeze(-1).expand_as(log_ratio)
+    else:
+        ratios = per_token = log_ratio.exp()
+    if mode == "none":
+        weights = torch.ones_like(per_token)
+    elif mode.endswith("truncate"):
+        weights = per_token.clamp(max=cap)
+    else:
+        weights = per_token.masked_fill(per_token > cap, 0.0)
+    masked = (per_token > cap) & mask if mode.endswith("mask") else torch.zeros_like(mask)
+    return weights * mask, ratios, masked
+
+
+@dataclasses.dataclass
+class MismatchStats:
+    """Sums, minima and maxima over a step's micro-batches (one rank), turned into the ``rollout/*`` metrics."""
+
+    tokens: float = 0.0
+    diff_sum: float = 0.0
+    diff_max: float = 0.0
+    ratios: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_min: float = math.inf
+    ratio_max: float = -math.inf
+    masked: float = 0.0
+
+    def add(self, log_probs: Tensor, sampling_log_probs: Tensor, mask: Tensor, ratios: Tensor,
+            masked: Tensor) -> None:
+        """One micro-batch: the absolute log-prob differences over its loss tokens, and its ratios (over loss
+        tokens, or over sequences with a loss token)."""
+        keep = mask.to(torch.bool)
+        if not bool(keep.any()):
+            return
+        diff = (log_probs.detach().float() - sampling_log_probs.float()).abs()[keep]
+        self.tokens += float(keep.sum())
+        self.diff_sum += float(diff.sum())
+        self.diff_max = max(self.diff_max, float(diff.max()))
+        counted = ratios[keep] if ratios.dim() == 2 else ratios[keep.any(dim=-1)]
+        self.ratios += float(counted.numel())
+        self.ratio_sum += float(counted.sum())
+        self.ratio_min = min(self.ratio_min, float(counted.min()))
+        self.ratio_max = max(self.ratio_max, float(counted.max()))
+        self.masked += float(masked.sum())
+
+    def sums(self) -> dict[str, float]:
+        """This rank's figures to add over ranks (``reduced`` makes the metrics of the totals)."""
+        return {"mismatch/tokens": self.tokens, "mismatch/diff_sum": self.diff_sum, "mismatch/ratios": self.ratios,
+                "mismatch/ratio_sum": self.ratio_sum, "mismatch/masked": self.masked}
+
+    def maxima(self) -> dict[str, float]:
+        """This rank's figures whose largest over ranks counts (the minimum as its negation)."""
+        return {"mismatch/diff_max": self.diff_max, "mismatch/ratio_max": self.ratio_max,
+                "mismatch/ratio_min_negated": -self.ratio_min}
+
+    @staticmethod
+    def reduced(totals: dict[str, float], largest: dict[str, float]) -> dict[str, float]:
+        """The ``rollout/*`` metrics from ``sums()`` added over ranks and the largest ``maxima()``; empty when no
+        rank had a loss token."""
+        if not totals["mismatch/tokens"]:
+            return {}
+        tokens = totals["mismatch/tokens"]
+        return {"rollout/logprob_diff_mean": totals["mismatch/diff_sum"] / tokens,
+                "rollout/logprob_diff_max": largest["mismatch/diff_max"],
+                "rollout/is_ratio_mean": totals["mismatch/ratio_sum"] / max(totals["mismatch/ratios"], 1.0),
+                "rollout/is_ratio_min": -largest["mismatch/ratio_min_negated"],
+                "rollout/is_ratio_max": largest["mismatch/ratio_max"],
+                "rollout/is_masked_frac": totals["mismatch/masked"] / tokens}
+
+    def metrics(self, sum_over_ranks, max_over_ranks) -> dict[str, float]:
+        """The step's metrics over every rank (every rank must call it), with the caller's reductions:
+        ``sum_over_ranks(dict) -> dict`` and ``max_over_ranks(float) -> float``."""
+        largest = {key: max_over_ranks(value) for key, value in self.maxima().items()}
+        return self.reduced(sum_over_ranks(self.sums()), largest)

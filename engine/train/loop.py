@@ -1,0 +1,90 @@
+"""The one training loop, run by every rank for every trainer: resume, then per step the recipe's step, its
+figures reduced over ranks once (sums in one all-reduce, maxima in one more), validation when due, rank 0's
+loggers and progress bar, a checkpoint when due (with retention), and a stop at a safe point (Ctrl-C / SIGTERM:
+the step finishes, is saved, and every rank stops at the same step). Only this loop writes a run's outputs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .. import checkpoint, runtime
+from .config import dist_timeout_s
+from .loggers import Loggers
+from .progress import progress_bar
+from .recipe import Plan, Recipe, StepResult
+from .report import plot_curves
+from .steps import advance, finish, save_if_due
+
+
+def reduce_step(result: StepResult, device) -> tuple[dict, bool]:
+    """The step's metrics row (without ``step``) from every rank's figures, and whether any rank asked to stop."""
+    totals = runtime.sum_over_ranks({**result.sums, "stop_requested": float(runtime.stop_requested() > 0)}, device)
+    stopping = totals.pop("stop_requested") > 0
+    maxima = dict(result.maxima)
+    if maxima and dist.is_initialized() and dist.get_world_size() > 1:
+        keys = sorted(maxima)
+        packed = torch.tensor([float(maxima[k]) for k in keys], dtype=torch.float64, device=device)
+        dist.all_reduce(packed, op=dist.ReduceOp.MAX)
+        maxima = dict(zip(keys, packed.tolist(), strict=True))
+    return result.metrics(totals, maxima), stopping
+
+
+def train(recipe: Recipe, plan: Plan, run_dir: Path, resume: bool) -> dict:
+    """Run ``plan`` with ``recipe`` on this rank; returns the last step's metrics row."""
+    import accel_backends
+
+    backend = accel_backends.get_backend()
+    backend.init_distributed(timeout=dist_timeout_s(plan.config))
+    return run_parts(recipe, plan, recipe.build(plan, backend), run_dir, resume)
+
+
+def run_parts(recipe: Recipe, plan: Plan, parts, run_dir: Path, resume: bool) -> dict:
+    """The loop over parts already built (the process group exists)."""
+    import accel_backends
+
+    run, backend = plan.config.run, accel_backends.get_backend()
+    runtime.stop_at_safe_point(run.save_on_interrupt)
+    start = 0
+    if resume:
+        loaded = checkpoint.load_latest(parts.engine, run_dir / "checkpoints", run.resume_fallback)
+        start = checkpoint.step_of(loaded)
+    recipe.ready(parts, start)
+    rank, total = parts.engine.rank, plan.total_steps
+    loggers = progress = None
+    if rank == 0:
+        loggers = Loggers(run.loggers, run_dir, start, recipe.resolved(plan), project=recipe.tool)
+        if run.progress:
+            progress = progress_bar(total, start, recipe.name)
+    last: dict = {}
+    if start == 0:
+        baseline = recipe.validate(parts, -1, baseline=True)  # the model before any update, when the recipe asks
+        if baseline and loggers is not None:
+            loggers.write({"step": 0, **baseline})
+    for index in range(start, total):
+        result = recipe.step(parts, index)
+        metrics, stopping = reduce_step(result, backend.metrics_device())
+        last = {"step": index + 1, **metrics}
+        last.update(recipe.validate(parts, index))
+        if loggers is not None:
+            loggers.write(last)
+            loggers.write_samples(result.samples)
+        advance(progress, result.shown(last))
+        save_if_due(parts.engine, run_dir, run, index, total, stopping=stopping, rank=rank, progress=progress,
+                    tool=recipe.tool)
+        if stopping:
+            break
+    finish(progress, loggers, lambda: plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", recipe.curves))
+    return last
+
+
+def worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
+    """What every rank runs: the recipe found again by name (the registry, as in the launching process), the plan
+    made again from the config the launcher recorded, then the loop."""
+    from .registry import get_recipe
+
+    recipe = get_recipe(recipe_name)
+    plan = recipe.plan(recipe.schema.from_dict(config_dict), world_size, verbose=False)
+    return train(recipe, plan, Path(run_dir), resume)
