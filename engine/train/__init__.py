@@ -8,6 +8,7 @@ curves, the progress bar, and the export of a checkpoint as a Hugging Face model
 
 from .config import ConfigRoot, engine_options
 from .recipe import Plan, Recipe, StepResult
-from .settings import ModelConfig, RunConfig
+from .settings import ModelConfig, RunConfig, TrainerConfig
 
-__all__ = ["ConfigRoot", "ModelConfig", "Plan", "Recipe", "RunConfig", "StepResult", "engine_options"]
+__all__ = ["ConfigRoot", "ModelConfig", "Plan", "Recipe", "RunConfig", "StepResult", "TrainerConfig",
+           "engine_options"]

@@ -45,7 +45,7 @@ class Recipe:
     name: str = ""  # "grpo": the registry's key, the run record's ``trainer`` and the run directories' prefix
     tool: str = ""  # "accel-grpo": the command's name in messages
     help: str = ""  # the command's --help text, written for users
-    schema: type = object  # the config root: a dataclass deriving from ``engine.train.config.ConfigRoot``
+    schema: type = object  # the config root: a dataclass deriving from ``engine.train.TrainerConfig`` (or ConfigRoot)
     presets: dict[str, dict] = {}
     curves: tuple[tuple[str, str], ...] = ()  # (metric, title) panels of curves.png
     sections: str = "model, data, train, run, engine"  # the YAML file's sections, for --help

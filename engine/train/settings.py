@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .config import ConfigRoot
+
 
 @dataclasses.dataclass
 class ModelConfig:
@@ -27,6 +29,16 @@ class RunConfig:
     progress: bool = True
     resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
     save_on_interrupt: bool = True  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
+
+
+@dataclasses.dataclass
+class TrainerConfig(ConfigRoot):
+    """The first fields of every trainer's config root, written once; a recipe's root adds its own sections (and
+    ``run``, ``engine`` and ``trainer``, which stay last in config.json) after these."""
+
+    preset: str = "default"
+    nproc: int | str = "auto"  # worker processes on this node; auto: one per visible accelerator (2 on the CPU)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
 
 
 def run_problems(run: RunConfig) -> list[str]:

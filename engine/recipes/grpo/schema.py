@@ -8,9 +8,8 @@ import dataclasses
 from typing import Any
 
 from ...rollout.engines.vllm_settings import VLLMConfig
-from ...train import config as train_config
-from ...train.settings import ModelConfig
 from ...train.settings import RunConfig as SharedRunConfig
+from ...train.settings import TrainerConfig
 from .loss_types import DEFAULT_LOSS_TYPE
 from .model import BUILTIN_MODEL
 from .rollout_correction import DEFAULT_CAP, DEFAULT_CORRECTION
@@ -100,10 +99,7 @@ class RunConfig(SharedRunConfig):
 
 
 @dataclasses.dataclass
-class GRPOConfig(train_config.ConfigRoot):
-    preset: str = "default"
-    nproc: int | str = "auto"  # worker processes on this node; auto: one per visible accelerator (2 on the CPU)
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+class GRPOConfig(TrainerConfig):
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)

@@ -11,7 +11,7 @@ from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
 from ...train import config as train_config
-from ...train.settings import ModelConfig, RunConfig, missing_model, run_problems
+from ...train.settings import RunConfig, TrainerConfig, missing_model, run_problems
 
 DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.demo_model)
 FORMATS = ("auto", "text", "messages", "prompt_completion")
@@ -50,10 +50,7 @@ class TrainConfig:
 
 
 @dataclasses.dataclass
-class SFTConfig(train_config.ConfigRoot):
-    preset: str = "default"
-    nproc: int | str = "auto"  # worker processes on this node; auto: one per visible accelerator (2 on the CPU)
-    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+class SFTConfig(TrainerConfig):
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
