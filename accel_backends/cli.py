@@ -166,8 +166,8 @@ def _info(name: str | None) -> dict:
         doc["device_count"] = backend.device_count()
         doc["device"] = str(backend.device())
         doc["memory"] = _memory(backend, True)
-    try:
-        doc["versions"] = backend.describe()
+    try:  # a figure the backend could not find (e.g. no CANN version) is left out, not printed as None
+        doc["versions"] = {key: value for key, value in backend.describe().items() if value is not None}
     except Exception as exc:  # noqa: BLE001
         doc["versions"] = {"error": f"{type(exc).__name__}: {exc}"}
     doc["torch_autoload_failure"] = autoload_report()
