@@ -37,7 +37,7 @@ except runtime.WorkerFailed as failed:
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=HIDDEN, layers=2)
 

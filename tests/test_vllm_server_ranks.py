@@ -27,7 +27,7 @@ from test_vllm_engine_ranks import ENV, HIDDEN, pytestmark  # noqa: F401 - pytes
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
-    from engine.grpo.fixture import make_tiny_model
+    from engine.demo_model import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("served-model"), hidden_size=HIDDEN, layers=2, eos_bias=0.0)
 
