@@ -110,15 +110,27 @@ def test_loss_and_grad_norm_equal_one_rank_without_a_split(results, name):
     assert results[0]["packed, 96-token budget"]["micro_batches"] > 1
 
 
-def test_a_short_demo_run_at_sp_2_learns(tmp_path):
-    result = run_python(["-m", "engine.sft.cli", "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
-                         "train.steps=12", "engine.warmup_steps=2", "run.val_every=0", "data.demo_examples=256",
-                         "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
-                        env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}, timeout=600)
+def _command(*args):
+    return run_python(["-m", "engine.sft.cli", *args], env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"},
+                      timeout=600)
+
+
+def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path):
+    result = _command("--preset", "cpu-demo", "engine.sequence_parallel_size=2", "train.steps=12",
+                      "engine.warmup_steps=2", "run.val_every=6", "run.save_every=12", "data.demo_examples=256",
+                      "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}")
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "sp2" / "metrics.jsonl").read_text().splitlines()]
+    run_dir = tmp_path / "sp2"
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     losses = [row["loss"] for row in rows if "loss" in row]
     assert len(losses) == 12
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
-    config = json.loads((tmp_path / "sp2" / "config.json").read_text())
-    assert config["engine"]["sequence_parallel_size"] == 2
+    assert json.loads((run_dir / "config.json").read_text())["engine"]["sequence_parallel_size"] == 2
+    last_val = [row["val/loss"] for row in rows if "val/loss" in row][-1]
+    # The checkpoint two ranks of one group wrote, evaluated on slices (sp=2, from config.json) and whole (sp=1,
+    # one process): both give the run's own last validation loss.
+    for args in ((), ("--nproc", "1", "engine.sequence_parallel_size=1")):
+        evaluated = _command("eval", str(run_dir), *args)
+        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+        figures = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
+        assert figures["val/loss"] == pytest.approx(last_val, rel=1e-5), args
