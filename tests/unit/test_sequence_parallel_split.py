@@ -196,14 +196,24 @@ def test_engine_config_refuses_another_attention_with_sequence_parallelism():
     assert EngineConfig(sequence_parallel_size=2).sequence_parallel_size == 2
 
 
-@pytest.mark.parametrize("trainer", ["grpo", "sft"])
-def test_trainers_refuse_a_split_they_do_not_compute_yet(trainer, capsys, tmp_path):
-    """Until their losses run on slices, both trainers say so in one line before any worker starts."""
-    import importlib
+def test_grpo_refuses_a_split_it_does_not_compute_yet(capsys, tmp_path):
+    """Until its losses run on slices, accel-grpo says so in one line before any worker starts (accel-sft computes
+    on slices: tests/test_sft_sequence_parallel.py)."""
+    from engine.grpo.cli import main
 
-    main = importlib.import_module(f"engine.{trainer}.cli").main
     code = main(["engine.sequence_parallel_size=2", f"run.output_dir={tmp_path / 'runs'}"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and "\n" not in err, err
-    assert f"engine.sequence_parallel_size=2: accel-{trainer} does not compute its loss on sequence slices" in err
+    assert "engine.sequence_parallel_size=2: accel-grpo does not compute its loss on sequence slices" in err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_sft_refuses_a_group_size_that_does_not_divide_its_ranks(capsys, tmp_path):
+    """accel-sft splits sequences; a size that does not divide the world is one line before any worker starts."""
+    from engine.sft.cli import main
+
+    code = main(["--preset", "cpu-demo", "engine.sequence_parallel_size=4", f"run.output_dir={tmp_path / 'runs'}"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err, err
+    assert "engine.sequence_parallel_size=4 does not divide the world size 2: use one of 1, 2" in err
     assert not (tmp_path / "runs").exists()

@@ -10,6 +10,7 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
+from ...sequence_parallel.checks import config_problems
 from ...train import config as train_config
 from ...train.settings import RunConfig, TrainerConfig, missing_model, run_problems
 
@@ -94,14 +95,18 @@ def engine_config(config: SFTConfig, total_steps: int | None = None) -> EngineCo
     return train_config.engine_options(dict(config.engine), defaults)
 
 
+def _data_parallel_groups(config: SFTConfig, world_size: int) -> int:
+    """Groups that each take their own micro-batches: ``world / engine.sequence_parallel_size`` (a size that does
+    not divide the world is refused by the engine's options check)."""
+    sp = config.engine.get("sequence_parallel_size", 1)
+    valid = isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 and world_size % sp == 0
+    return world_size // sp if valid else world_size
+
+
 def check(config: SFTConfig, world_size: int) -> list[str]:
     """Every problem that can be found from the options alone, as sentences (the data is checked next)."""
     problems = []
     d, t, r = config.data, config.train, config.run
-    sp = config.engine.get("sequence_parallel_size", 1)
-    if str(sp) != "1":  # the engine splits sequences (docs/sequence-parallel.md); this trainer's losses do not yet
-        problems.append(f"engine.sequence_parallel_size={sp}: accel-sft does not compute its loss on sequence "
-                        "slices yet (the engine does; the trainer's part of issue 30 is to come): use 1")
     if config.model.path is None:
         problems.append(missing_model(config.preset))
     elif config.model.path != DEMO_MODEL:
@@ -139,9 +144,14 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     if t.batch_tokens is not None and t.batch_tokens < d.max_length:
         problems.append(f"train.batch_tokens={t.batch_tokens} is below data.max_length={d.max_length}: raise it "
                         f"to at least {d.max_length}")
-    if t.batch_tokens is None and t.batch_size < world_size:
-        problems.append(f"train.batch_size={t.batch_size} sequences per step cannot give each of the {world_size} "
-                        f"ranks one: raise train.batch_size to at least {world_size}")
+    sp = config.engine.get("sequence_parallel_size", 1)
+    if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:  # the rest of sp's checks: engine_config below
+        problems += config_problems(sp, world_size)  # with the defaults: only whether sp divides the world
+    groups = _data_parallel_groups(config, world_size)
+    if t.batch_tokens is None and t.batch_size < groups:
+        who = f"{groups} ranks" if groups == world_size else f"{groups} data-parallel groups"
+        problems.append(f"train.batch_size={t.batch_size} sequences per step cannot give each of the {who} "
+                        f"one: raise train.batch_size to at least {groups}")
     if str(config.engine.get("mixed_precision", "")) == "fp16":
         problems.append("engine.mixed_precision=fp16 is not supported (no loss scaling): use bf16 (or auto)")
     try:

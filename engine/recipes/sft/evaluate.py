@@ -54,12 +54,13 @@ def worker(config_dict: dict, weights: str | None) -> dict:
     if weights:
         engine.load_checkpoint(weights)
     packed = config.train.padding_free and engine.packed_input_supported()
-    micro, _ = rank_micro_batches(items, engine.rank, engine.world_size, packed=packed,
+    sp = engine.sequence_parallel  # a run trained with sequence parallelism evaluates on slices, as it validated
+    micro, _ = rank_micro_batches(items, sp.data_parallel_rank, sp.data_parallel_size, packed=packed,
                                   micro_batch_tokens=config.train.micro_batch_tokens,
                                   micro_batch_size=config.train.micro_batch_size)
     device = backend.device()
     with engine.eval_mode(), torch.no_grad():
-        result = engine.forward_backward_batch(micro, lambda module, m: token_loss(module, m, device),
+        result = engine.forward_backward_batch(micro, lambda module, m: token_loss(module, m, device, sp),
                                                forward_only=True)
     return {"val/loss": result["loss"], "val/mean_token_accuracy": result["mean_token_accuracy"],
             "val/num_tokens": result["weight"], "examples": len(items)}

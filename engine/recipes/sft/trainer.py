@@ -13,6 +13,7 @@ import time
 import torch
 
 from ... import FSDPEngine
+from ...sequence_parallel import split_layout
 from ...train.recipe import Plan, StepResult
 from .batches import rank_micro_batches
 from .config import engine_config
@@ -24,14 +25,22 @@ CURVES = (("loss", "loss (supervised tokens)"), ("val/loss", "validation loss"),
           ("step_time_s", "step time (s)"))
 
 
-def token_loss(module, micro, device) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def token_loss(module, micro, device, sp=None) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """Mean cross-entropy over the micro-batch's supervised tokens, weighted by their count (the engine then
     divides by the count of the whole global batch): ``(loss, weight, {"mean_token_accuracy": ...})``; logits are
-    computed in chunks (``loss.py``)."""
-    layout, mask = micro.layout.to(device), micro.mask.to(device)
-    per_token, hits = per_token_losses(module, layout)  # logits exist one chunk of positions at a time
+    computed in chunks (``loss.py``).
+
+    With a sequence-parallel group ``sp`` (``engine.sequence_parallel``) this rank computes only its slice's tokens
+    (``split_layout``) and divides their sum by the whole micro-batch's supervised count: the group's shares add up
+    to the micro-batch's mean, each token counted once, and the weight is the whole micro-batch's."""
+    layout, mask = micro.layout, micro.mask
     count = mask.sum()
-    denominator = count.clamp(min=1.0)
+    if sp is not None and sp.enabled:
+        layout = split_layout(layout, sp)
+        mask = mask[layout.owned] if layout.owned.numel() else torch.zeros(1)  # the stand-in token scores nothing
+    layout, mask = layout.to(device), mask.to(device)
+    per_token, hits = per_token_losses(module, layout)  # logits exist one chunk of positions at a time
+    denominator = count.clamp(min=1.0).to(device)
     loss = (per_token * mask).sum() / denominator
     correct = (hits.float() * mask).sum() / denominator
     return loss, count.detach(), {"mean_token_accuracy": correct}
@@ -55,12 +64,15 @@ class SFTParts:
         return self.engine.world_size
 
     def micro_batches(self, items):
-        t = self.plan.config.train
-        return rank_micro_batches(items, self.rank, self.world_size, micro_batch_tokens=t.micro_batch_tokens,
-                                  micro_batch_size=t.micro_batch_size, packed=self.packed)
+        """This data-parallel group's micro-batches (the same on every rank of a sequence-parallel group, whose
+        ``train.micro_batch_tokens`` counts the group's tokens: each rank holds ``1/sp`` of them)."""
+        t, sp = self.plan.config.train, self.engine.sequence_parallel
+        return rank_micro_batches(items, sp.data_parallel_rank, sp.data_parallel_size,
+                                  micro_batch_tokens=t.micro_batch_tokens, micro_batch_size=t.micro_batch_size,
+                                  packed=self.packed)
 
     def loss(self, module, micro):
-        return token_loss(module, micro, self.backend.device())
+        return token_loss(module, micro, self.backend.device(), self.engine.sequence_parallel)
 
 
 def build(plan: Plan, backend) -> SFTParts:
@@ -86,8 +98,9 @@ def train_step(parts: SFTParts, step: int) -> StepResult:
            "token_imbalance": figures["token_imbalance"]}
     tail = {"total_tokens": float(sum(len(i.ids) for i in items)), "skipped_updates": float(engine_figures["skipped"]),
             "peak_memory_gib": engine_figures["peak_memory_gib"]}
+    pad_tokens = figures["pad_tokens"] / parts.engine.sequence_parallel.size  # summed over ranks: once per group
     return StepResult(metrics=lambda totals, _: {**row, "pad_tokens": totals["pad_tokens"], **tail},
-                      sums={"pad_tokens": figures["pad_tokens"]}, shown=_shown)
+                      sums={"pad_tokens": pad_tokens}, shown=_shown)
 
 
 def _shown(row: dict) -> dict:
