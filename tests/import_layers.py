@@ -17,7 +17,8 @@ FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/t
 BENCH = 4
 # What the floors above the engine may use of it: its public API, not the mechanics under it.
 PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing", "engine.tiny_model",
-              "engine.hookspecs", "engine.output_layer", "engine.object_loader", "engine.demo_model")
+              "engine.hookspecs", "engine.output_layer", "engine.object_loader", "engine.demo_model",
+              "engine.sequence_parallel")
 # Which trainer a module belongs to: recipes never import each other.
 RECIPES = {"engine.recipes.grpo": "grpo", "engine.grpo": "grpo", "engine.recipes.sft": "sft", "engine.sft": "sft"}
 

@@ -10,7 +10,7 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
-from ...sequence_parallel.checks import config_problems
+from ...sequence_parallel import config_problems
 from ...train import config as train_config
 from ...train.settings import RunConfig, TrainerConfig, missing_model, run_problems
 

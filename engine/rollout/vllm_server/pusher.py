@@ -115,8 +115,13 @@ class WeightPusher:
             gloo_wire.send_end(self.groups)
             _joined(receiving, self.timeout_s)
         except Exception as exc:
-            raise ServerError(f"a weight push to the vLLM servers failed half-way ({type(exc).__name__}: {exc}); "
-                              "they stay paused with part of the new weights and must be restarted") from None
+            cause = f"{type(exc).__name__}: {exc}"
+            dead = [client.url for client in self.clients if not client.healthy()]
+            if dead:  # the usual cause: a server ended mid-push; name it as a sampling request would
+                raise ServerError(f"vLLM server {dead[0]} is unreachable: it ended during a weight push ({cause}); "
+                                  "restart it (and the run from its last checkpoint)") from None
+            raise ServerError(f"a weight push to the vLLM servers failed half-way ({cause}); they stay paused with "
+                              "part of the new weights and must be restarted") from None
         for client in self.clients:
             client.finish_weight_update(str(version))
             client.resume()
