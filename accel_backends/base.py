@@ -42,7 +42,8 @@ class InferenceEngineFacts:
     the trainer's weights into the servers on this device (the name given to a server's ``--weight-transfer-config``:
     vLLM's ``nccl``, vllm-ascend's ``hccl``, the ``gloo`` engine this package registers in vLLM, or a third-party
     one), and ``weight_transfer_settings``, the weight group's settings sent with the engine's init info (e.g. its
-    timeout).
+    timeout; an engine with its own trainer half takes those its init info declares). The trainer half of any
+    engine but ``gloo`` comes from vLLM's ``WeightTransferTrainerFactory`` under the same name.
     """
 
     package: str = "vllm"

@@ -35,6 +35,8 @@ from .manager import ServerManager
 from .model_signature import signature_of
 from .plan import server_options, server_specs
 from .pusher import WeightPusher
+from .settings import OWN_ENGINE
+from .vllm_wire import VLLMTrainerWire
 
 MAX_REQUESTS_IN_FLIGHT = 64  # per rank: enough for a server to batch, few enough threads
 
@@ -59,9 +61,14 @@ class VLLMServerRolloutEngine(RolloutEngine):
         workers = [self._workers(client) for client in self.clients] if self.rank == 0 else [0] * len(urls)
         from transformers import AutoConfig
 
+        wire = None
+        if self.facts.weight_transfer != OWN_ENGINE:  # an engine with its own trainer side (nccl, hccl, ...)
+            wire = VLLMTrainerWire(self.facts.weight_transfer, self.facts.weight_transfer_settings, self.rank,
+                                   draw=policy.iter_full_weights)
         self.pusher = WeightPusher(self.clients, workers, self.settings.weight_transfer_address or "127.0.0.1",
                                    signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
-                                   engine=self.facts.weight_transfer, settings=self.facts.weight_transfer_settings)
+                                   engine=self.facts.weight_transfer, settings=self.facts.weight_transfer_settings,
+                                   wire=wire)
         self.pusher.connect()
 
     # -- servers ------------------------------------------------------------------------------------------------

@@ -7,6 +7,10 @@ streams the weights one tensor at a time, each drawn just before it goes (the po
 time: never a full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the
 weights too (drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they
 never sample from a part-old, part-new model; the error says so.
+
+That is this package's ``gloo`` engine (the CPU's). An engine that ships its own trainer side (vLLM's ``nccl``,
+vllm-ascend's HCCL engine) goes through ``vllm_wire.VLLMTrainerWire`` instead: the same pause, versions and
+failure rule, the bytes moved by the engine's own trainer half.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch
 
 from . import gloo_wire
 from .client import ServerClient, ServerError
+from .vllm_wire import VLLMTrainerWire
 
 
 def _in_thread(work: Callable[[], None]) -> tuple[threading.Thread, list[BaseException]]:
@@ -51,24 +56,34 @@ class WeightPusher:
 
     def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
                  sender: bool, engine: str = "gloo", settings: dict | None = None,
-                 free_port: Callable[[], int] | None = None) -> None:
+                 free_port: Callable[[], int] | None = None, wire: VLLMTrainerWire | None = None) -> None:
         self.clients, self.workers, self.address = clients, workers, address
         self.signature, self.sender, self.engine = signature, sender, engine
         self.settings = dict(settings or {})  # the device's weight-group settings, sent with the init info
         self.timeout_s = float(self.settings.get("timeout_s", 600.0))
         self.free_port = free_port
+        self.wire = wire  # an engine with its own trainer side (nccl, hccl, ...); None: this package's gloo wire
         self.groups: list = []
         self.version = 0  # the version the servers report once a push finished; 0: none yet
 
-    def connect(self) -> None:
-        """Open one weight group per server (rank 0 only); a server lacking the engine or serving another model
-        is named here, before any training."""
-        if not self.sender:
-            return
+    def _port(self) -> int:
         from accel_backends.spawn import free_port
 
+        return (self.free_port or free_port)()
+
+    def connect(self) -> None:
+        """Open one weight group per server; a server lacking the engine (or, with the gloo wire, serving another
+        model) is named here, before any training."""
+        if self.wire is not None:  # every rank builds its engines (rank 0's open the groups)
+            try:
+                self.wire.connect(self.clients, self.workers, self.address, self._port)
+            except ServerError as exc:  # a server's refusal gets what to do; the trainer's own lack is said as is
+                raise ServerError(self._refusal(exc) if str(exc).startswith("vLLM server ") else str(exc)) from None
+            return
+        if not self.sender:
+            return
         for client, workers in zip(self.clients, self.workers, strict=True):
-            port = (self.free_port or free_port)()
+            port = self._port()
             size = 1 + workers
             info = {**self.settings, "master_address": self.address, "master_port": port, "rank_offset": 1,
                     "world_size": size, "model_signature": self.signature}
@@ -100,6 +115,8 @@ class WeightPusher:
         """Send every ``(name, tensor)`` of ``weights`` to every server under the next version; returns the
         version's number. Every rank calls it and consumes ``weights``."""
         version = self.version + 1
+        if self.wire is not None:
+            return self._push_through_wire(version, weights)
         if not self.sender:
             for _ in weights:
                 pass
@@ -125,6 +142,26 @@ class WeightPusher:
         for client in self.clients:
             client.finish_weight_update(str(version))
             client.resume()
+        self.version = version
+        return version
+
+    def _push_through_wire(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """The push through an engine's own trainer side: it drives start / update / finish; rank 0 pauses the
+        servers before and resumes them after (a failure leaves them paused, as the gloo wire does)."""
+        if self.sender:
+            for client in self.clients:
+                client.pause("keep")
+        try:
+            self.wire.send(version, weights)
+        except ServerError:
+            raise
+        except Exception as exc:
+            raise ServerError(f"a weight push to the vLLM servers through the {self.engine!r} engine failed half-way "
+                              f"({type(exc).__name__}: {exc}); they stay paused with part of the new weights and "
+                              "must be restarted") from None
+        if self.sender:
+            for client in self.clients:
+                client.resume()
         self.version = version
         return version
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 MODES = ("colocate", "server")
-TRAINER_SIDE_ENGINES = ("gloo",)  # weight-transfer engines this package can push into from the trainer
+OWN_ENGINE = "gloo"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
 
 
 def local_servers(settings) -> int:
@@ -41,11 +41,23 @@ def server_problems(settings, facts) -> list[str]:
     if not isinstance(settings.server_args, dict):
         problems.append(f"rollout.vllm.server_args must be a mapping of api_server arguments, got "
                         f"{settings.server_args!r}")
-    if facts.weight_transfer not in TRAINER_SIDE_ENGINES:
-        problems.append(f"rollout.vllm.mode=server: this device's weight-transfer engine is "
-                        f"{facts.weight_transfer!r}, and the trainer can push only into "
-                        f"{', '.join(TRAINER_SIDE_ENGINES)} so far: use rollout.vllm.mode=colocate here")
+    problems += trainer_side_problems(facts.weight_transfer)
     return problems
+
+
+def trainer_side_problems(engine: str, factory=None) -> list[str]:
+    """The weight-transfer engine needs a trainer side: this package's own gloo wire, or one vLLM (or a vLLM
+    platform package) registers under the engine's name, importable in the trainer's Python."""
+    if engine == OWN_ENGINE:
+        return []
+    from .client import ServerError
+    from .vllm_wire import VLLMTrainerFactory
+
+    try:
+        (factory or VLLMTrainerFactory()).init_info_class(engine)
+    except ServerError as exc:
+        return [f"rollout.vllm.mode=server: {exc}"]
+    return []
 
 
 def unreachable_servers(urls: list[str]) -> list[str]:
