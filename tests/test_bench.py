@@ -1,5 +1,6 @@
 """accel-bench: one tiny run of every scenario (2 CPU processes) checked by what it counts, and bad input."""
 
+import importlib.util
 import json
 
 import pytest
@@ -95,6 +96,8 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     (["--grpo-override", "train.stepz=3"], "did you mean train.steps?"),
     (["--grpo-override", "train.mini_batch_size=7"], "train.mini_batch_size=7 does not divide"),
     (["--rollout-model", "/nonexistent"], "--rollout-model /nonexistent is not a model directory (no config.json)"),
+    pytest.param(["--scenarios", "vllm_alone"], "the vllm_alone scenario needs vLLM in this Python",
+                 marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),
 ])
 def test_bad_input_is_refused_before_any_worker_starts(argv, message, capsys):
     with pytest.raises(SystemExit) as exit_info:

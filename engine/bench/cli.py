@@ -1,6 +1,6 @@
 """``accel-bench``: every engine option and the GRPO step, measured side by side in one run.
 
-Scenarios (``--scenarios``, default all):
+Scenarios (``--scenarios``, default all but vllm_alone):
   mode_switch  train_mode entry: fast path vs the pre-fix behaviour at 2 and 28 layers; parameter/optimizer
                offload round trips (time, bytes, moves, bandwidth); optimizer onload "step" vs "mode"
   grad_accum   1/2/4/8 micro-batches x FSDP1/FSDP2 x every / deferred / deferred+unsharded: step time,
@@ -17,6 +17,9 @@ Scenarios (``--scenarios``, default all):
   sequence_parallel
                one long sequence's forward/backward at sp=1 and sp=2 (--sp-tokens), interleaved: time, the
                all-to-all exchange's time and bytes, activations and peak memory per rank (needs an even --nproc)
+  vllm_alone   vLLM by itself (where it is installed) decoding the GRPO model's geometry, one fresh process per
+               thread count and binding: response tokens per second, to read the grpo scenario's rollout phase
+               (--grpo-override rollout.engine=vllm) against; needs --grpo-model-dir or --grpo-case long
 
 --grpo-case long (grpo and packing) runs a model whose responses spread over 1..128 tokens (make-tiny-model
 --hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos, written to a temporary directory) on
@@ -30,19 +33,21 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import json
 import sys
 import tempfile
 from pathlib import Path
 
-from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout, sequence_parallel, sft
+from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout, sequence_parallel, sft, vllm_alone
 from .common import release
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
              "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run,
-             "sequence_parallel": sequence_parallel.run}
+             "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run}
 GRPO_SCENARIOS = ("grpo", "packing")
+MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
 # The long-response case: the model make-tiny-model writes with these settings, and the work around it.
 LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
 LONG_CASE_WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128"]
@@ -80,9 +85,13 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
+ON_REQUEST = ("vllm_alone",)  # not in "all": named explicitly (it needs vLLM and a model directory)
+DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ON_REQUEST]
+
+
 def _scenarios(text: str) -> list[str]:
     if text == "all":
-        return list(SCENARIOS)
+        return list(DEFAULT_SCENARIOS)
     names = [part.strip() for part in text.split(",") if part.strip()]
     unknown = [n for n in names if n not in SCENARIOS]
     if unknown or not names:
@@ -103,7 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     add = parser.add_argument
     add("--nproc", type=_positive, default=2, help="worker processes (ignored under torchrun)")
-    add("--scenarios", type=_scenarios, default=list(SCENARIOS), help="comma-separated, or all (default)")
+    add("--scenarios", type=_scenarios, default=list(DEFAULT_SCENARIOS),
+        help="comma-separated, or all (default: every scenario but vllm_alone, which is run when named)")
     add("--json", type=Path, help="also write every figure to this file")
     add("--plot", type=Path, help="PNG of step time and collectives against micro-batches (needs grad_accum)")
     model = parser.add_argument_group("model (a randomly initialised Qwen2 built from a config)")
@@ -149,6 +159,10 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--sp-tokens", type=_positive_list, default=[8192, 16384],
                     help="sequence lengths of the sequence_parallel scenario (each run at sp=1 and sp=2)")
     sp.add_argument("--sp-repeats", type=_positive, default=2, help="timed passes per variant and length")
+    alone = parser.add_argument_group("vllm_alone")
+    alone.add_argument("--vllm-prompts", type=_positive, default=16, help="prompts per sampling call")
+    alone.add_argument("--vllm-n", type=_positive, default=8, help="responses per prompt")
+    alone.add_argument("--vllm-max-tokens", type=_positive, default=128, help="the longest response")
     return parser
 
 
@@ -161,11 +175,15 @@ def main(argv=None) -> int:
         parser.error(f"--rollout-model {args.rollout_model} is not a model directory (no config.json): write one with "
                      "accel-grpo make-tiny-model DIR")
     with contextlib.ExitStack() as stack:
-        if any(name in args.scenarios for name in GRPO_SCENARIOS):
+        if "vllm_alone" in args.scenarios and importlib.util.find_spec("vllm") is None:
+            parser.error("the vllm_alone scenario needs vLLM in this Python (pip install vllm, or vLLM's CPU build)")
+        if any(name in args.scenarios for name in MODEL_DIR_SCENARIOS):
             args.grpo_overrides = _case_overrides(args, stack) + args.grpo_overrides
             _check_grpo_settings(parser, args)
         options = {k: v for k, v in vars(args).items() if k not in ("nproc", "json", "plot", "grpo_model_dir")}
         options["rollout_model"] = str(args.rollout_model) if args.rollout_model else None
+        paths = [o.split("=", 1)[1] for o in args.grpo_overrides if o.startswith("model.path=")]
+        options["vllm_model_dir"] = paths[-1] if paths else None
         return _run_and_report(args, options)
 
 

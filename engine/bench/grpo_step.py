@@ -70,7 +70,8 @@ def run(options, backend, rank) -> dict:
     other = [s - sum(times[name][i] for name in PARTS) for i, s in enumerate(steps)]
     result["parts"]["other"] = summary(other)
     median_s = result["step"]["median_ms"] / 1e3
-    result["response_tokens_per_s_per_rank"] = sorted(tokens)[len(tokens) // 2] / median_s
+    result["response_tokens_per_step_per_rank"] = sorted(tokens)[len(tokens) // 2]
+    result["response_tokens_per_s_per_rank"] = result["response_tokens_per_step_per_rank"] / median_s
     result["share_of_step"] = {name: row["median_ms"] / result["step"]["median_ms"]
                                for name, row in result["parts"].items()}
     if options["profile"]:

@@ -152,9 +152,35 @@ def print_sequence_parallel(s: dict) -> None:
         print(f"  {tokens:>7} sp2 / sp1: time {r['time']:.2f}, activations {r['activations']:.2f}, peak {peak}")
 
 
+def print_vllm_alone(result: dict) -> None:
+    work = result["work"]
+    print(f"\nvLLM alone ({work['prompts']} prompts x {work['n']} responses of up to {work['max_tokens']} tokens, "
+          f"{work['rounds']} timed calls per variant, each variant a fresh process alone on the machine):")
+    for label, row in result["variants"].items():
+        if "skipped" in row:
+            print(f"  {label}: skipped ({row['skipped']})")
+            continue
+        spread = row["tokens_per_s_all"]
+        print(f"  {label}: {row['tokens_per_s']:.0f} response tokens/s [{min(spread):.0f}-{max(spread):.0f}]")
+
+
+def print_rollout_against_vllm_alone(result: dict) -> None:
+    """The grpo scenario's rollout phase (with rollout.engine=vllm) as a share of vLLM alone's speed."""
+    grpo, alone = result["scenarios"].get("grpo"), result["scenarios"].get("vllm_alone")
+    if not grpo or not alone or "rollout.engine=vllm" not in grpo["overrides"]:
+        return
+    seconds = grpo["parts"]["rollout"]["median_ms"] / 1e3
+    in_loop = grpo["response_tokens_per_step_per_rank"] / seconds
+    print(f"\nrollout phase in the GRPO step (rollout.engine=vllm, {result['world_size']} rank(s)): {in_loop:.0f} "
+          f"response tokens/s per rank; against vLLM alone:")
+    for label, row in alone["variants"].items():
+        if "tokens_per_s" in row:
+            print(f"  {label}: {in_loop / row['tokens_per_s']:.2f}")
+
+
 PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
-            "sequence_parallel": print_sequence_parallel}
+            "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone}
 
 
 def print_result(result: dict) -> None:
@@ -162,3 +188,4 @@ def print_result(result: dict) -> None:
           f"interleaved samples, ratios per round (median); compare ratios, not absolute times, on a shared machine")
     for name, scenario in result["scenarios"].items():
         PRINTERS[name](scenario)
+    print_rollout_against_vllm_alone(result)
