@@ -168,13 +168,13 @@ def test_rollout_mismatch_figures_count_each_token_and_sequence_once(results):
 def test_a_short_demo_run_at_sp_2_learns(tmp_path):
     """The cpu-demo echo task at sp=2 on 2 ranks (one group sampling 16 prompts a step): the reward rises."""
     result = run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
-                         "train.steps=24", "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
+                         "train.steps=20", "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
                         env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "sp2"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
-    assert len(rewards) == 24
-    assert sum(rewards[-4:]) / 4 > 1.5 * sum(rewards[:4]) / 4, rewards
+    assert len(rewards) == 20
+    assert sum(rewards[-4:]) / 4 > 2 * sum(rewards[:4]) / 4, rewards  # seen: 0.032 -> 0.132
     assert json.loads((run_dir / "config.json").read_text())["engine"]["sequence_parallel_size"] == 2
     assert rows[-1]["micro_batches"] == 8  # 128 sequences in micro-batches of 16, planned for the one group

@@ -10,7 +10,7 @@ from pathlib import Path
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
-from ...sequence_parallel.checks import config_problems
+from ...sequence_parallel import config_problems
 from ...train import config as train_config
 from ...train.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
 from ...train.settings import missing_model, run_problems
