@@ -234,7 +234,7 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
     options.setdefault("total_steps", config.train.steps * updates_per_step(config, world_size))
     if frozen:
         keep = {"fsdp_version", "mixed_precision", "wrap_class_names", "dist_timeout_s", "seed", "lora_rank",
-                "lora_alpha", "lora_target_modules", "attn_implementation"}
+                "lora_alpha", "lora_target_modules", "attn_implementation", "sequence_parallel_size"}
         options = {k: v for k, v in options.items() if k in keep}
         options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
     return train_config.engine_options(options, {})
