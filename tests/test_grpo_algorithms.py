@@ -92,6 +92,36 @@ def test_aggregate_modes(mode, mask):
     close(aggregate_loss(VALUES, mask, mode, norm_length=4), EXPECTED[mode])
 
 
+# Two ranks of a sequence-parallel group own the tokens left and right of column 1: each passes its own tokens as
+# the mask and the whole mask as counts; their results add up to the whole micro-batch's, in every mode.
+OWN = (MASK * (torch.arange(3) < 1), MASK * (torch.arange(3) >= 1))
+
+
+@pytest.mark.parametrize("mode", AGGREGATION_MODES)
+def test_aggregate_shares_of_a_split_add_up_to_the_whole(mode):
+    shares = [aggregate_loss(VALUES, own, mode, norm_length=4, counts=MASK) for own in OWN]
+    close(sum(shares), EXPECTED[mode])
+
+
+@pytest.mark.parametrize("loss_mode", ["vanilla", "gspo", "cispo"])
+def test_policy_loss_shares_of_a_split_add_up_to_the_whole(loss_mode):
+    """GSPO's sequence ratio needs every token of a sequence: ``across`` sums the ranks' partial sums (here both
+    ranks' halves, as the group's all-reduce would)."""
+    g = torch.Generator().manual_seed(3)
+    logp, old = -torch.rand(3, 3, generator=g), -torch.rand(3, 3, generator=g)
+    adv = torch.tensor([1.0, -0.5, 2.0])
+    kwargs = {"loss_mode": loss_mode, "agg": "seq-mean-token-mean", "clip_low": 0.2, "clip_high": 0.2}
+    whole, whole_metrics = policy_loss(logp, old, adv, MASK, **kwargs)
+
+    def across(value):
+        return sum(((logp - old).detach() * own).sum(dim=-1) for own in OWN)
+
+    parts = [policy_loss(logp, old, adv, own, counts=MASK, across=across, **kwargs) for own in OWN]
+    close(sum(loss for loss, _ in parts), whole)
+    for key in ("clip_frac", "approx_kl", "ratio_mean"):
+        close(sum(metrics[key] for _, metrics in parts), whole_metrics[key])
+
+
 @pytest.mark.parametrize("mode", AGGREGATION_MODES)
 def test_aggregate_all_padding_is_zero_not_nan(mode):
     out = aggregate_loss(VALUES, torch.zeros(3, 3), mode, norm_length=4)

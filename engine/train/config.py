@@ -189,3 +189,12 @@ def engine_options(options: dict, defaults: dict) -> EngineConfig:
                          f"{', '.join(sorted(fields))}")
     options = {key: coerce(f"engine.{key}", value, fields[key].type) for key, value in options.items()}
     return EngineConfig(**options)
+
+
+def data_parallel_groups(engine: dict, world_size: int) -> int:
+    """Groups that each take their own prompts or micro-batches: ``world / engine.sequence_parallel_size`` (the
+    ranks of one sequence-parallel group share theirs). A size that does not divide the world counts as 1 here:
+    the engine's options check refuses it."""
+    sp = engine.get("sequence_parallel_size", 1)
+    valid = isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 and world_size % sp == 0
+    return world_size // sp if valid else world_size

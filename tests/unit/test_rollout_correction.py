@@ -84,3 +84,24 @@ def test_mismatch_metrics_over_micro_batches_and_ranks():
     assert metrics["rollout/is_ratio_max"] == pytest.approx(3.0, rel=1e-5)
     assert metrics["rollout/is_masked_frac"] == pytest.approx(1 / 6)
     assert MismatchStats().metrics(lambda d: d, lambda v: v) == {}  # no loss token anywhere: no metrics
+
+
+def test_a_sequence_split_over_two_ranks_gets_the_ratio_of_all_its_tokens():
+    """Sequence parallelism: each rank holds some of a sequence's loss tokens; ``across`` adds the ranks' partial
+    log-ratio sums (as the group's all-reduce does), so both get the whole sequence's ratio and weights; the
+    mismatch figures count each token once and each sequence once (on the first rank only)."""
+    own = (MASK * (torch.arange(3) < 1), MASK * (torch.arange(3) >= 1))
+
+    def across(value):
+        return sum((LOG_RATIO * part).sum(dim=-1) for part in own)
+
+    whole_weights, whole_ratios, _ = importance_weights(TRAINER, SAMPLING, MASK, "sequence_truncate", cap=2.0)
+    split, stats = MismatchStats(), MismatchStats()
+    for rank, part in enumerate(own):
+        weights, ratios, masked = importance_weights(TRAINER, SAMPLING, part, "sequence_truncate", cap=2.0,
+                                                     across=across)
+        close(ratios, whole_ratios.tolist())
+        close(weights, (whole_weights * part).tolist())
+        split.add(TRAINER, SAMPLING, part, ratios, masked, sequences=MASK.bool().any(dim=-1) & (rank == 0))
+    stats.add(TRAINER, SAMPLING, MASK, whole_ratios, torch.zeros_like(MASK, dtype=torch.bool))
+    assert split.sums() == pytest.approx(stats.sums())

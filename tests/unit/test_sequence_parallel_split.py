@@ -196,15 +196,31 @@ def test_engine_config_refuses_another_attention_with_sequence_parallelism():
     assert EngineConfig(sequence_parallel_size=2).sequence_parallel_size == 2
 
 
-def test_grpo_refuses_a_split_it_does_not_compute_yet(capsys, tmp_path):
-    """Until its losses run on slices, accel-grpo says so in one line before any worker starts (accel-sft computes
-    on slices: tests/test_sft_sequence_parallel.py)."""
+GRPO_REFUSALS = {
+    "a size that does not divide the ranks": (
+        ["engine.sequence_parallel_size=4"],
+        "engine.sequence_parallel_size=4 does not divide the world size 2: use one of 1, 2"),
+    "prompts that do not divide over the groups": (
+        ["--nproc", "4", "engine.sequence_parallel_size=2", "train.prompts_per_step=3"],
+        "train.prompts_per_step=3 does not divide over 2 data-parallel groups (4 ranks / "
+        "engine.sequence_parallel_size=2)"),
+    "colocated vLLM": (
+        ["engine.sequence_parallel_size=2", "rollout.engine=vllm"],
+        "engine.sequence_parallel_size=2 with rollout.engine=vllm in colocate mode is not supported"),
+}
+
+
+@pytest.mark.parametrize("case", GRPO_REFUSALS)
+def test_grpo_refuses_a_split_it_cannot_run_before_any_worker(case, capsys, tmp_path):
+    """accel-grpo trains on slices (tests/test_grpo_sequence_parallel.py); what it cannot do with them is said
+    before any worker starts, in one line (colocated vLLM: among vLLM's own problems, one line each)."""
     from engine.grpo.cli import main
 
-    code = main(["engine.sequence_parallel_size=2", f"run.output_dir={tmp_path / 'runs'}"])
+    args, words = GRPO_REFUSALS[case]
+    code = main(["--preset", "cpu-demo", *args, f"run.output_dir={tmp_path / 'runs'}"])
     err = capsys.readouterr().err.strip()
-    assert code == 2 and "\n" not in err, err
-    assert "engine.sequence_parallel_size=2: accel-grpo does not compute its loss on sequence slices" in err
+    assert code == 2 and words in err, err
+    assert "\n" not in err or "vllm" in case.lower(), err
     assert not (tmp_path / "runs").exists()
 
 

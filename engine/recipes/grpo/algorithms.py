@@ -98,13 +98,16 @@ def overlong_penalty(lengths: Tensor, max_new_tokens: int, buffer_len: int, fact
     return (-excess / buffer_len * factor).clamp(min=-factor, max=0.0)
 
 
-def masked_mean(values: Tensor, mask: Tensor) -> Tensor:
-    """Mean of ``values`` over positions where ``mask`` is set; 0 (not NaN) when nothing is set."""
+def masked_mean(values: Tensor, mask: Tensor, counts: Tensor | None = None) -> Tensor:
+    """Mean of ``values`` over positions where ``mask`` is set; 0 (not NaN) when nothing is set. ``counts``: the
+    mask whose size divides (default ``mask``; see ``aggregate_loss``)."""
     mask = mask.to(values.dtype)
-    return (values * mask).sum() / mask.sum().clamp(min=1.0)
+    counts = mask if counts is None else counts.to(values.dtype)
+    return (values * mask).sum() / counts.sum().clamp(min=1.0)
 
 
-def aggregate_loss(values: Tensor, mask: Tensor, mode: str, norm_length: float | None = None) -> Tensor:
+def aggregate_loss(values: Tensor, mask: Tensor, mode: str, norm_length: float | None = None,
+                   counts: Tensor | None = None) -> Tensor:
     """Reduce per-token ``values`` [B, T] to a scalar, counting only tokens where ``mask`` is set.
 
     - ``token-mean``: every real token in the batch weighs the same.
@@ -119,19 +122,24 @@ def aggregate_loss(values: Tensor, mask: Tensor, mode: str, norm_length: float |
     Token counts used as denominators are clamped to at least 1, so an all-padding batch (or an all-padding
     sequence) contributes 0 instead of NaN. Fully padded sequences still count in the B of the ``seq-mean-*``
     modes.
+
+    ``counts`` (default ``mask``): the mask the denominators are counted from. A rank of a sequence-parallel group
+    passes its own tokens as ``mask`` and the whole micro-batch's as ``counts``: every mode is a sum of per-token
+    terms over fixed denominators, so the group's results add up to the whole micro-batch's.
     """
     if values.shape != mask.shape:
         raise ValueError(f"values {tuple(values.shape)} and mask {tuple(mask.shape)} differ in shape")
     mask = mask.to(values.dtype)
+    counts = mask if counts is None else counts.to(values.dtype)
     masked = values * mask
     if mode in ("token-mean", "micro-batch-token-mean"):
-        return masked.sum() / mask.sum().clamp(min=1.0)
+        return masked.sum() / counts.sum().clamp(min=1.0)
     if mode == "token-sum":
         return masked.sum()
     if mode == "seq-mean-token-sum":
         return masked.sum(dim=-1).mean()
     if mode == "seq-mean-token-mean":
-        return (masked.sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)).mean()
+        return (masked.sum(dim=-1) / counts.sum(dim=-1).clamp(min=1.0)).mean()
     if mode == "seq-mean-token-sum-norm":
         if norm_length is None or norm_length <= 0:
             raise ValueError(f"seq-mean-token-sum-norm needs a positive norm_length (the longest response "
@@ -171,10 +179,11 @@ def micro_batch_scale(mask: Tensor, mode: str, micro_batches: int | None = None)
     raise ValueError(f"unknown aggregation mode {mode!r}; expected one of {AGGREGATION_MODES}")
 
 
-def _sequence_log_ratio(log_ratio: Tensor, mask: Tensor) -> Tensor:
-    """Mean token log-ratio of each sequence, [B, 1] (0 for a sequence without tokens)."""
-    mask = mask.to(log_ratio.dtype)
-    return ((log_ratio * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1.0)).unsqueeze(-1)
+def _sequence_log_ratio(log_ratio: Tensor, mask: Tensor, counts: Tensor, across) -> Tensor:
+    """Mean token log-ratio of each sequence, [B, 1] (0 for a sequence without tokens); ``across`` sums the
+    sequences' partial sums over the ranks holding their other tokens."""
+    mask, counts = mask.to(log_ratio.dtype), counts.to(log_ratio.dtype)
+    return (across((log_ratio * mask).sum(dim=-1)) / counts.sum(dim=-1).clamp(min=1.0)).unsqueeze(-1)
 
 
 def policy_loss(
@@ -189,6 +198,8 @@ def policy_loss(
     clip_c: float | None = None,
     agg: str = "token-mean",
     norm_length: float | None = None,
+    counts: Tensor | None = None,
+    across=None,
 ) -> tuple[Tensor, dict[str, float]]:
     """Policy-gradient loss (to minimise) for the policy that produced ``log_prob``, reduced with
     ``aggregate_loss(per_token, response_mask, agg, norm_length)``.
@@ -206,7 +217,14 @@ def policy_loss(
       importance weight carries no gradient, so every token keeps its policy gradient.
 
     Gradients flow to ``log_prob`` only through the returned loss; the metrics are detached Python floats.
+
+    On one rank's share of a sequence-parallel micro-batch: ``response_mask`` marks the rank's own tokens,
+    ``counts`` the whole micro-batch's (the normalisers, as in ``aggregate_loss``) and ``across`` sums a tensor
+    over the group (GSPO's sequence ratio needs every token of a sequence); loss and metrics are then the rank's
+    shares, which add up over the group to those of the whole micro-batch.
     """
+    counts = response_mask if counts is None else counts
+    across = across or (lambda value: value)
     if loss_mode not in LOSS_MODES:
         raise ValueError(f"unknown loss_mode {loss_mode!r}; expected one of {LOSS_MODES}")
     if clip_c is not None and clip_c <= 1.0:
@@ -229,7 +247,7 @@ def policy_loss(
         clipped_fraction = (token_ratio < low) | (token_ratio > high)
     else:
         if loss_mode == "gspo":
-            sequence = _sequence_log_ratio(log_prob - old_log_prob, response_mask)
+            sequence = _sequence_log_ratio((log_prob - old_log_prob).detach(), response_mask, counts, across)
             sequence = sequence.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT).detach()
             # Value: the sequence's log-ratio at every token; gradient: that of the token's own log-prob.
             ratio = torch.exp(log_prob - log_prob.detach() + sequence)
@@ -245,16 +263,17 @@ def policy_loss(
             dual_active = negative & (per_token > cap)
             per_token = torch.where(negative, torch.minimum(per_token, cap), per_token)
 
-    loss = aggregate_loss(per_token, response_mask, agg, norm_length)
+    loss = aggregate_loss(per_token, response_mask, agg, norm_length, counts)
 
     with torch.no_grad():
         mask = response_mask.detach()
         ratio = ratio.detach().expand_as(log_prob)
         metrics = {
-            "clip_frac": masked_mean(clipped_fraction.float().expand_as(log_prob), mask).item(),
-            "clip_frac_lower": masked_mean(dual_active.float(), mask).item() if dual_active is not None else 0.0,
-            "approx_kl": masked_mean(-log_ratio.detach(), mask).item(),
-            "ratio_mean": masked_mean(ratio, mask).item(),
+            "clip_frac": masked_mean(clipped_fraction.float().expand_as(log_prob), mask, counts).item(),
+            "clip_frac_lower": (masked_mean(dual_active.float(), mask, counts).item() if dual_active is not None
+                                else 0.0),
+            "approx_kl": masked_mean(-log_ratio.detach(), mask, counts).item(),
+            "ratio_mean": masked_mean(ratio, mask, counts).item(),
         }
     return loss, metrics
 

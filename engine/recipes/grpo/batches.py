@@ -7,7 +7,9 @@ a fixed slice of that global batch, whatever the number of ranks, so a preset ma
 1, 2 or 8 ranks; the packing planner (``engine.packing``) splits each mini-batch into micro-batches, the same
 number on every rank, within the token budget and balanced by tokens. Every rank computes the same plans from the
 same lengths; the reference and old log-prob passes use them too, so each rank scores exactly the sequences it
-will train on and nothing moves again.
+will train on and nothing moves again. With sequence parallelism "rank" here is a data-parallel group: the ranks
+of one group get the same micro-batches (each computes its slice of them) and the token budget counts the group's
+tokens.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class StepData:
     loss_mask: torch.Tensor  # [N, R] long: response tokens that count in the loss
     advantages: torch.Tensor  # [N]
     mini_batches: list[MiniBatch]
-    rank: int
+    rank: int  # the data-parallel group's (the rank's without sequence parallelism)
     packed: bool
     old_log_probs: torch.Tensor | None = None  # [N, R]; None: one update per step, the policy's own are the old ones
     ref_log_probs: torch.Tensor | None = None  # [N, R]

@@ -10,6 +10,7 @@ from pathlib import Path
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
+from ...sequence_parallel import config_problems
 from ...train import config as train_config
 from ...train.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
 from ...train.settings import missing_model, run_problems
@@ -140,9 +141,15 @@ def _check_algorithm(config: GRPOConfig) -> list[str]:
     if config.run.val_before_train and not (config.data.val_path or config.data.val_fraction):
         problems.append("run.val_before_train needs a validation set: data.val_path=... or data.val_fraction=...")
     return problems
+def data_parallel_groups(config: GRPOConfig, world_size: int) -> int:
+    """Ranks that sample their own prompts: the world, or its sequence-parallel groups (each group's ranks share
+    the group's prompts and train on slices of the same sequences)."""
+    return train_config.data_parallel_groups(config.engine, world_size)
+
+
 def prompts_per_rank(config: GRPOConfig, world_size: int) -> int:
-    """Prompts each rank draws per GRPO step."""
-    return config.train.prompts_per_step // world_size
+    """Prompts each rank draws per GRPO step (each sequence-parallel group, whose ranks draw the same)."""
+    return config.train.prompts_per_step // data_parallel_groups(config, world_size)
 
 
 def sequences_per_rank(config: GRPOConfig, world_size: int) -> int:
@@ -152,10 +159,11 @@ def sequences_per_rank(config: GRPOConfig, world_size: int) -> int:
 
 def mini_batch_sequences(config: GRPOConfig, world_size: int) -> int:
     """Sequences per optimizer update over all ranks: ``prompts_per_update x n`` (the same on any number of
-    ranks), or, from the deprecated per-rank ``mini_batch_size``, that times the world size."""
+    ranks), or, from the deprecated per-rank ``mini_batch_size``, that times the world size (the number of
+    sequence-parallel groups)."""
     t = config.train
     if t.mini_batch_size is not None:
-        return t.mini_batch_size * world_size
+        return t.mini_batch_size * data_parallel_groups(config, world_size)
     return (t.prompts_per_update or t.prompts_per_step) * config.rollout.n
 
 
@@ -226,7 +234,7 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
     options.setdefault("total_steps", config.train.steps * updates_per_step(config, world_size))
     if frozen:
         keep = {"fsdp_version", "mixed_precision", "wrap_class_names", "dist_timeout_s", "seed", "lora_rank",
-                "lora_alpha", "lora_target_modules", "attn_implementation"}
+                "lora_alpha", "lora_target_modules", "attn_implementation", "sequence_parallel_size"}
         options = {k: v for k, v in options.items() if k in keep}
         options.update(frozen=True, param_offload=config.algorithm.ref_param_offload)
     return train_config.engine_options(options, {})
@@ -245,21 +253,35 @@ def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
     return vllm_problems(config, world_size, max_sequence_tokens(config), facts)
 
 
+def sequence_parallel_problems(config: GRPOConfig, sp, world_size: int) -> list[str]:
+    """``engine.sequence_parallel_size`` against the world size and the rollout engine (the model's own limits are
+    the engine's, checked when it is built)."""
+    if not isinstance(sp, int) or isinstance(sp, bool) or sp <= 1:
+        return []  # 1, or a value engine_config refuses
+    problems = list(config_problems(sp, world_size))
+    if config.rollout.engine == "vllm" and config.rollout.vllm.mode != "server":
+        problems.append(f"engine.sequence_parallel_size={sp} with rollout.engine=vllm in colocate mode is not "
+                        "supported (every rank of a group would hold its own vLLM engine generating the same "
+                        "prompts): use rollout.engine=hf, or rollout.vllm.mode=server")
+    return problems
+
+
 def _batch_problems(config: GRPOConfig, world_size: int) -> list[str]:
     """Step, update and micro-batch sizes that cannot work (the values are positive integers here)."""
     problems = []
     t, r = config.train, config.rollout
     sp = config.engine.get("sequence_parallel_size", 1)
-    if str(sp) != "1":  # the engine splits sequences (docs/sequence-parallel.md); this trainer's losses do not yet
-        problems.append(f"engine.sequence_parallel_size={sp}: accel-grpo does not compute its loss on sequence "
-                        "slices yet (the engine does; the trainer's part of issue 30 is to come): use 1")
-    if t.prompts_per_step % world_size:
-        problems.append(f"train.prompts_per_step={t.prompts_per_step} does not divide over {world_size} ranks")
+    problems += sequence_parallel_problems(config, sp, world_size)
+    groups = data_parallel_groups(config, world_size)
+    if t.prompts_per_step % groups:
+        where = f"{world_size} ranks" if groups == world_size else f"{groups} data-parallel groups ({world_size} " \
+            f"ranks / engine.sequence_parallel_size={sp})"
+        problems.append(f"train.prompts_per_step={t.prompts_per_step} does not divide over {where}")
     if t.mini_batch_size is not None and t.prompts_per_update is not None:
         problems.append("set train.prompts_per_update (over all ranks) or the deprecated train.mini_batch_size (per "
                         "rank), not both")
-    elif t.mini_batch_size is not None and not t.prompts_per_step % world_size:
-        per_rank = t.prompts_per_step // world_size * r.n
+    elif t.mini_batch_size is not None and not t.prompts_per_step % groups:
+        per_rank = t.prompts_per_step // groups * r.n
         if per_rank % t.mini_batch_size:
             problems.append(f"each rank rolls out {per_rank} sequences (prompts_per_step / ranks x rollout.n), "
                             f"which train.mini_batch_size={t.mini_batch_size} does not divide")

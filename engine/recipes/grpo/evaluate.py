@@ -83,8 +83,10 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
     samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
-    # An exported checkpoint has its LoRA merged: the model is evaluated as it is.
-    options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0)
+    # An exported checkpoint has its LoRA merged: the model is evaluated as it is. Evaluation only generates, on
+    # whole sequences: a run trained with sequence parallelism is evaluated without it, on any number of processes.
+    options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0,
+                                  sequence_parallel_size=1)
     engine = FSDPEngine(weights or source, options, backend)
     # The same rollout engine and sampling settings as in-run validation (rollout.engine, rollout.val_*).
     _, val_sampling = sampling_configs(config.rollout, eos_token_ids(engine.module, tokenizer))

@@ -21,6 +21,8 @@ import torch
 from ...output_layer import in_chunks, replaced_forward, rows_per_chunk
 from ...output_layer import plain_output_layer as _plain_output_layer
 from ...rollout.engines.base import sampling_scores
+from ...sequence_parallel import split_layout
+from .groups import rank_values
 
 SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32
 
@@ -177,14 +179,18 @@ def planned_log_probs(engine, data, temperature: float, what: str, top_k: int = 
     ``N`` sequences (rows of other ranks' shares stay 0); the pad tokens computed are counted as ``what``.
 
     ``data`` is the step's ``StepData``: its micro-batches are those of the update (same plan, same budget), so
-    each rank computes exactly the rows it will train on and nothing moves between ranks afterwards.
+    each rank computes exactly the rows it will train on and nothing moves between ranks afterwards. With sequence
+    parallelism (``engine.sequence_parallel``) each rank of a group computes its slice's tokens and one sum over
+    the group gives every rank the group's rows whole.
     """
-    device = engine.backend.device()
+    device, sp = engine.backend.device(), engine.sequence_parallel
     out = torch.zeros(len(data.sequences), data.width)
     with torch.no_grad():
         for indices, micro in data.rank_layouts():
             data.count_pad_tokens(what, micro)
-            values = sequence_log_probs(engine.module, micro.to(device), temperature, top_k=top_k, top_p=top_p).cpu()
+            piece = split_layout(micro, sp)
+            values = sequence_log_probs(engine.module, piece.to(device), temperature, top_k=top_k, top_p=top_p)
+            values = (rank_values(values, piece) if sp.enabled else values).cpu()
             if indices:
                 out[list(indices), :values.size(1)] = values
-    return out
+    return sp.group_sum(out, engine.backend.metrics_device()).cpu() if sp.enabled else out

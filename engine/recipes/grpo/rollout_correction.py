@@ -32,17 +32,20 @@ _LOG_RATIO_LIMIT = 20.0  # exp(20) ~ 4.9e8: keeps the ratio finite when the two 
 
 
 def importance_weights(log_probs: Tensor, sampling_log_probs: Tensor, mask: Tensor, mode: str,
-                       cap: float) -> tuple[Tensor, Tensor, Tensor]:
+                       cap: float, across=None) -> tuple[Tensor, Tensor, Tensor]:
     """``(weights [B, T], ratios, masked [B, T] bool)``: the weight of each token's policy-gradient term, the
     ratios the mode works on (per token ``[B, T]``, or per sequence ``[B]`` for the sequence modes) and the loss
-    tokens a mask mode left out. ``log_probs``: the trainer's, for the policy that sampled; all detached."""
+    tokens a mask mode left out. ``log_probs``: the trainer's, for the policy that sampled; all detached.
+    ``across``: sums a sequence's log-ratio over the ranks holding its other tokens (sequence parallelism, where
+    ``mask`` marks this rank's own tokens)."""
     if mode not in CORRECTION_MODES:
         raise ValueError(f"unknown rollout correction {mode!r}; expected one of {CORRECTION_MODES}")
     mask = mask.to(torch.bool)
     log_ratio = ((log_probs.detach().float() - sampling_log_probs.float()) * mask).clamp(-_LOG_RATIO_LIMIT,
                                                                                           _LOG_RATIO_LIMIT)
     if mode.startswith("sequence"):
-        ratios = log_ratio.sum(dim=-1).clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT).exp()  # [B]
+        sums = log_ratio.sum(dim=-1) if across is None else across(log_ratio.sum(dim=-1))
+        ratios = sums.clamp(-_LOG_RATIO_LIMIT, _LOG_RATIO_LIMIT).exp()  # [B]
         per_token = ratios.unsqueeze(-1).expand_as(log_ratio)
     else:
         ratios = per_token = log_ratio.exp()
@@ -70,22 +73,25 @@ class MismatchStats:
     masked: float = 0.0
 
     def add(self, log_probs: Tensor, sampling_log_probs: Tensor, mask: Tensor, ratios: Tensor,
-            masked: Tensor) -> None:
+            masked: Tensor, sequences: Tensor | None = None) -> None:
         """One micro-batch: the absolute log-prob differences over its loss tokens, and its ratios (over loss
-        tokens, or over sequences with a loss token)."""
+        tokens, or over ``sequences``, by default those with a loss token; a rank of a sequence-parallel group
+        counts its own tokens and, the first rank only, the micro-batch's sequences)."""
         keep = mask.to(torch.bool)
-        if not bool(keep.any()):
+        sequences = keep.any(dim=-1) if sequences is None else sequences
+        if bool(keep.any()):
+            diff = (log_probs.detach().float() - sampling_log_probs.float()).abs()[keep]
+            self.tokens += float(keep.sum())
+            self.diff_sum += float(diff.sum())
+            self.diff_max = max(self.diff_max, float(diff.max()))
+            self.masked += float(masked.sum())
+        counted = ratios[keep] if ratios.dim() == 2 else ratios[sequences]
+        if not counted.numel():
             return
-        diff = (log_probs.detach().float() - sampling_log_probs.float()).abs()[keep]
-        self.tokens += float(keep.sum())
-        self.diff_sum += float(diff.sum())
-        self.diff_max = max(self.diff_max, float(diff.max()))
-        counted = ratios[keep] if ratios.dim() == 2 else ratios[keep.any(dim=-1)]
         self.ratios += float(counted.numel())
         self.ratio_sum += float(counted.sum())
         self.ratio_min = min(self.ratio_min, float(counted.min()))
         self.ratio_max = max(self.ratio_max, float(counted.max()))
-        self.masked += float(masked.sum())
 
     def sums(self) -> dict[str, float]:
         """This rank's figures to add over ranks (``reduced`` makes the metrics of the totals)."""

@@ -3,9 +3,10 @@ log-probs -> rewards -> advantages -> PPO updates; each step returns its figures
 reduce over ranks, log and checkpoint.
 
 Each rank samples its own prompts and all ``n`` responses of each, so whole groups stay on one rank and group
-advantages need no communication. Then every rank receives the whole step's batch once (``batches.py``):
-mini-batches are global, and each is planned into micro-batches (packed, within a token budget, ranks balanced by
-tokens) that the old/ref log-prob passes and the update share. Updates go through
+advantages need no communication (with sequence parallelism: each group of ranks, ``groups.py``). Then every rank
+receives the whole step's batch once (``batches.py``): mini-batches are global, and each is planned into
+micro-batches (packed, within a token budget, ranks balanced by tokens) that the old/ref log-prob passes and the
+update share. Updates go through
 ``FSDPEngine.forward_backward_batch`` (deferred gradient sync) and ``optimizer_step``; metrics are averaged over
 ranks through the backend. Data files, reward styles, sampling, rollout engines, log-probs, validation and loggers
 live in their own modules (see ``docs/grpo.md``).
@@ -20,7 +21,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 import accel_backends
 
@@ -41,6 +41,7 @@ from . import dynamic_sampling, scoring
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
 from .config import GRPOConfig, deprecation_notices, engine_config, updates_per_step
+from .groups import MicroBatchShare, SamplingGroups
 from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
 from .model import build_model
@@ -84,6 +85,7 @@ class GRPOTrainer:
         if self.loss.kl_loss_coef > 0 and actor_config.lora_rank == 0:
             self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
+        self.groups = SamplingGroups(self.actor.sequence_parallel, self.backend.metrics_device())
         # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
         self.reuse_policy_log_probs = updates_per_step(config, world_size) == 1
@@ -125,8 +127,9 @@ class GRPOTrainer:
     # -- one step -----------------------------------------------------------------------------------------------
 
     def _seed(self, step: int) -> torch.Generator:
-        """Per-step, per-rank randomness: a resumed run samples exactly what an uninterrupted one would."""
-        seed = (self.config.train.seed * 1_000_003 + step) * 1009 + self.rank
+        """Per-step, per-group randomness (the ranks of a sequence-parallel group draw the same prompts): a resumed
+        run samples exactly what an uninterrupted one would."""
+        seed = (self.config.train.seed * 1_000_003 + step) * 1009 + self.groups.rank
         torch.manual_seed(seed)
         return torch.Generator().manual_seed(seed)
 
@@ -134,7 +137,7 @@ class GRPOTrainer:
         """Roll out, score and gather the step's batch: ``(data, this rank's sums, extras)`` where ``extras`` holds
         the longest response and the records for samples.jsonl."""
         cfg, roll, algo = self.config, self.config.rollout, self.config.algorithm
-        prompts_per_rank = cfg.train.prompts_per_step // self.world_size
+        prompts_per_rank = cfg.train.prompts_per_step // self.groups.size
         generator = self._seed(step)
 
         def draw() -> scoring.ScoredRollout:
@@ -150,7 +153,7 @@ class GRPOTrainer:
             if algo.filter_groups:  # DAPO dynamic sampling: all ranks draw until the step's groups are found
                 result = dynamic_sampling.fill_batch(draw, groups_wanted=cfg.train.prompts_per_step,
                                                      max_draws=algo.max_gen_batches,
-                                                     gather_counts=self._counts_over_ranks, rank=self.rank,
+                                                     gather_counts=self.groups.counts, rank=self.groups.rank,
                                                      pad_token_id=self.tokenizer.pad_token_id)
                 scored, drawn, sampling, trains = result.batch, result.drawn, result.metrics(), result.trains
             else:
@@ -158,26 +161,26 @@ class GRPOTrainer:
                 drawn = [scored]
             batch = scored.batch
         groups = torch.arange(len(batch)) // roll.n
-        scale = self.loss.scale_rewards
-        batch_std = self._batch_std(scored.rewards if trains else scored.rewards[:0]) if scale == "batch" else None
+        scale, leads = self.loss.scale_rewards, trains and self.groups.leader  # a group's rows count once
+        batch_std = self._batch_std(scored.rewards if leads else scored.rewards[:0]) if scale == "batch" else None
         advantages = grpo_advantages(scored.rewards, groups, scale=scale, batch_std=batch_std)
         if algo.mask_truncated:  # responses cut at max_new_tokens get no loss (their attention is unchanged)
             keep = (~batch.clipped).unsqueeze(1).to(batch.response_mask.dtype)
             batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
         # Every rank's sequences, on every rank: global mini-batches, each planned into every rank's micro-batches.
-        data = gather_step_data(rank_sequences(batch, advantages, trains), self.batching, self.rank, self.world_size,
-                                self.backend.metrics_device())
+        data = gather_step_data(rank_sequences(batch, advantages, leads), self.batching, self.groups.rank,
+                                self.groups.size, self.backend.metrics_device())
         if not self.reuse_policy_log_probs:
             with self.actor.eval_mode(), phase("old_log_probs"):
                 data.old_log_probs = self._log_probs(self.actor, data, "old")
         if self.loss.kl_loss_coef > 0:
             with phase("ref_log_probs"):
                 data.ref_log_probs = self.reference_log_probs(data)
-        stats = {**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
-                 "rollout_tokens_computed": float(sum(part.batch.tokens_computed for part in drawn))}
+        stats = self.groups.once({**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
+                                  "rollout_tokens_computed": float(sum(p.batch.tokens_computed for p in drawn))})
         extras = {"longest": max(float(part.lengths.max().item()) for part in drawn),
                   "samples": scoring.sample_records(step + 1, scored, advantages,
-                                                    cfg.run.log_samples if trains else 0, self.reward_names)}
+                                                    cfg.run.log_samples if leads else 0, self.reward_names)}
         return data, stats, extras
 
     def _log_probs(self, engine: FSDPEngine, data: StepData, what: str) -> torch.Tensor:
@@ -199,8 +202,10 @@ class GRPOTrainer:
     def loss_fn(self, module, micro: dict):
         """The policy loss of one micro-batch (``FSDPEngine.forward_backward_batch``'s ``step_fn``)."""
         settings, device, roll = self.loss, self.backend.device(), self.config.rollout
-        layout = micro["layout"].to(device)
-        mask = micro["loss_mask"].to(device)
+        # This rank's slice with sequence parallelism (else the whole micro-batch): its own loss tokens ``mask``,
+        # the whole micro-batch's ``counts`` for every normaliser, so the group's results add up (``groups.py``).
+        share = MicroBatchShare.of(micro, self.actor.sequence_parallel, device)
+        layout, mask, counts = share.layout, share.mask, share.counts
         bonus = settings.entropy_coeff > 0  # the entropy then needs its gradient (else it is a metric only)
         log_probs, entropy = sequence_log_probs(module, layout, roll.temperature, with_entropy=True,
                                                 entropy_grad=bonus, top_k=roll.top_k, top_p=roll.top_p)
@@ -211,27 +216,28 @@ class GRPOTrainer:
             algo = self.config.algorithm
             sampled = micro["sampling_log_probs"].to(device)
             weights, ratios, masked = importance_weights(old, sampled, mask, algo.rollout_correction,
-                                                         algo.rollout_correction_cap)
+                                                         algo.rollout_correction_cap, share.across)
             if self._mismatch is not None:  # the first PPO epoch of an update()
-                self._mismatch.add(old, sampled, mask, ratios, masked)
+                self._mismatch.add(old, sampled, mask, ratios, masked, share.counted_sequences())
             advantages = advantages.unsqueeze(-1) * weights  # weights each token's policy-gradient term
         loss, metrics = policy_loss(log_probs, old, advantages, mask,
                                     loss_mode=settings.loss_mode, clip_low=settings.clip_low,
-                                    clip_high=settings.clip_high, clip_c=settings.clip_c, agg=agg, norm_length=norm)
-        # Normalisers over the whole mini-batch: every micro-batch of every rank; a filler counts for nothing.
-        scale, weight = micro_batch_scale(mask, agg, micro["micro_batches"])
+                                    clip_high=settings.clip_high, clip_c=settings.clip_c, agg=agg, norm_length=norm,
+                                    counts=counts, across=share.across)
+        # Normalisers over the whole mini-batch: every micro-batch of every group; a filler counts for nothing.
+        scale, weight = micro_batch_scale(counts, agg, micro["micro_batches"])
         if layout.filler:
             weight = weight * 0.0
         metrics = {"pg_loss": loss.item() * scale, "clip_frac": metrics["clip_frac"],
                    "approx_kl": metrics["approx_kl"],
-                   "entropy": aggregate_loss(entropy.detach(), mask, "token-mean").item()}
+                   "entropy": aggregate_loss(entropy.detach(), mask, "token-mean", counts=counts).item()}
         if micro["ref_log_probs"] is not None:
             kl = aggregate_loss(kl_penalty(log_probs, micro["ref_log_probs"].to(device), settings.kl_kind), mask, agg,
-                                norm)
+                                norm, counts)
             loss = loss + settings.kl_loss_coef * kl
             metrics["kl"] = kl.item() * scale
         if bonus:
-            loss = loss - settings.entropy_coeff * aggregate_loss(entropy, mask, agg, norm)
+            loss = loss - settings.entropy_coeff * aggregate_loss(entropy, mask, agg, norm, counts)
         return loss * scale, weight, metrics
 
     def update(self, data: StepData, loss_fn=None) -> dict:
@@ -271,25 +277,20 @@ class GRPOTrainer:
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
 
-    @staticmethod
-    def pad_counts(data: StepData) -> dict:
-        """This rank's pad tokens computed in each pass over the step's data (update, ref, old)."""
-        return {f"pad_tokens_{what}": float(data.pad_tokens.get(what, 0)) for what in ("update", "ref", "old")}
+    def pad_counts(self, data: StepData) -> dict:
+        """This rank's pad tokens computed in each pass over the step's data (update, ref, old); a
+        sequence-parallel group's ranks share each micro-batch, so each counts its share."""
+        size = self.groups.sp.size
+        return {f"pad_tokens_{what}": data.pad_tokens.get(what, 0) / size for what in ("update", "ref", "old")}
 
     def packing_metrics(self, data: StepData) -> dict:
         """The path that ran, micro-batches per update, token imbalance, and the pad tokens summed over ranks (a
         collective: every rank calls it); a step reports the same figures through the loop's one reduction."""
         return {**data.plan_metrics(), **self._global(self.pad_counts(data))}
 
-    def _counts_over_ranks(self, count: int) -> list[int]:
-        """Every rank's ``count``, in rank order (one all-gather)."""
-        mine = torch.tensor([count], dtype=torch.long, device=self.backend.metrics_device())
-        everyone = [torch.empty_like(mine) for _ in range(self.world_size)]
-        dist.all_gather(everyone, mine)
-        return [int(t.item()) for t in everyone]
-
     def _batch_std(self, rewards: torch.Tensor) -> float:
-        """The (unbiased) std of the rewards of the step's whole batch, all ranks together."""
+        """The (unbiased) std of the rewards of the step's whole batch, all ranks together (``rewards``: the ones this
+        rank hands to the batch)."""
         t = self._global({"n": float(len(rewards)), "sum": rewards.sum().item(),
                           "sq": (rewards.double() ** 2).sum().item()})
         return math.sqrt(max(t["sq"] - t["sum"] ** 2 / t["n"], 0.0) / max(t["n"] - 1.0, 1.0))
@@ -365,7 +366,7 @@ class GRPOTrainer:
             "peak_memory_gib": largest["peak_memory_gib"],
         }
         row.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
-        row.update(dynamic_sampling.summary(totals, self.world_size))  # sampling/*, with filter_groups
+        row.update(dynamic_sampling.summary(totals, self.groups.size))  # sampling/*, with filter_groups
         row.update(trajectories.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
         row.update(plan_metrics)  # packed, micro_batches, token_imbalance
         row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})

@@ -95,14 +95,6 @@ def engine_config(config: SFTConfig, total_steps: int | None = None) -> EngineCo
     return train_config.engine_options(dict(config.engine), defaults)
 
 
-def _data_parallel_groups(config: SFTConfig, world_size: int) -> int:
-    """Groups that each take their own micro-batches: ``world / engine.sequence_parallel_size`` (a size that does
-    not divide the world is refused by the engine's options check)."""
-    sp = config.engine.get("sequence_parallel_size", 1)
-    valid = isinstance(sp, int) and not isinstance(sp, bool) and sp >= 1 and world_size % sp == 0
-    return world_size // sp if valid else world_size
-
-
 def check(config: SFTConfig, world_size: int) -> list[str]:
     """Every problem that can be found from the options alone, as sentences (the data is checked next)."""
     problems = []
@@ -147,7 +139,7 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     sp = config.engine.get("sequence_parallel_size", 1)
     if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:  # the rest of sp's checks: engine_config below
         problems += config_problems(sp, world_size)  # with the defaults: only whether sp divides the world
-    groups = _data_parallel_groups(config, world_size)
+    groups = train_config.data_parallel_groups(config.engine, world_size)
     if t.batch_tokens is None and t.batch_size < groups:
         who = f"{groups} ranks" if groups == world_size else f"{groups} data-parallel groups"
         problems.append(f"train.batch_size={t.batch_size} sequences per step cannot give each of the {who} "
