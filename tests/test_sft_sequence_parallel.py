@@ -12,6 +12,8 @@ import pytest
 from conftest import run_python
 from distributed import run_ranks
 
+from engine.sft.cli import main
+
 pytestmark = pytest.mark.slow
 
 VARIANTS = {"packed, 1 micro-batch": 4096, "packed, 96-token budget": 96}
@@ -81,7 +83,7 @@ def _command(*args):
                       timeout=600)
 
 
-def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path):
+def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path, monkeypatch):
     result = _command("--preset", "cpu-demo", "engine.sequence_parallel_size=2", "train.steps=12",
                       "engine.warmup_steps=2", "run.val_every=6", "run.save_every=12", "data.demo_examples=256",
                       "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}")
@@ -93,10 +95,15 @@ def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path)
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
     assert json.loads((run_dir / "config.json").read_text())["engine"]["sequence_parallel_size"] == 2
     last_val = [row["val/loss"] for row in rows if "val/loss" in row][-1]
-    # The checkpoint two ranks of one group wrote, evaluated on slices (sp=2, from config.json) and whole (sp=1,
-    # one process): both give the run's own last validation loss.
-    for args in ((), ("--nproc", "1", "engine.sequence_parallel_size=1")):
-        evaluated = _command("eval", str(run_dir), *args)
-        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-        figures = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
-        assert figures["val/loss"] == pytest.approx(last_val, rel=1e-5), args
+    # The checkpoint two ranks of one group wrote, evaluated on slices (sp=2, from config.json: 2 processes) and
+    # whole (sp=1, one process: this one): both give the run's own last validation loss.
+    evaluated = _command("eval", str(run_dir))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    on_slices = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    with pytest.warns(UserWarning, match="checkpoint was written by 2 ranks, this job has 1"):
+        assert main(["eval", str(run_dir), "--nproc", "1", "engine.sequence_parallel_size=1",
+                     f"--json={tmp_path / 'whole.json'}"]) == 0
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    for figures in (on_slices, whole):
+        assert figures["val/loss"] == pytest.approx(last_val, rel=1e-5), figures
