@@ -81,9 +81,24 @@ def _relative(got, want):
     return abs(got - want) / abs(want)
 
 
-def test_sp2_matches_one_rank_for_every_model_layout_and_wrapper():
+FOUR_RANK_CASES = ["qwen2-packed", "qwen2-kv1-packed"]
+
+
+def _one_rank(rank):
+    """Everything the tests below need from one plain rank, in one spawn: every case on one micro-batch per seed
+    7, the four-rank cases with seeds 7 and 8, and the engine's refusals."""
+    return {"every_case": _measure(rank, list(CASES), 1), "two_seeds": _measure(rank, FOUR_RANK_CASES, 1, (7, 8)),
+            "refusals": _refusals(rank)}
+
+
+@pytest.fixture(scope="module")
+def one_rank():
+    return run_ranks(_one_rank, world_size=1)[0]
+
+
+def test_sp2_matches_one_rank_for_every_model_layout_and_wrapper(one_rank):
     names = list(CASES)
-    want = run_ranks(_measure, names, 1, world_size=1)[0]
+    want = one_rank["every_case"]
     got = run_ranks(_measure, names, 2, world_size=2)
     worst = 0.0
     for name in names:
@@ -111,11 +126,11 @@ def _two_layouts_of_four_ranks(rank, names, seeds):
     return {size: _measure(rank, names, size, seeds) for size in (2, 4)}
 
 
-def test_four_ranks_in_two_groups_or_one_match_one_rank():
+def test_four_ranks_in_two_groups_or_one_match_one_rank(one_rank):
     """4 ranks as 2 groups of 2 (data parallel over the groups) and as 1 group of 4 (1 query head per rank; 2 or 1
     KV heads repeated 2 or 4 times) against one rank with every micro-batch."""
-    names = ["qwen2-packed", "qwen2-kv1-packed"]
-    want = run_ranks(_measure, names, 1, (7, 8), world_size=1)[0]
+    names = FOUR_RANK_CASES
+    want = one_rank["two_seeds"]
     got = run_ranks(_two_layouts_of_four_ranks, names, (7, 8), world_size=4)
     assert [r[2]["qwen2-packed"]["group_sum"] for r in got] == [3.0, 3.0, 7.0, 7.0]  # ranks 1+2 and 3+4
     assert [r[4]["qwen2-packed"]["group_sum"] for r in got] == [10.0] * 4
@@ -147,8 +162,8 @@ def _refusals(rank):
     return said
 
 
-def test_engine_refuses_a_size_the_world_or_the_model_cannot_take():
-    said = run_ranks(_refusals, world_size=1)[0]
+def test_engine_refuses_a_size_the_world_or_the_model_cannot_take(one_rank):
+    said = one_rank["refusals"]
     assert said[0] == ("invalid EngineConfig: engine.sequence_parallel_size=2 does not divide the world size 1: use "
                        "one of 1, or start a multiple of 2 processes")
     assert "does not divide the model's 3 attention heads: use one of 1, 3" in said[1]

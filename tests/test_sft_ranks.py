@@ -10,7 +10,6 @@ from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
 
-WORDS = "apples books pencils dollars minutes hours friends cookies marbles trees garden school".split()
 VARIANTS = {"packed, 1 micro-batch": {"micro_batch_tokens": 4096, "packed": True},
             "packed, 96-token budget": {"micro_batch_tokens": 96, "packed": True},
             "padded, 8 micro-batches": {"micro_batch_tokens": None, "micro_batch_size": 1, "packed": False}}
@@ -23,66 +22,29 @@ def tiny_model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("sft-model") / "tiny", vocab_size=512)
 
 
-def _conversation(index: int) -> list[dict]:
-    """Conversations of varied lengths, one or two assistant turns."""
-    words = [WORDS[(index * 5 + k) % len(WORDS)] for k in range(1 + index % 6)]
-    messages = [{"role": "user", "content": "reverse: " + " ".join(words)},
-                {"role": "assistant", "content": " ".join(reversed(words))}]
-    if index % 3 == 0:
-        messages += [{"role": "user", "content": "again"}, {"role": "assistant", "content": words[0]}]
-    return messages
-
-
-def _full_grads(module) -> dict:
-    return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for name, p in module.named_parameters() if p.grad is not None}
-
-
-def _relative_error(got: dict, want: dict) -> float:
-    """Over all gradients together: |got - want| / |want| (per parameter it is meaningless for those whose true
-    gradient is zero, such as the key biases: softmax ignores a shift shared by all keys)."""
-    assert sorted(got) == sorted(want)
-    difference = sum(float((got[k] - want[k]).double().norm() ** 2) for k in want) ** 0.5
-    return difference / sum(float(want[k].double().norm() ** 2) for k in want) ** 0.5
-
-
 def _exactness(rank: int, model_dir: str) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
+    from sft_reference import full_grads, reference, relative_error, tokenized
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
     from engine.packing import build_layout
-    from engine.recipes.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
-    from engine.recipes.sft.data import Example
-    from engine.recipes.sft.masks import tokenize_example
-    from engine.recipes.sft.model import load_tokenizer
+    from engine.recipes.sft.batches import rank_micro_batches, sequence_batch
     from engine.recipes.sft.trainer import token_loss
 
-    tokenizer = load_tokenizer(model_dir)
-    items = [tokenize_example(Example(f"t:{i}", messages=_conversation(i)), tokenizer, "assistant")
-             for i in range(16)]
-    cpu = torch.device("cpu")
-
-    # The reference: one plain process, the whole global batch in one padded forward.
-    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    batch, masks = sequence_batch(items)
-    layout = build_layout(batch, list(range(len(items))), packed=False)
-    whole = MicroBatch(layout, masks[layout.rows, batch.starts[layout.rows] + layout.columns])
-    ref_loss, ref_tokens, ref_metrics = token_loss(reference, whole, cpu)
-    ref_loss.backward()
-    ref_grads = _full_grads(reference)
+    ref = reference(model_dir, 16)  # one plain process, the whole global batch in one padded forward
+    items, cpu = ref.items, torch.device("cpu")
 
     # Packed sequences do not see each other: change sequence 1, sequences 0 and 2 keep their logits.
     def packed_logits(chosen):
         packed = build_layout(sequence_batch(chosen)[0], [0, 1, 2], packed=True)  # in this order, one row
         assert packed.inputs["input_ids"].shape[0] == 1 and "attention_mask" not in packed.inputs
         with torch.no_grad():
-            out = reference(**packed.inputs, logits_to_keep=packed.logits_to_keep, use_cache=False)
+            out = ref.model(**packed.inputs, logits_to_keep=packed.logits_to_keep, use_cache=False)
         return packed.select(out.logits), packed.rows
 
     trio = items[:3]
-    changed = tokenize_example(Example("t:changed", messages=_conversation(4)), tokenizer, "assistant")
+    changed = tokenized(ref.tokenizer, 4, "t:changed")
     assert len(changed.ids) != len(trio[1].ids) or changed.ids != trio[1].ids
     before, rows_before = packed_logits(trio)
     after, rows_after = packed_logits([trio[0], changed, trio[2]])
@@ -93,18 +55,17 @@ def _exactness(rank: int, model_dir: str) -> dict:
     backend = accel_backends.get_backend()
     engine = FSDPEngine(model_dir, EngineConfig(fsdp_version=2, grad_sync="deferred"), backend)
     results = {"others_moved": others_moved, "grad_sync": engine.grad_sync_mode,
-               "reference_loss": ref_loss.item(), "reference_tokens": ref_tokens.item()}
+               "reference_loss": ref.loss, "reference_tokens": ref.tokens}
     for name, options in VARIANTS.items():
         micro, figures = rank_micro_batches(items, rank, engine.world_size, **{"micro_batch_size": 16, **options})
         with engine.train_mode():
             metrics = engine.forward_backward_batch(micro, lambda module, m: token_loss(module, m, cpu))
-            grads = _full_grads(engine.module)
+            grads = full_grads(engine.module)
             engine.zero_grad()
         results[name] = {"micro_batches": figures["micro_batches"], "num_tokens": metrics["weight"],
-                         "loss_error": abs(metrics["loss"] - ref_loss.item()) / ref_loss.item(),
-                         "accuracy_error": abs(metrics["mean_token_accuracy"]
-                                               - float(ref_metrics["mean_token_accuracy"])),
-                         "grad_error": _relative_error(grads, ref_grads)}
+                         "loss_error": abs(metrics["loss"] - ref.loss) / ref.loss,
+                         "accuracy_error": abs(metrics["mean_token_accuracy"] - ref.accuracy),
+                         "grad_error": relative_error(grads, ref.grads)}
     return results
 
 

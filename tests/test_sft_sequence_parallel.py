@@ -12,54 +12,24 @@ import pytest
 from conftest import run_python
 from distributed import run_ranks
 
+from engine.sft.cli import main
+
 pytestmark = pytest.mark.slow
 
-WORDS = "apples books pencils dollars minutes hours friends cookies marbles trees garden school".split()
 VARIANTS = {"packed, 1 micro-batch": 4096, "packed, 96-token budget": 96}
-
-
-def _conversation(index: int) -> list[dict]:
-    words = [WORDS[(index * 5 + k) % len(WORDS)] for k in range(1 + index % 6)]
-    messages = [{"role": "user", "content": "reverse: " + " ".join(words)},
-                {"role": "assistant", "content": " ".join(reversed(words))}]
-    if index % 3 == 0:
-        messages += [{"role": "user", "content": "again"}, {"role": "assistant", "content": words[0]}]
-    return messages
-
-
-def _full_grads(module) -> dict:
-    return {name: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).clone()
-            for name, p in module.named_parameters() if p.grad is not None}
-
-
-def _norm(grads: dict) -> float:
-    return sum(float(g.double().norm() ** 2) for g in grads.values()) ** 0.5
 
 
 def _exactness(rank: int, model_dir: str) -> dict:
     import torch
-    from transformers import AutoModelForCausalLM
+    from sft_reference import full_grads, grad_norm, reference, relative_error
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
-    from engine.packing import build_layout
-    from engine.recipes.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
-    from engine.recipes.sft.data import Example
-    from engine.recipes.sft.masks import tokenize_example
-    from engine.recipes.sft.model import load_tokenizer
+    from engine.recipes.sft.batches import rank_micro_batches
     from engine.recipes.sft.trainer import token_loss
 
-    tokenizer = load_tokenizer(model_dir)
-    items = [tokenize_example(Example(f"t:{i}", messages=_conversation(i)), tokenizer, "assistant")
-             for i in range(12)]
-    cpu = torch.device("cpu")
-    reference = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    batch, masks = sequence_batch(items)
-    layout = build_layout(batch, list(range(len(items))), packed=False)
-    whole = MicroBatch(layout, masks[layout.rows, batch.starts[layout.rows] + layout.columns])
-    ref_loss, ref_tokens, ref_metrics = token_loss(reference, whole, cpu)
-    ref_loss.backward()
-    ref_grads = _full_grads(reference)
+    ref = reference(model_dir, 12)  # one plain process, the whole global batch in one padded forward
+    items, cpu = ref.items, torch.device("cpu")
 
     from engine import output_layer
     output_layer.ROWS_PER_CHUNK = 16  # several checkpointed logit chunks per slice
@@ -67,21 +37,19 @@ def _exactness(rank: int, model_dir: str) -> dict:
                         accel_backends.get_backend())
     sp = engine.sequence_parallel
     results = {"sp_size": sp.size, "data_parallel_size": sp.data_parallel_size,
-               "reference_tokens": ref_tokens.item()}
+               "reference_tokens": ref.tokens}
     for name, budget in VARIANTS.items():
         micro, figures = rank_micro_batches(items, sp.data_parallel_rank, sp.data_parallel_size,
                                             micro_batch_tokens=budget, micro_batch_size=16, packed=True)
         with engine.train_mode():
             metrics = engine.forward_backward_batch(micro, lambda module, m: token_loss(module, m, cpu, sp))
-            grads = _full_grads(engine.module)
-            grad_norm = engine.optimizer_step()  # the norm, unclipped; lr 1e-30 leaves every fp32 weight as it was
-        difference = {k: grads[k] - ref_grads[k] for k in ref_grads}
+            grads = full_grads(engine.module)
+            norm = engine.optimizer_step()  # the norm, unclipped; lr 1e-30 leaves every fp32 weight as it was
         results[name] = {"micro_batches": figures["micro_batches"], "num_tokens": metrics["weight"],
-                         "loss_error": abs(metrics["loss"] - ref_loss.item()) / ref_loss.item(),
-                         "accuracy_error": abs(metrics["mean_token_accuracy"]
-                                               - float(ref_metrics["mean_token_accuracy"])),
-                         "grad_error": _norm(difference) / _norm(ref_grads),
-                         "grad_norm_error": abs(float(grad_norm) - _norm(ref_grads)) / _norm(ref_grads)}
+                         "loss_error": abs(metrics["loss"] - ref.loss) / ref.loss,
+                         "accuracy_error": abs(metrics["mean_token_accuracy"] - ref.accuracy),
+                         "grad_error": relative_error(grads, ref.grads),
+                         "grad_norm_error": abs(float(norm) - grad_norm(ref.grads)) / grad_norm(ref.grads)}
     return results
 
 
@@ -115,7 +83,7 @@ def _command(*args):
                       timeout=600)
 
 
-def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path):
+def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path, monkeypatch):
     result = _command("--preset", "cpu-demo", "engine.sequence_parallel_size=2", "train.steps=12",
                       "engine.warmup_steps=2", "run.val_every=6", "run.save_every=12", "data.demo_examples=256",
                       "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}")
@@ -127,10 +95,15 @@ def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path)
     assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3, losses
     assert json.loads((run_dir / "config.json").read_text())["engine"]["sequence_parallel_size"] == 2
     last_val = [row["val/loss"] for row in rows if "val/loss" in row][-1]
-    # The checkpoint two ranks of one group wrote, evaluated on slices (sp=2, from config.json) and whole (sp=1,
-    # one process): both give the run's own last validation loss.
-    for args in ((), ("--nproc", "1", "engine.sequence_parallel_size=1")):
-        evaluated = _command("eval", str(run_dir), *args)
-        assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-        figures = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
-        assert figures["val/loss"] == pytest.approx(last_val, rel=1e-5), args
+    # The checkpoint two ranks of one group wrote, evaluated on slices (sp=2, from config.json: 2 processes) and
+    # whole (sp=1, one process: this one): both give the run's own last validation loss.
+    evaluated = _command("eval", str(run_dir))
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    on_slices = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    with pytest.warns(UserWarning, match="checkpoint was written by 2 ranks, this job has 1"):
+        assert main(["eval", str(run_dir), "--nproc", "1", "engine.sequence_parallel_size=1",
+                     f"--json={tmp_path / 'whole.json'}"]) == 0
+    whole = json.loads((tmp_path / "whole.json").read_text())
+    for figures in (on_slices, whole):
+        assert figures["val/loss"] == pytest.approx(last_val, rel=1e-5), figures

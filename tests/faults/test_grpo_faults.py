@@ -89,29 +89,24 @@ def test_ctrl_c_saves_the_step_and_a_rank_killed_while_saving_resumes_like_an_un
             assert b_row[key] == pytest.approx(a_row[key], rel=1e-5, abs=1e-7), (a_row["step"], key)
 
 
-def test_sigterm_by_default_finishes_the_step_and_saves_it(tmp_path, no_orphans):
-    """The defaults lose nothing: no run.save_every, no run.save_on_interrupt given; a scheduler's SIGTERM during
-    step 2's update lets the step finish and saves it (before: "no checkpoint was written yet")."""
+@pytest.mark.parametrize("settings, latest, said, logged", [
+    # The defaults lose nothing: no run.save_every, no run.save_on_interrupt given; the step finishes and is saved
+    # (before: "no checkpoint was written yet").
+    (["run.save_every=0"], "step_000002", "step_000002", [1, 2]),
+    # run.save_on_interrupt=false: it stops at once and keeps the last checkpoint.
+    (["run.save_on_interrupt=false"], "step_000001", "stopped by SIGTERM", [1]),
+], ids=["defaults-save-the-step", "no-save-stops-at-once"])
+def test_sigterm_during_an_update(tmp_path, no_orphans, settings, latest, said, logged):
+    """A scheduler's SIGTERM during step 2's update: exit 143, the resume command printed, the right checkpoint."""
     no_orphans.start()
-    process = start(tmp_path, "pause-update:1:2", "run.name=d", "run.save_every=0")
+    process = start(tmp_path, "pause-update:1:2", "run.name=t", *settings)
     signal_when_reached(tmp_path, process, signal.SIGTERM)
     code, output = finish(process)
-    no_orphans.stop("SIGTERM during an update, defaults")
+    no_orphans.stop(f"SIGTERM during an update, {' '.join(settings)}")
     assert code == 143, output
-    assert "--resume run.name=d" in output and "step_000002" in output, output
-    assert latest_complete(tmp_path / "runs" / "d" / "checkpoints").name == "step_000002"
-    assert [row["step"] for row in metrics(tmp_path / "runs" / "d")] == [1, 2]
-
-
-def test_sigterm_during_an_update_stops_at_once_and_keeps_the_last_checkpoint(tmp_path, no_orphans):
-    no_orphans.start()
-    process = start(tmp_path, "pause-update:1:2", "run.name=t", "run.save_on_interrupt=false")
-    signal_when_reached(tmp_path, process, signal.SIGTERM)
-    code, output = finish(process)
-    no_orphans.stop("SIGTERM during an update")
-    assert code == 143, output
-    assert "stopped by SIGTERM" in output and "--resume run.name=t" in output, output
-    assert latest_complete(tmp_path / "runs" / "t" / "checkpoints").name == "step_000001"
+    assert said in output and "--resume run.name=t" in output, output
+    assert latest_complete(tmp_path / "runs" / "t" / "checkpoints").name == latest
+    assert [row["step"] for row in metrics(tmp_path / "runs" / "t")] == logged
 
 
 def test_a_reward_function_raising_on_one_rank_ends_the_job(tmp_path, no_orphans):
