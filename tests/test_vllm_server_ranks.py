@@ -18,7 +18,7 @@ import sys
 import time
 
 import pytest
-from conftest import REPO
+from conftest import REPO, run_python
 from distributed import run_ranks
 
 # The leg's marks and skip, the vLLM environment and the model size: as the colocated engine's tests.
@@ -225,11 +225,13 @@ def test_grpo_on_two_ranks_with_a_server_it_starts_and_stops_on_ctrl_c(tmp_path,
 
 
 def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_dir):
+    """With a sampler thread running ahead (max_staleness 1): whichever notices first, the thread's request or
+    the trainer's push, the run ends with one line naming the server."""
     from accel_backends.spawn import free_port
     from engine.rollout.vllm_server.client import ServerClient
 
     port = free_port()
-    trainer = _start_run(tmp_path, model_dir, port, 1, "killed")
+    trainer = _start_run(tmp_path, model_dir, port, 1, "killed", "rollout.max_staleness=1")
     try:
         _rows_after(trainer, tmp_path / "killed" / "metrics.jsonl", 1)
         assert ServerClient(f"http://127.0.0.1:{port}").healthy()
@@ -249,3 +251,129 @@ def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_
     assert ended_s < 60
     assert _processes_with(f"--port {port}") == []
     print({"ended_after_kill_s": round(ended_s, 1)})
+
+
+# -- asynchronous training (rollout.max_staleness > 0) -------------------------------------------------------------
+
+
+def _sample_during_a_push(engine, policy, tokenizer, prompts, sampling, delay_s):
+    """Sample ``prompts`` in a thread as the sampler thread does, push the (updated) policy ``delay_s`` later:
+    the batch, each row's weight-version spans, and the version labels before and after the push."""
+    import threading
+    import time
+
+    import torch
+
+    from engine.rollout import rollout, sync_weights
+    from engine.rollout.staleness import VersionRecorder
+
+    result, before = {}, engine.weight_version
+
+    def sample():
+        recorder = VersionRecorder(engine, torch.Generator().manual_seed(7))
+        result["batch"] = rollout(recorder, tokenizer, prompts, sampling)
+        result["spans"] = recorder.spans
+
+    thread = threading.Thread(target=sample)
+    thread.start()
+    time.sleep(delay_s)
+    sync_weights(policy, engine)
+    thread.join(120)
+    return result["batch"], result["spans"], before, engine.weight_version
+
+
+def _partial_checks(rank, model_dir, url):
+    """Pushes while requests are in flight: in pause mode keep (rollout.partial=true) a response switches to the
+    new version's label mid-way and its later tokens are the new weights'; in mode wait it finishes on the old."""
+    import torch
+    from test_vllm_engine_ranks import _big_update, _trainer_log_probs
+    from transformers import AutoTokenizer
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout import rollout, sync_weights
+    from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+
+    out = {"partial": [], "wait": []}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(mode="server", server_urls=[url]), max_staleness=1,
+                           partial=True)
+    engine = create_rollout_engine("vllm", RolloutContext(policy, tokenizer, str(model_dir), config, 96))
+    out["pause_mode"] = engine.pusher.pause_mode
+    sync_weights(policy, engine)
+    prompts = [f"how many apples does {name} have" for name in ("Tom", "Maria", "Sam", "Ana")]
+    long = SamplingConfig(n=8, max_new_tokens=100, eos_token_ids=(), temperature=1.0, log_probs=True)
+    for mode in ("partial", "wait"):
+        engine.pusher.pause_mode = "keep" if mode == "partial" else "wait"
+        for delay_s in (0.3, 0.6, 1.0, 1.5):  # until a push lands while the requests are decoding
+            probe = rollout(engine, tokenizer, prompts[:1], SamplingConfig(n=2, max_new_tokens=8, eos_token_ids=()))
+            _big_update(policy, probe)  # the policy moves; the server has the old weights until the push
+            batch, spans, old, new = _sample_during_a_push(engine, policy, tokenizer, prompts, long, delay_s)
+            split = [row for row, s in enumerate(spans) if len(s) > 1]
+            record = {"old": old, "new": new, "labels": sorted({span["version"] for s in spans for span in s}),
+                      "split_rows": len(split), "rows": len(spans), "delay_s": delay_s}
+            if mode == "partial" and split:
+                after = _trainer_log_probs(policy, batch)  # the new weights' log-probs of every sampled token
+                switched, unswitched = (torch.zeros_like(batch.response_mask, dtype=torch.bool) for _ in range(2))
+                for row in split:
+                    (first, second) = spans[row]
+                    record.setdefault("spans", []).append((first["version"], second["version"], first["end"],
+                                                           second["start"]))
+                    switched[row, second["start"]:] = True
+                    unswitched[row, :second["start"]] = True
+                mask = batch.response_mask.bool()
+                gap = (batch.sampling_log_probs - after).abs()
+                record["after_switch_gap"] = float(gap[switched & mask].max())  # new weights after the switch
+                record["before_switch_gap"] = float(gap[unswitched & mask].max())  # old weights before it
+            out[mode].append(record)
+            if (mode == "partial" and split) or (mode == "wait" and len(record["labels"]) == 1 and delay_s >= 0.6):
+                break
+    return out
+
+
+def test_a_partial_rollouts_tokens_after_a_push_carry_the_new_version(model_dir, server):
+    (out,) = run_ranks(_partial_checks, model_dir, server, world_size=1, env=ENV, timeout=400)
+    assert out["pause_mode"] == "keep"  # rollout.partial=true
+    partial = out["partial"][-1]
+    assert partial["split_rows"] > 0, out  # a push landed while responses were decoding
+    for first, second, end, start in partial["spans"]:
+        assert (first, second) == (partial["old"], partial["new"]) and end == start > 0, partial
+    assert partial["after_switch_gap"] < 1e-3, partial  # the tokens after the switch: the new weights'
+    assert partial["before_switch_gap"] > 0.05, partial  # and before it the old ones' (so the check can fail)
+    wait = out["wait"][-1]
+    assert wait["split_rows"] == 0 and wait["labels"] == [wait["old"]], out  # mode wait: finished on the old weights
+    print({mode: [(r["delay_s"], r["split_rows"], r["rows"]) for r in out[mode]] for mode in ("partial", "wait")})
+
+
+def _grpo_against(tmp_path, model_dir, url, nproc, name, *extra):
+    """accel-grpo in server mode against the module's running server (no server to start)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
+           "OMP_NUM_THREADS": "1", **ENV}
+    return run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", str(nproc), *SMALL,
+                       f"model.path={model_dir}", f"data.path={_data(tmp_path)}", f"rollout.vllm.server_urls=[{url}]",
+                       f"run.output_dir={tmp_path}", f"run.name={name}", *extra], env=env, timeout=400)
+
+
+@pytest.mark.parametrize("bound, nproc, partial", [(1, 1, "false"), (2, 2, "true")])
+def test_grpo_ahead_of_the_trainer_stays_within_the_staleness_bound(tmp_path, model_dir, server, bound, nproc,
+                                                                    partial):
+    result = _grpo_against(tmp_path, model_dir, server, nproc, "ahead", "train.steps=6",
+                           f"rollout.max_staleness={bound}", f"rollout.partial={partial}")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "ahead" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3, 4, 5, 6]
+    staleness = [row["rollout/staleness_max"] for row in rows]
+    assert all(0 <= s <= bound for s in staleness), staleness
+    assert max(staleness) > 0, staleness  # it did sample ahead (so the check above can fail)
+    assert rows[0]["rollout/staleness_max"] == 0  # the first step's batch: sampled with the first push
+    assert max(row["rollout/sampler_busy_frac"] for row in rows) > 0
+    for row in rows:
+        assert row["rollout/dropped_stale"] == 0 and 0 <= row["rollout/staleness_mean"] <= bound
+        assert row["rollout/weight_sync_s"] > 0 and row["time/trainer_wait_s"] >= 0
+        assert 0 <= row["rollout/sampler_busy_frac"] <= 1.0 + 1e-6, row
+        assert row["rollout_tokens_produced"] > 0 and row["rollout/is_ratio_max"] > 0
+    print({"staleness_max": staleness, "trainer_wait_s": [round(r["time/trainer_wait_s"], 2) for r in rows],
+           "sampler_busy_frac": [round(r["rollout/sampler_busy_frac"], 2) for r in rows],
+           "step_time_s": [round(r["step_time_s"], 2) for r in rows]})
