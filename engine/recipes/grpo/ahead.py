@@ -77,10 +77,14 @@ class AheadSampling:
         sums, maxima = staleness_figures(oldest, step, dropped)
         return (samples, batch), dropped, sums, maxima, waited
 
-    def pushed(self, version: int) -> None:
-        """The policy after ``version`` updates is on every server: record its label, let the thread go on."""
-        self.versions[self.trainer.rollout_engine.weight_version] = version
+    def pushed(self, version: int) -> float:
+        """The policy after ``version`` updates is on every server: record its label, let the thread go on.
+        Returns the seconds the push waited for requests in flight to finish (pause mode ``wait``): the trainer
+        waiting for samples too."""
+        engine = self.trainer.rollout_engine
+        self.versions[engine.weight_version] = version
         self.thread.published(version)
+        return engine.pusher.pause_s if self.trainer.rank == 0 else 0.0
 
     def busy_seconds(self, since: float, until: float) -> float:
         return self.thread.busy_seconds(since, until)

@@ -365,12 +365,12 @@ class GRPOTrainer:
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
         finished = time.perf_counter()
         if self.ahead is not None:
-            self.ahead.pushed(step + 1)
+            waited += self.ahead.pushed(step + 1)
         busy = self.ahead.busy_seconds(started, finished) if self.ahead is not None else extras["sampling_s"]
         mismatch = update.pop("mismatch")
-        sums = {**stats, **self.pad_counts(data), **mismatch.sums(), **staleness, "trainer_wait_s": waited,
+        sums = {**stats, **self.pad_counts(data), **mismatch.sums(), **staleness,
                 "sampler_busy_frac": busy / max(finished - started, 1e-9)}
-        maxima = {"response_length_max": extras["longest"], **stalest,
+        maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
                  "weight_sync": finished - synced}

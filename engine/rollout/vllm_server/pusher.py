@@ -13,6 +13,7 @@ never sample from a part-old, part-new model; the error says so.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -61,6 +62,7 @@ class WeightPusher:
         self.pause_mode = pause_mode  # keep: requests in flight resume on the new weights; wait: they finish first
         self.groups: list = []
         self.version = 0  # the version the servers report once a push finished; 0: none yet
+        self.pause_s = 0.0  # how long the last push waited for the servers to pause
 
     def connect(self) -> None:
         """Open one weight group per server (rank 0 only); a server lacking the engine or serving another model
@@ -107,8 +109,11 @@ class WeightPusher:
                 pass
             self.version = version
             return version
+        paused = time.perf_counter()
         for client in self.clients:
             client.pause(self.pause_mode)
+        self.pause_s = time.perf_counter() - paused  # mode wait: the requests in flight finishing
+        for client in self.clients:
             client.start_weight_update()
         receiving = [_in_thread(lambda c=c: c.update_weights({"version": str(version)})) for c in self.clients]
         try:
