@@ -4,7 +4,8 @@
 It runs in the launching process (it starts processes of its own, not the benchmark's workers) and needs vLLM
 (the vLLM leg's environment). It writes the mid-size model (hidden 512 x 8, responses spread up to 128 tokens; or
 ``--async-model-dir``), starts one server per binding and runs ``accel-grpo`` once per variant and round, the
-variants interleaved (k0, k1, k2, colocated, k0, ...). From each run's ``metrics.jsonl``, after the warm-up steps:
+variants interleaved (k0, k1, k2, colocated, k0, ...). From each run's ``metrics.jsonl``, after the warm-up steps
+and before the last (when a thread ahead has nothing left to sample):
 response tokens per second (``rollout_tokens_produced`` over ``step_time_s``), the overlap achieved ((sampling
 time + training time) / step time, sampling time = ``rollout/sampler_busy_frac`` x step, training time = step -
 ``time/trainer_wait_s``; 1.0 when nothing overlaps) and the step time over the slower side's.
@@ -101,7 +102,8 @@ def one_run(model: Path, variant: str, url: str, options: dict, out_dir: Path, t
     if result.returncode != 0:
         raise RuntimeError(f"async_rollout: the {variant} run failed: {result.stderr.strip()[-2000:]}")
     rows = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
-    return {"run_s": time.perf_counter() - started, **figures(rows[options["async_warmup"]:])}
+    # The last step is left out too: a thread ahead has nothing left to sample then (the pipeline drains).
+    return {"run_s": time.perf_counter() - started, **figures(rows[options["async_warmup"]:-1])}
 
 
 def figures(rows: list[dict]) -> dict:

@@ -166,7 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     grpo.add_argument("--packing-budgets", type=_positive_list, default=[256, 512, 1024, 2048],
                       help="token budgets whose update peak memory the packing scenario measures")
     ahead = parser.add_argument_group("async_rollout")
-    ahead.add_argument("--async-steps", type=_positive, default=8, help="GRPO steps per run (3 for a quick look)")
+    ahead.add_argument("--async-steps", type=_positive, default=8,
+                       help="GRPO steps per run: warm-up, timed, and a last one left out (4 for a quick look)")
     ahead.add_argument("--async-warmup", type=int, default=2, help="first steps of each run left out of the figures")
     ahead.add_argument("--async-rounds", type=_positive, default=1, help="runs per variant, interleaved")
     ahead.add_argument("--async-bindings", type=_bindings, default=["unbound", "split"],
@@ -188,6 +189,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.plot and "grad_accum" not in args.scenarios:
         parser.error("--plot draws the grad_accum scenario: add it to --scenarios")
+    if "async_rollout" in args.scenarios and not 0 <= args.async_warmup <= args.async_steps - 2:
+        parser.error(f"--async-steps {args.async_steps} leaves no timed step after --async-warmup "
+                     f"{args.async_warmup} and the last step (which is left out): use at least "
+                     f"{max(args.async_warmup, 0) + 2}")
     if args.rollout_model is not None and not (args.rollout_model / "config.json").is_file():
         parser.error(f"--rollout-model {args.rollout_model} is not a model directory (no config.json): write one with "
                      "accel-grpo make-tiny-model DIR")

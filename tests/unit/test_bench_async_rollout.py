@@ -32,3 +32,12 @@ def test_its_options_are_checked_and_it_is_not_part_of_all():
     for bad in (["--async-bindings", "pinned"], ["--async-variants", "server_k9"]):
         with pytest.raises(SystemExit):
             parser.parse_args(bad)
+
+
+def test_too_few_steps_are_refused_before_anything_starts(capsys):
+    from engine.bench.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(["--scenarios", "async_rollout", "--async-steps", "3", "--async-warmup", "2"])
+    assert ended.value.code == 2
+    assert "--async-steps 3 leaves no timed step after --async-warmup 2" in capsys.readouterr().err
