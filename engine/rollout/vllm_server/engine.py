@@ -121,11 +121,16 @@ class VLLMServerRolloutEngine(RolloutEngine):
     # -- weights ------------------------------------------------------------------------------------------------
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push under the next version; every rank waits until the servers have it before sampling again."""
-        self.pusher.push(self._checked(weights) if self.rank == 0 else weights)
+        """Push under the next version; every rank waits until the servers have it before sampling again. Every
+        rank first reaches the push: a rank's own request still in flight when rank 0 pauses the servers would be
+        held until the push ends, while the push needs that rank for the gathers (a deadlock). Requests of the
+        sampler threads (``rollout.max_staleness`` > 0) take no part in collectives and may be held."""
         if self.world_size > 1:
             import torch.distributed as dist
 
+            dist.barrier()
+        self.pusher.push(self._checked(weights) if self.rank == 0 else weights)
+        if self.world_size > 1:
             dist.barrier()
 
     def _checked(self, weights) -> Iterator[tuple[str, torch.Tensor]]:
