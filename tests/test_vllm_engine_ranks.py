@@ -17,6 +17,7 @@ import os
 import pytest
 from conftest import REPO, run_python
 from distributed import run_ranks
+from vllm_push_compare import assert_pushed, largest_gap, push_and_compare, trainer_log_probs
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("ACCEL_EXPECT_VLLM"),
@@ -51,35 +52,6 @@ def _engine_log_probs(llm, batch):
             token = sequences[row][prompt_length + t]
             result[row, t] = output.prompt_logprobs[prompt_length + t][token].logprob
     return result
-
-
-def _trainer_log_probs(policy, batch, temperature=1.0, top_k=0, top_p=1.0):
-    import torch
-
-    from engine.recipes.grpo.logprobs import response_log_probs
-
-    with policy.eval_mode(), torch.no_grad():
-        return response_log_probs(policy.module, batch.input_ids, batch.attention_mask, batch.prompt_length,
-                                  temperature, top_k=top_k, top_p=top_p).float().cpu()
-
-
-def _largest_gap(a, b, mask):
-    return float(((a - b).abs() * mask).max())
-
-
-def _big_update(policy, batch):
-    """One optimizer step that raises the log-probs of ``batch``'s responses (large learning rate)."""
-    from engine.recipes.grpo.logprobs import response_log_probs
-
-    mask = batch.response_mask.float()
-
-    def step(module, _):
-        log_probs = response_log_probs(module, batch.input_ids, batch.attention_mask, batch.prompt_length, 1.0)
-        return -(log_probs * mask).sum() / mask.sum()
-
-    with policy.train_mode():
-        policy.forward_backward_batch([None], step)
-        policy.optimizer_step()
 
 
 class Recorder:
@@ -149,35 +121,18 @@ def _checks(rank, model_dir):
     again = rollout(vllm, tokenizer, prompts, sampled)
     out["same_seed_same_tokens"] = torch.equal(batch.input_ids, again.input_ids)
     mask = batch.response_mask.float()
-    trainer = _trainer_log_probs(policy, batch, 0.7, top_k=20, top_p=0.8)
-    out["sampled_gap"] = _largest_gap(batch.sampling_log_probs, trainer, mask)
+    trainer = trainer_log_probs(policy, batch, 0.7, top_k=20, top_p=0.8)
+    out["sampled_gap"] = largest_gap(batch.sampling_log_probs, trainer, mask)
 
     # More prompt tokens than one engine step schedules (4096): no prompt is cut over two steps on the CPU, where a
     # seeded request's generator cannot rewind ("CPU Generator does not use offset").
     many = SamplingConfig(n=4, max_new_tokens=4, eos_token_ids=eos, temperature=1.0)
     out["many_rows"] = len(rollout(vllm, tokenizer, [" ".join(prompts)] * 64, many))  # ~10k prompt tokens
 
-    # Fixed sequences: the engine's and the trainer's log-probs before, during (stale) and after the push.
-    engine_before = _engine_log_probs(vllm.llm, batch)
-    trainer_before = _trainer_log_probs(policy, batch)
-    out["before_gap"] = _largest_gap(engine_before, trainer_before, mask)
-    _big_update(policy, batch)
-    trainer_after = _trainer_log_probs(policy, batch)
-    out["stale_gap"] = _largest_gap(_engine_log_probs(vllm.llm, batch), trainer_after, mask)
-    started = time.perf_counter()
-    sync_weights(policy, vllm)
-    out["sync_after_update_s"] = time.perf_counter() - started
-    engine_after = _engine_log_probs(vllm.llm, batch)
-    out["after_gap"] = _largest_gap(engine_after, trainer_after, mask)
-    out["moved"] = _largest_gap(engine_after, engine_before, mask)
-
-    # LoRA: the merged adapters arrive under the plain names.
-    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
-    _big_update(lora, batch)
-    lora_log_probs = _trainer_log_probs(lora, batch)
-    sync_weights(lora, vllm)
-    out["lora_gap"] = _largest_gap(_engine_log_probs(vllm.llm, batch), lora_log_probs, mask)
-    out["lora_moved"] = _largest_gap(lora_log_probs, trainer_after, mask)
+    # Fixed sequences: the engine's and the trainer's log-probs before, during (stale) and after the push; LoRA.
+    compared, trainer_after = push_and_compare(policy, vllm, batch, lambda b: _engine_log_probs(vllm.llm, b),
+                                               model_dir)
+    out.update(compared)
 
     # The hand-over order, as on a device with a sleep mode: the real engine behind a recorder.
     real = vllm.llm
@@ -187,7 +142,7 @@ def _checks(rank, model_dir):
     with policy.eval_mode():
         rollout(vllm, tokenizer, prompts, greedy)
     out["order"] = vllm.llm.calls
-    out["after_order_gap"] = _largest_gap(_engine_log_probs(real, batch), trainer_after, mask)
+    out["after_order_gap"] = largest_gap(_engine_log_probs(real, batch), trainer_after, mask)
     vllm.llm, vllm.facts = real, dataclasses.replace(vllm.facts, sleep_level=0)
 
     bad = [(name, tensor.clone()) for name, tensor in policy.iter_full_weights()]  # each valid until the next
@@ -208,16 +163,13 @@ def test_vllm_engine_on_two_ranks(model_dir):
         assert out["same_seed_same_tokens"]
         assert out["many_rows"] == 256
         assert out["sampled_gap"] < 1e-4, out  # temperature 0.7, top-k 20, top-p 0.8
-        assert out["before_gap"] < 1e-4, out
-        assert out["stale_gap"] > 0.05, out  # the update moved the policy; the engine has not seen it yet
-        assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
-        assert out["lora_gap"] < 1e-4 and out["lora_moved"] > 0.05, out
+        assert_pushed(out)
         assert out["after_order_gap"] < 1e-4, out
         assert out["order"] == [("sleep", 1), ("wake_up", ("weights",)), ("push", "reload_weights"),
                                 ("reset_prefix_cache",), ("wake_up", ("kv_cache",)), ("generate",)], out["order"]
         assert f"cannot take weight '{out['bad_name']}' of shape (3, 3): the engine's model has shape" in \
             out["bad_tensor"], out
-    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "sync_after_update_s")})
+    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s")})
 
 
 SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",

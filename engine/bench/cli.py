@@ -20,6 +20,10 @@ Scenarios (``--scenarios``, default all but vllm_alone):
   vllm_alone   vLLM by itself (where it is installed) decoding the GRPO model's geometry, one fresh process per
                thread count and binding: response tokens per second, to read the grpo scenario's rollout phase
                (--grpo-override rollout.engine=vllm) against; needs --grpo-model-dir or --grpo-case long
+  async_rollout
+               (not in "all": needs vLLM, minutes per step) GRPO with one trainer and one vLLM server at
+               rollout.max_staleness 0, 1, 2 against the colocated vLLM engine on 2 ranks, interleaved: response
+               tokens per second, overlap, step time against the slower side, per binding (--async-*)
 
 --grpo-case long (grpo and packing) runs a model whose responses spread over 1..128 tokens (make-tiny-model
 --hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos, written to a temporary directory) on
@@ -39,7 +43,18 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import grad_accum, grpo_step, mode_switch, overhead, packing, rollout, sequence_parallel, sft, vllm_alone
+from . import (
+    async_rollout,
+    grad_accum,
+    grpo_step,
+    mode_switch,
+    overhead,
+    packing,
+    rollout,
+    sequence_parallel,
+    sft,
+    vllm_alone,
+)
 from .common import release
 from .report import print_result
 
@@ -48,6 +63,8 @@ SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "over
              "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run}
 GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
+# Run by the launching process (they start processes of their own); named explicitly, never part of "all".
+LAUNCHER_SCENARIOS = {"async_rollout": async_rollout.run}
 # The long-response case: the model make-tiny-model writes with these settings, and the work around it.
 LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
 LONG_CASE_WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128"]
@@ -93,10 +110,24 @@ def _scenarios(text: str) -> list[str]:
     if text == "all":
         return list(DEFAULT_SCENARIOS)
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [n for n in names if n not in SCENARIOS]
+    unknown = [n for n in names if n not in SCENARIOS and n not in LAUNCHER_SCENARIOS]
     if unknown or not names:
         raise argparse.ArgumentTypeError(f"unknown scenario(s) {', '.join(unknown) or '(none)'}: choose from "
-                                         f"{', '.join(SCENARIOS)} or all")
+                                         f"{', '.join([*SCENARIOS, *LAUNCHER_SCENARIOS])} or all")
+    return names
+
+
+def _bindings(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in ("unbound", "split") for n in names):
+        raise argparse.ArgumentTypeError(f"bindings are unbound and split, got {text!r}")
+    return names
+
+
+def _variants(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in async_rollout.VARIANTS for n in names):
+        raise argparse.ArgumentTypeError(f"variants are {', '.join(async_rollout.VARIANTS)}, got {text!r}")
     return names
 
 
@@ -155,6 +186,18 @@ def build_parser() -> argparse.ArgumentParser:
     grpo.add_argument("--grpo-model-dir", type=Path, help="a model directory (sets model.path) for grpo and packing")
     grpo.add_argument("--packing-budgets", type=_positive_list, default=[256, 512, 1024, 2048],
                       help="token budgets whose update peak memory the packing scenario measures")
+    ahead = parser.add_argument_group("async_rollout")
+    ahead.add_argument("--async-steps", type=_positive, default=8,
+                       help="GRPO steps per run: warm-up, timed, and a last one left out (4 for a quick look)")
+    ahead.add_argument("--async-warmup", type=int, default=2, help="first steps of each run left out of the figures")
+    ahead.add_argument("--async-rounds", type=_positive, default=1, help="runs per variant, interleaved")
+    ahead.add_argument("--async-bindings", type=_bindings, default=["unbound", "split"],
+                       help="unbound, split (server on the last core, trainer on the others) or both")
+    ahead.add_argument("--async-threads", type=_positive, default=1, help="OMP threads of the server and trainer")
+    ahead.add_argument("--async-variants", type=_variants, default=list(async_rollout.VARIANTS),
+                       help=f"among {', '.join(async_rollout.VARIANTS)}")
+    ahead.add_argument("--async-partial", action="store_true", help="rollout.partial=true in the server runs")
+    ahead.add_argument("--async-model-dir", type=Path, help="a model directory (default: the mid-size model)")
     sp = parser.add_argument_group("sequence_parallel")
     sp.add_argument("--sp-tokens", type=_positive_list, default=[8192, 16384],
                     help="sequence lengths of the sequence_parallel scenario (each run at sp=1 and sp=2)")
@@ -171,6 +214,10 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     if args.plot and "grad_accum" not in args.scenarios:
         parser.error("--plot draws the grad_accum scenario: add it to --scenarios")
+    if "async_rollout" in args.scenarios and not 0 <= args.async_warmup <= args.async_steps - 2:
+        parser.error(f"--async-steps {args.async_steps} leaves no timed step after --async-warmup "
+                     f"{args.async_warmup} and the last step (which is left out): use at least "
+                     f"{max(args.async_warmup, 0) + 2}")
     if args.rollout_model is not None and not (args.rollout_model / "config.json").is_file():
         parser.error(f"--rollout-model {args.rollout_model} is not a model directory (no config.json): write one with "
                      "accel-grpo make-tiny-model DIR")
@@ -206,10 +253,14 @@ def _case_overrides(args, stack: contextlib.ExitStack) -> list[str]:
 def _run_and_report(args, options: dict) -> int:
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
 
+    in_workers = [name for name in options["scenarios"] if name in SCENARIOS]
     try:
-        result = run(worker, args.nproc, options)
+        result = run(worker, args.nproc, {**options, "scenarios": in_workers}) if in_workers else _launcher_only()
     except (WorkerFailed, Interrupted) as exc:
         return report_early_end("accel-bench", exc, "no results written")
+    for name in options["scenarios"]:
+        if name in LAUNCHER_SCENARIOS:
+            result["scenarios"][name] = LAUNCHER_SCENARIOS[name](options)
     print_result(result)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -221,6 +272,12 @@ def _run_and_report(args, options: dict) -> int:
         plot_grad_accum(result, args.plot)
         print(f"plot written to {args.plot}")
     return 0
+
+
+def _launcher_only() -> dict:
+    import accel_backends
+
+    return {"backend": accel_backends.get_backend().name, "world_size": 1, "scenarios": {}}
 
 
 def _check_grpo_settings(parser, args) -> None:

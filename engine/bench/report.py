@@ -178,7 +178,24 @@ def print_rollout_against_vllm_alone(result: dict) -> None:
             print(f"  {label}: {in_loop / row['tokens_per_s']:.2f}")
 
 
-PRINTERS = {"mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
+def print_async_rollout(s: dict) -> None:
+    print(f"\n== GRPO ahead of the trainer: 1 trainer + 1 vLLM server at max_staleness k, colocated on 2 ranks "
+          f"({s['steps']} steps per run, {s['warmup']} warm-up, {s['threads']} thread(s) each, cores {s['cores']}) ==")
+    for binding, row in s["bindings"].items():
+        print(f"{binding}: server on cores {row['server_cores'] or 'any'}, trainer on {row['trainer_cores'] or 'any'}")
+        print(f"  {'variant':18} {'tokens/s':>9} {'step s':>7} {'sampling s':>10} {'training s':>10} "
+              f"{'wait s':>7} {'overlap':>8} {'step/slower':>11} {'stale max':>9}")
+        for name, runs in row["runs"].items():
+            for run in runs:
+                print(f"  {name:18} {run['tokens_per_s']:9.1f} {run['step_s']:7.2f} {run['sampling_s']:10.2f} "
+                      f"{run['training_s']:10.2f} {run['trainer_wait_s']:7.2f} {run['overlap']:8.2f} "
+                      f"{run['step_over_slower_side']:11.2f} {run['staleness_max']:9.0f}")
+        ratios = {key: value for key, value in row.items() if key.startswith("k") and value is not None}
+        print("  " + ", ".join(f"{key.replace('_over_', ' / ')} {value:.2f}" for key, value in ratios.items()))
+
+
+PRINTERS = {"async_rollout": print_async_rollout,
+            "mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
             "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone}
 

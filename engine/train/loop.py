@@ -43,15 +43,24 @@ def train(recipe: Recipe, plan: Plan, run_dir: Path, resume: bool) -> dict:
 
 def run_parts(recipe: Recipe, plan: Plan, parts, run_dir: Path, resume: bool) -> dict:
     """The loop over parts already built (the process group exists)."""
-    import accel_backends
-
-    run, backend = plan.config.run, accel_backends.get_backend()
+    run = plan.config.run
     runtime.stop_at_safe_point(run.save_on_interrupt)
     start = 0
     if resume:
         loaded = checkpoint.load_latest(parts.engine, run_dir / "checkpoints", run.resume_fallback)
         start = checkpoint.step_of(loaded)
     recipe.ready(parts, start)
+    try:
+        return _steps(recipe, plan, parts, run_dir, start)
+    finally:
+        recipe.close(parts)  # whatever ended the loop (a thread the recipe started stops here)
+
+
+def _steps(recipe: Recipe, plan: Plan, parts, run_dir: Path, start: int) -> dict:
+    """Validation before the first step when asked for, the steps from ``start``, the run's end."""
+    import accel_backends
+
+    run, backend = plan.config.run, accel_backends.get_backend()
     rank, total = parts.engine.rank, plan.total_steps
     loggers = progress = None
     if rank == 0:

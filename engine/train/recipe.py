@@ -82,6 +82,10 @@ class Recipe:
         """Called once the loop has loaded the checkpoint it resumes from (``start``: the steps already done), before
         the first step: e.g. push the weights to a rollout engine holding its own copy."""
 
+    def close(self, parts) -> None:
+        """Called once when the loop ends, whatever ended it (the last step, a stop at a safe point, an error):
+        e.g. stop a thread the recipe started in ``ready``."""
+
     def step(self, parts, index: int) -> StepResult:
         """Step ``index`` (0-based)."""
         raise NotImplementedError

@@ -352,6 +352,9 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     if not isinstance(t.padding_free, bool):
         problems.append(f"train.padding_free must be true or false, got {t.padding_free!r}")
     problems += _check_algorithm(config)
+    from .ahead import staleness_problems
+
+    problems += staleness_problems(config)
     if problems:
         return problems
     problems += _batch_problems(config, world_size)

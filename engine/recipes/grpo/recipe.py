@@ -73,6 +73,9 @@ class GRPORecipe(Recipe):
     def ready(self, parts, start):
         parts.ready(start)
 
+    def close(self, parts):
+        parts.close()
+
     def step(self, parts, index):
         return parts.step(index)
 

@@ -42,6 +42,11 @@ class RolloutConfig:
     val_temperature: float = 0.0  # 0: greedy
     engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, vllm, or one a plugin registers
     vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)  # rollout.engine=vllm's settings
+    # Asynchronous training (vLLM servers): samples at most this many weight versions older than the policy they
+    # train; 0: synchronous (sample, update, push). partial: a push lets in-flight requests go on with the new
+    # weights (pause mode keep) instead of finishing them on the old ones first (wait).
+    max_staleness: int = 0
+    partial: bool = False
     # Multi-turn rollouts with tools (docs/agents.md): set either or both to turn them on.
     tools: list | None = None  # "module:function" names of tools the model may call
     environment: str | None = None  # "module:Class": one instance per trajectory, its public methods are tools

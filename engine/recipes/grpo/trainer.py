@@ -32,12 +32,13 @@ from ...rollout import (
     eos_token_ids,
     sampling_configs,
     sync_weights,
-    trajectories,
 )
+from ...rollout.staleness import synchronous_figures
 from ...runtime import phase, sum_over_ranks
 from ...train.config import dist_timeout_s
 from ...train.recipe import StepResult
 from . import dynamic_sampling, scoring
+from .ahead import AheadSampling
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
 from .config import GRPOConfig, deprecation_notices, engine_config, updates_per_step
@@ -48,6 +49,7 @@ from .model import build_model
 from .prompts import build_tasks, data_spec, needs_answers
 from .rewards import environment_rewards, load_rewards, metric_names
 from .rollout_correction import MismatchStats, importance_weights
+from .step_metrics import shown, step_row
 from .validation import validate
 
 
@@ -108,6 +110,9 @@ class GRPOTrainer:
         self.sampler = build_sampler(config, self.tokenizer,
                                      lambda flag: runtime.on_any_rank(flag, self.backend.metrics_device()))
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
+        # rollout.max_staleness > 0: a thread samples the next steps' batches while this one trains (ready())
+        bound = config.rollout.max_staleness
+        self.ahead = AheadSampling(self, bound) if bound > 0 else None
 
     @property
     def engine(self) -> FSDPEngine:
@@ -129,21 +134,35 @@ class GRPOTrainer:
     def _seed(self, step: int) -> torch.Generator:
         """Per-step, per-group randomness (the ranks of a sequence-parallel group draw the same prompts): a resumed
         run samples exactly what an uninterrupted one would."""
-        seed = (self.config.train.seed * 1_000_003 + step) * 1009 + self.groups.rank
-        torch.manual_seed(seed)
-        return torch.Generator().manual_seed(seed)
+        torch.manual_seed(self._step_seed(step))
+        return self.generator(step)
 
-    def collect(self, step: int) -> tuple[StepData, dict, dict]:
-        """Roll out, score and gather the step's batch: ``(data, this rank's sums, extras)`` where ``extras`` holds
-        the longest response and the records for samples.jsonl."""
+    def _step_seed(self, step: int) -> int:
+        return (self.config.train.seed * 1_000_003 + step) * 1009 + self.groups.rank
+
+    def generator(self, step: int) -> torch.Generator:
+        """Step ``step``'s own generator on this rank (the sampler thread's too: never the global one)."""
+        return torch.Generator().manual_seed(self._step_seed(step))
+
+    def collect(self, step: int, ahead: tuple | None = None,
+                dropped: torch.Tensor | None = None) -> tuple[StepData, dict, dict]:
+        """Roll out (or take ``ahead``: samples and batch sampled by the sampler thread, ``dropped``: its rows too
+        stale to train on), score and gather the step's batch: ``(data, this rank's sums, extras)`` where
+        ``extras`` holds the longest response, the records for samples.jsonl and the seconds spent sampling."""
         cfg, roll, algo = self.config, self.config.rollout, self.config.algorithm
         prompts_per_rank = cfg.train.prompts_per_step // self.groups.size
         generator = self._seed(step)
+        sampling_s = [0.0]
 
         def draw() -> scoring.ScoredRollout:
-            samples = self.task.sample(prompts_per_rank, generator)
-            with phase("rollout"):
-                batch = self.sampler(self.rollout_engine, samples, self.sampling)
+            if ahead is not None:
+                samples, batch = ahead
+            else:
+                samples = self.task.sample(prompts_per_rank, generator)
+                with phase("rollout"):
+                    began = time.perf_counter()
+                    batch = self.sampler(self.rollout_engine, samples, self.sampling)
+                    sampling_s[0] += time.perf_counter() - began
             with phase("reward"):
                 return scoring.score_rollout(self.rewards, samples, batch, roll.n, roll.max_new_tokens,
                                              algo.overlong_buffer_len, algo.overlong_penalty_factor)
@@ -164,8 +183,11 @@ class GRPOTrainer:
         scale, leads = self.loss.scale_rewards, trains and self.groups.leader  # a group's rows count once
         batch_std = self._batch_std(scored.rewards if leads else scored.rewards[:0]) if scale == "batch" else None
         advantages = grpo_advantages(scored.rewards, groups, scale=scale, batch_std=batch_std)
+        drop = torch.zeros(len(batch), dtype=torch.bool) if dropped is None else dropped
         if algo.mask_truncated:  # responses cut at max_new_tokens get no loss (their attention is unchanged)
-            keep = (~batch.clipped).unsqueeze(1).to(batch.response_mask.dtype)
+            drop = drop | batch.clipped
+        if bool(drop.any()):  # and those too stale to train on (whole groups)
+            keep = (~drop).unsqueeze(1).to(batch.response_mask.dtype)
             batch = dataclasses.replace(batch, response_mask=batch.response_mask * keep)
         # Every rank's sequences, on every rank: global mini-batches, each planned into every rank's micro-batches.
         data = gather_step_data(rank_sequences(batch, advantages, leads), self.batching, self.groups.rank,
@@ -178,7 +200,7 @@ class GRPOTrainer:
                 data.ref_log_probs = self.reference_log_probs(data)
         stats = self.groups.once({**scoring.rollout_sums(drawn, overlong=algo.overlong_buffer_len > 0), **sampling,
                                   "rollout_tokens_computed": float(sum(p.batch.tokens_computed for p in drawn))})
-        extras = {"longest": max(float(part.lengths.max().item()) for part in drawn),
+        extras = {"longest": max(float(part.lengths.max().item()) for part in drawn), "sampling_s": sampling_s[0],
                   "samples": scoring.sample_records(step + 1, scored, advantages,
                                                     cfg.run.log_samples if leads else 0, self.reward_names)}
         return data, stats, extras
@@ -303,19 +325,39 @@ class GRPOTrainer:
             return {}
         if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
             return {}
+        if self.ahead is not None:  # the tokenizer is the sampler thread's too: one at a time
+            with self.ahead.tokenizer_lock:
+                return self._validate()
+        return self._validate()
+
+    def _validate(self) -> dict:
         return validate(self.actor, self.rollout_engine, self.sampler, self.val_samples, self.rewards,
-                        self.val_sampling, batch_prompts=max(1, cfg.train.prompts_per_step // self.world_size))
+                        self.val_sampling, batch_prompts=max(1, self.config.train.prompts_per_step // self.world_size))
 
     def ready(self, start: int) -> None:
-        """After the loop resumed from step ``start``: an engine holding its own copy takes the loaded weights."""
+        """After the loop resumed from step ``start``: an engine holding its own copy takes the loaded weights; with
+        ``rollout.max_staleness`` > 0 the sampler thread starts from them."""
         if start:
             sync_weights(self.actor, self.rollout_engine)
+        if self.ahead is not None:
+            self.ahead.start(start, self.config.train.steps)
+
+    def close(self) -> None:
+        """The run ended (done, stopped or failed): the sampler thread stops."""
+        if self.ahead is not None:
+            self.ahead.close()
 
     def step(self, step: int) -> StepResult:
         """One GRPO step; its figures for the loop to reduce over ranks (``StepResult``)."""
         started = time.perf_counter()
         self.backend.reset_peak_memory_stats()
-        data, stats, extras = self.collect(step)
+        if self.ahead is not None:  # sampled ahead by the thread, checked against the bound
+            sampled, dropped, staleness, stalest, waited = self.ahead.take(step)
+            data, stats, extras = self.collect(step, sampled, dropped)
+        else:
+            data, stats, extras = self.collect(step)
+            staleness, stalest = synchronous_figures(int(stats["sequences"]))
+            waited = extras["sampling_s"]  # the trainer waits for the whole sampling
         rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
         rollout_done = time.perf_counter()
         self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
@@ -323,57 +365,23 @@ class GRPOTrainer:
         synced = time.perf_counter()
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
         finished = time.perf_counter()
+        if self.ahead is not None:
+            waited += self.ahead.pushed(step + 1)
+        busy = self.ahead.busy_seconds(started, finished) if self.ahead is not None else extras["sampling_s"]
         mismatch = update.pop("mismatch")
-        sums = {**stats, **self.pad_counts(data), **mismatch.sums()}
-        maxima = {"response_length_max": extras["longest"],
+        sums = {**stats, **self.pad_counts(data), **mismatch.sums(), **self.groups.once(staleness),
+                "sampler_busy_frac": busy / max(finished - started, 1e-9)}
+        maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
                  "weight_sync": finished - synced}
         plan_metrics = data.plan_metrics()
 
         def metrics(totals: dict, largest: dict) -> dict:
-            return self._step_metrics(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals,
-                                                                                                           largest))
+            return step_row(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals, largest),
+                            self.reward_names, self.groups.size, self.world_size)
 
-        return StepResult(metrics=metrics, sums=sums, maxima=maxima, samples=extras["samples"], shown=_shown)
-
-    def _step_metrics(self, totals: dict, largest: dict, update: dict, times: dict, plan_metrics: dict,
-                      mismatch: dict) -> dict:
-        count = totals["sequences"]
-        mean = totals["reward_sum"] / count
-        row = {
-            "reward_mean": mean,
-            "reward_std": math.sqrt(max(totals["reward_sq_sum"] / count - mean * mean, 0.0)),
-            "loss": update["loss"],
-            "pg_loss": update["pg_loss"],
-            "kl": update.get("kl", 0.0),
-            "clip_frac": update["clip_frac"],
-            "approx_kl": update["approx_kl"],
-            "entropy": update["entropy"],
-            "grad_norm": update["grad_norm"],
-            "lr": update["lr"],
-            "updates": update["updates"],
-            "skipped_updates": update["skipped_updates"],
-            "response_length": totals["response_tokens"] / count,
-            "response_length_max": largest["response_length_max"],
-            "response_clip_frac": totals["clipped"] / count,
-            "rollout_tokens_computed": totals["rollout_tokens_computed"],
-            "rollout_tokens_produced": totals["response_tokens"],
-            "tokens_per_s": totals["response_tokens"] / times["step"],
-            "rollout_time_s": times["rollout"],
-            "update_time_s": times["update"],
-            "step_time_s": times["step"],
-            "peak_memory_gib": largest["peak_memory_gib"],
-        }
-        row.update(scoring.reward_metrics(totals, self.reward_names))  # reward/<name>, overlong_penalty
-        row.update(dynamic_sampling.summary(totals, self.groups.size))  # sampling/*, with filter_groups
-        row.update(trajectories.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
-        row.update(plan_metrics)  # packed, micro_batches, token_imbalance
-        row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})
-        if self.rollout_engine.receives_weights:
-            row["rollout/weight_sync_s"] = times["weight_sync"]
-        row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
-        return row
+        return StepResult(metrics=metrics, sums=sums, maxima=maxima, samples=extras["samples"], shown=shown)
 
     def train(self) -> dict:
         """The frame's loop over this trainer (``engine/train/loop.py``), as ``accel-grpo`` runs it."""
@@ -383,9 +391,3 @@ class GRPOTrainer:
         recipe = get_recipe("grpo")
         return run_parts(recipe, recipe.plan_of(self.config, self.world_size), self, self.run_dir, self.resume)
 
-
-def _shown(row: dict) -> dict:
-    shown = {"reward": f"{row['reward_mean']:.3f}", "step_s": f"{row['step_time_s']:.2f}"}
-    if "val/accuracy" in row:
-        shown["val_acc"] = f"{row['val/accuracy']:.3f}"
-    return shown

@@ -6,7 +6,9 @@ servers, as token ids and gets token ids and the sampled tokens' log-probs back 
 same sampling parameters as the colocated engine, a seed per prompt). After every update the policy's weights go
 to the servers through the device's weight-transfer engine (``pusher.py``): rank 0 sends, every rank gathers one
 sharded unit at a time, LoRA merged. Synchronous: a push finishes, and every server reports its version, before
-any rank samples again (staleness 0).
+any rank samples again (staleness 0). With ``rollout.max_staleness`` > 0 a sampler thread per rank calls
+``sample`` while the trainer trains (``engine/rollout/sampling_ahead.py``); a push then pauses the servers in mode
+``keep`` (``rollout.partial``: requests in flight go on with the new weights) or ``wait`` (they finish first).
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ class VLLMServerRolloutEngine(RolloutEngine):
         self.pusher = WeightPusher(self.clients, workers, self.settings.weight_transfer_address or "127.0.0.1",
                                    signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
                                    engine=self.facts.weight_transfer, settings=self.facts.weight_transfer_settings,
-                                   wire=wire)
+                                   pause_mode=pause_mode(context.config), wire=wire)
         self.pusher.connect()
 
     # -- servers ------------------------------------------------------------------------------------------------
@@ -100,6 +102,12 @@ class VLLMServerRolloutEngine(RolloutEngine):
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
         self.pusher.check_version()
         seed = int(torch.randint(0, _SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
+        return self.sample(prompts, sampling, seed)[0]
+
+    def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> tuple[Responses, list]:
+        """The responses and each row's weight-version spans (``{"version", "start", "end"}`` over its tokens),
+        without the version check: the sampler thread of ``rollout.max_staleness`` > 0 calls it while pushes go
+        on (HTTP only, no collective)."""
         fields = sampling_fields(sampling)
         seeds = request_seeds(seed, len(prompts), sampling.n)
 
@@ -109,16 +117,26 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
         with ThreadPoolExecutor(max_workers=max(1, min(MAX_REQUESTS_IN_FLIGHT, len(prompts)))) as pool:
             choices = [choice for answer in pool.map(one, range(len(prompts))) for choice in answer]
-        return responses_from_choices(choices, sampling)
+        return responses_from_choices(choices, sampling), [choice.get("weight_versions") for choice in choices]
+
+    @property
+    def weight_version(self) -> str:
+        """The label of the last push (what the servers give every token they sample now)."""
+        return str(self.pusher.version)
 
     # -- weights ------------------------------------------------------------------------------------------------
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Push under the next version; every rank waits until the servers have it before sampling again."""
-        self.pusher.push(self._checked(weights) if self.rank == 0 else weights)
+        """Push under the next version; every rank waits until the servers have it before sampling again. Every
+        rank first reaches the push: a rank's own request still in flight when rank 0 pauses the servers would be
+        held until the push ends, while the push needs that rank for the gathers (a deadlock). Requests of the
+        sampler threads (``rollout.max_staleness`` > 0) take no part in collectives and may be held."""
         if self.world_size > 1:
             import torch.distributed as dist
 
+            dist.barrier()
+        self.pusher.push(self._checked(weights) if self.rank == 0 else weights)
+        if self.world_size > 1:
             dist.barrier()
 
     def _checked(self, weights) -> Iterator[tuple[str, torch.Tensor]]:
@@ -129,6 +147,13 @@ class VLLMServerRolloutEngine(RolloutEngine):
         if missing:
             raise RolloutEngineError(f"rollout engine 'vllm' received no weight for {', '.join(missing[:3])}"
                                      f"{' and others' if len(missing) > 3 else ''}")
+
+
+def pause_mode(rollout_config) -> str:
+    """How a push pauses the servers: ``keep`` (requests in flight go on with the new weights) with
+    ``rollout.partial``, and when synchronous (nothing is in flight then); else ``wait`` (they finish first)."""
+    partial = getattr(rollout_config, "partial", False)
+    return "keep" if partial or not getattr(rollout_config, "max_staleness", 0) else "wait"
 
 
 def _from_rank_0(value):

@@ -2,9 +2,10 @@
 
 ``connect`` opens, for every server, a weight group (``gloo_wire``) with the trainer's rank 0 as its rank 0 and the
 server's workers after it, through the server's ``/init_weight_transfer_engine`` (the worker checks there that it
-serves the trainer's model). ``push`` pauses every server (``keep``: requests in flight wait), starts the update,
-streams the weights one tensor at a time, each drawn just before it goes (the policy gathers one sharded unit at a
-time: never a full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the
+serves the trainer's model). ``push`` pauses every server (``keep``: requests in flight wait, then go on with the
+new weights; ``wait``: they finish on the old ones first), starts the update, streams the weights one tensor at a
+time, each drawn just before it goes (the policy gathers one sharded unit at a time: never a full copy per rank),
+closes it under the next version and resumes. Ranks other than 0 draw the
 weights too (drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they
 never sample from a part-old, part-new model; the error says so.
 
@@ -16,6 +17,7 @@ failure rule, the bytes moved by the engine's own trainer half.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterable
 
 import torch
@@ -56,15 +58,18 @@ class WeightPusher:
 
     def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
                  sender: bool, engine: str = "gloo", settings: dict | None = None,
-                 free_port: Callable[[], int] | None = None, wire: VLLMTrainerWire | None = None) -> None:
+                 free_port: Callable[[], int] | None = None, pause_mode: str = "keep",
+                 wire: VLLMTrainerWire | None = None) -> None:
         self.clients, self.workers, self.address = clients, workers, address
         self.signature, self.sender, self.engine = signature, sender, engine
         self.settings = dict(settings or {})  # the device's weight-group settings, sent with the init info
         self.timeout_s = float(self.settings.get("timeout_s", 600.0))
         self.free_port = free_port
+        self.pause_mode = pause_mode  # keep: requests in flight resume on the new weights; wait: they finish first
         self.wire = wire  # an engine with its own trainer side (nccl, hccl, ...); None: this package's gloo wire
         self.groups: list = []
         self.version = 0  # the version the servers report once a push finished; 0: none yet
+        self.pause_s = 0.0  # how long the last push waited for the servers to pause
 
     def _port(self) -> int:
         from accel_backends.spawn import free_port
@@ -122,8 +127,11 @@ class WeightPusher:
                 pass
             self.version = version
             return version
+        paused = time.perf_counter()
         for client in self.clients:
-            client.pause("keep")
+            client.pause(self.pause_mode)
+        self.pause_s = time.perf_counter() - paused  # mode wait: the requests in flight finishing
+        for client in self.clients:
             client.start_weight_update()
         receiving = [_in_thread(lambda c=c: c.update_weights({"version": str(version)})) for c in self.clients]
         try:
@@ -149,8 +157,10 @@ class WeightPusher:
         """The push through an engine's own trainer side: it drives start / update / finish; rank 0 pauses the
         servers before and resumes them after (a failure leaves them paused, as the gloo wire does)."""
         if self.sender:
+            paused = time.perf_counter()
             for client in self.clients:
-                client.pause("keep")
+                client.pause(self.pause_mode)
+            self.pause_s = time.perf_counter() - paused
         try:
             self.wire.send(version, weights)
         except ServerError:

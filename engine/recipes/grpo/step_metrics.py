@@ -1,0 +1,72 @@
+"""A GRPO step's metrics row (``metrics.jsonl``), from its figures summed and maxed over ranks by the loop.
+
+The rollout-timing figures are reported in every mode, so curves compare across synchronous and asynchronous runs:
+``rollout/staleness_mean`` / ``_max`` (weight versions between a sample's oldest token and the policy trained on
+it; 0 when synchronous), ``rollout/dropped_stale`` (samples too stale to train on), ``rollout/weight_sync_s`` (the
+push after the update; ~0 for engines that decode with the policy's own parameters), ``time/trainer_wait_s`` (the
+trainer waiting for samples, the rank that waited longest: the whole sampling when synchronous; the wait for the
+thread's batch and, in pause mode ``wait``, for requests in flight to finish before a push) and
+``rollout/sampler_busy_frac`` (the share of the step's wall time its sampling ran, mean over ranks).
+"""
+
+from __future__ import annotations
+
+import math
+
+from ...rollout import trajectories
+from . import dynamic_sampling, scoring
+
+
+def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metrics: dict, mismatch: dict,
+             reward_names: list[str], groups: int, world_size: int) -> dict:
+    """The step's metrics row; ``groups``: the data-parallel groups (each counts its samples once), ``world_size``:
+    the ranks (each reports its sampler's busy fraction)."""
+    count = totals["sequences"]
+    mean = totals["reward_sum"] / count
+    row = {
+        "reward_mean": mean,
+        "reward_std": math.sqrt(max(totals["reward_sq_sum"] / count - mean * mean, 0.0)),
+        "loss": update["loss"],
+        "pg_loss": update["pg_loss"],
+        "kl": update.get("kl", 0.0),
+        "clip_frac": update["clip_frac"],
+        "approx_kl": update["approx_kl"],
+        "entropy": update["entropy"],
+        "grad_norm": update["grad_norm"],
+        "lr": update["lr"],
+        "updates": update["updates"],
+        "skipped_updates": update["skipped_updates"],
+        "response_length": totals["response_tokens"] / count,
+        "response_length_max": largest["response_length_max"],
+        "response_clip_frac": totals["clipped"] / count,
+        "rollout_tokens_computed": totals["rollout_tokens_computed"],
+        "rollout_tokens_produced": totals["response_tokens"],
+        "tokens_per_s": totals["response_tokens"] / times["step"],
+        "rollout_time_s": times["rollout"],
+        "update_time_s": times["update"],
+        "step_time_s": times["step"],
+        "peak_memory_gib": largest["peak_memory_gib"],
+    }
+    row.update(scoring.reward_metrics(totals, reward_names))  # reward/<name>, overlong_penalty
+    row.update(dynamic_sampling.summary(totals, groups))  # sampling/*, with filter_groups
+    row.update(trajectories.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
+    row.update(plan_metrics)  # packed, micro_batches, token_imbalance
+    row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})
+    row.update({
+        "rollout/staleness_mean": totals["staleness_sum"] / max(totals["staleness_rows"], 1.0),
+        "rollout/staleness_max": largest["staleness_max"],
+        "rollout/dropped_stale": totals["dropped_stale"],
+        "rollout/weight_sync_s": times["weight_sync"],
+        "time/trainer_wait_s": largest["trainer_wait_s"],
+        "rollout/sampler_busy_frac": totals["sampler_busy_frac"] / world_size,
+    })
+    row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
+    return row
+
+
+def shown(row: dict) -> dict:
+    """The progress bar's figures."""
+    figures = {"reward": f"{row['reward_mean']:.3f}", "step_s": f"{row['step_time_s']:.2f}"}
+    if "val/accuracy" in row:
+        figures["val_acc"] = f"{row['val/accuracy']:.3f}"
+    return figures

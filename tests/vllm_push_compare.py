@@ -1,0 +1,72 @@
+"""The push-and-compare checks both vLLM modes share (tests/test_vllm_engine_ranks.py: the colocated engine,
+tests/test_vllm_server_ranks.py: a server): an engine's log-probs of fixed token sequences against the trainer's
+before an update, stale after it, equal again after the push (and different from before it, so the check can
+fail), and the same with a LoRA policy whose merged adapters are pushed."""
+
+import time
+
+
+def trainer_log_probs(policy, batch, temperature=1.0, top_k=0, top_p=1.0):
+    import torch
+
+    from engine.recipes.grpo.logprobs import response_log_probs
+
+    with policy.eval_mode(), torch.no_grad():
+        return response_log_probs(policy.module, batch.input_ids, batch.attention_mask, batch.prompt_length,
+                                  temperature, top_k=top_k, top_p=top_p).float().cpu()
+
+
+def largest_gap(a, b, mask):
+    return float(((a - b).abs() * mask).max())
+
+
+def big_update(policy, batch):
+    """One optimizer step that raises the log-probs of ``batch``'s responses (large learning rate)."""
+    from engine.recipes.grpo.logprobs import response_log_probs
+
+    mask = batch.response_mask.float()
+
+    def step(module, _):
+        log_probs = response_log_probs(module, batch.input_ids, batch.attention_mask, batch.prompt_length, 1.0)
+        return -(log_probs * mask).sum() / mask.sum()
+
+    with policy.train_mode():
+        policy.forward_backward_batch([None], step)
+        policy.optimizer_step()
+
+
+def push_and_compare(policy, engine, batch, engine_log_probs, model_dir) -> tuple[dict, object]:
+    """The gaps (``before_gap``, ``stale_gap``, ``after_gap``, ``moved``, ``lora_gap``, ``lora_moved``), the push's
+    seconds after the update (``push_after_update_s``), and the updated policy's log-probs of ``batch``.
+    ``engine_log_probs(batch)``: the engine's log-probs of the batch's responses as fixed sequences."""
+    from engine import EngineConfig, FSDPEngine
+    from engine.rollout import sync_weights
+
+    out, mask = {}, batch.response_mask.float()
+    engine_before = engine_log_probs(batch)
+    out["before_gap"] = largest_gap(engine_before, trainer_log_probs(policy, batch), mask)
+    big_update(policy, batch)
+    trainer_after = trainer_log_probs(policy, batch)
+    out["stale_gap"] = largest_gap(engine_log_probs(batch), trainer_after, mask)
+    started = time.perf_counter()
+    sync_weights(policy, engine)
+    out["push_after_update_s"] = time.perf_counter() - started
+    engine_after = engine_log_probs(batch)
+    out["after_gap"] = largest_gap(engine_after, trainer_after, mask)
+    out["moved"] = largest_gap(engine_after, engine_before, mask)
+    # LoRA: the merged adapters arrive under the plain names.
+    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
+    big_update(lora, batch)
+    lora_log_probs = trainer_log_probs(lora, batch)
+    sync_weights(lora, engine)
+    out["lora_gap"] = largest_gap(engine_log_probs(batch), lora_log_probs, mask)
+    out["lora_moved"] = largest_gap(lora_log_probs, trainer_after, mask)
+    return out, trainer_after
+
+
+def assert_pushed(out: dict) -> None:
+    """What every push-and-compare must show."""
+    assert out["before_gap"] < 1e-4, out
+    assert out["stale_gap"] > 0.05, out  # the update moved the policy; the engine has not seen it yet
+    assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
+    assert out["lora_gap"] < 1e-4 and out["lora_moved"] > 0.05, out  # LoRA merged into the pushed weights
