@@ -64,7 +64,7 @@ class AheadSampling:
         t = self.trainer
         generator = t.generator(step)
         with self.tokenizer_lock:
-            samples = t.task.sample(t.config.train.prompts_per_step // t.world_size, generator)
+            samples = t.task.sample(t.prompts_per_rank, generator)
             recorder = VersionRecorder(t.rollout_engine, generator)
             batch = t.sampler(recorder, samples, t.sampling)
         return samples, batch, recorder.spans

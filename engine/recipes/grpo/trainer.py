@@ -41,7 +41,7 @@ from . import dynamic_sampling, scoring
 from .ahead import AheadSampling
 from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
 from .batches import StepData, batching_for, gather_step_data, rank_sequences
-from .config import GRPOConfig, deprecation_notices, engine_config, updates_per_step
+from .config import GRPOConfig, deprecation_notices, engine_config, prompts_per_rank, updates_per_step
 from .groups import MicroBatchShare, SamplingGroups
 from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
@@ -87,6 +87,7 @@ class GRPOTrainer:
         if self.loss.kl_loss_coef > 0 and actor_config.lora_rank == 0:
             self.reference = FSDPEngine(factory, engine_config(config, world_size, frozen=True), self.backend)
         self.rank, self.world_size = self.actor.rank, self.actor.world_size
+        self.prompts_per_rank = prompts_per_rank(config, world_size)  # each sequence-parallel group's, on its ranks
         self.groups = SamplingGroups(self.actor.sequence_parallel, self.backend.metrics_device())
         # One optimizer update per step: at update time the policy IS the rollout policy, so its own log-probs,
         # detached, are the old ones (the ratio is exactly 1) and the separate old-log-prob forward is skipped.
@@ -150,7 +151,6 @@ class GRPOTrainer:
         stale to train on), score and gather the step's batch: ``(data, this rank's sums, extras)`` where
         ``extras`` holds the longest response, the records for samples.jsonl and the seconds spent sampling."""
         cfg, roll, algo = self.config, self.config.rollout, self.config.algorithm
-        prompts_per_rank = cfg.train.prompts_per_step // self.groups.size
         generator = self._seed(step)
         sampling_s = [0.0]
 
@@ -158,7 +158,7 @@ class GRPOTrainer:
             if ahead is not None:
                 samples, batch = ahead
             else:
-                samples = self.task.sample(prompts_per_rank, generator)
+                samples = self.task.sample(self.prompts_per_rank, generator)
                 with phase("rollout"):
                     began = time.perf_counter()
                     batch = self.sampler(self.rollout_engine, samples, self.sampling)

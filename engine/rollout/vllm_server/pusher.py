@@ -127,10 +127,7 @@ class WeightPusher:
                 pass
             self.version = version
             return version
-        paused = time.perf_counter()
-        for client in self.clients:
-            client.pause(self.pause_mode)
-        self.pause_s = time.perf_counter() - paused  # mode wait: the requests in flight finishing
+        self._pause()
         for client in self.clients:
             client.start_weight_update()
         receiving = [_in_thread(lambda c=c: c.update_weights({"version": str(version)})) for c in self.clients]
@@ -153,14 +150,19 @@ class WeightPusher:
         self.version = version
         return version
 
+    def _pause(self) -> None:
+        """Pause every server in ``pause_mode``; ``pause_s``: how long that took (mode wait: the requests in flight
+        finishing)."""
+        paused = time.perf_counter()
+        for client in self.clients:
+            client.pause(self.pause_mode)
+        self.pause_s = time.perf_counter() - paused
+
     def _push_through_wire(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """The push through an engine's own trainer side: it drives start / update / finish; rank 0 pauses the
         servers before and resumes them after (a failure leaves them paused, as the gloo wire does)."""
         if self.sender:
-            paused = time.perf_counter()
-            for client in self.clients:
-                client.pause(self.pause_mode)
-            self.pause_s = time.perf_counter() - paused
+            self._pause()
         try:
             self.wire.send(version, weights)
         except ServerError:
