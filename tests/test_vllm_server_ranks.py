@@ -8,10 +8,11 @@ sampled tokens' log-probs equal the trainer's, it reports every pushed version, 
 model is refused before any weight is sent. A push while requests decode (rollout.partial) switches them to the
 new version's label and weights mid-response (pause mode keep) or lets them finish first (wait); accel-grpo runs
 ahead of the trainer against it with rollout.max_staleness 1 (one rank) and 2 (two ranks, partial), the recorded
-staleness never above the bound and above 0 at least once. The CPU demo on 2 ranks with a server it starts learns
-as with the colocated engine (max_staleness 0) until a Ctrl-C (the step is saved, the server stopped), and a run
-sampling ahead whose server is killed ends within a bounded time with one line naming it and no process left
-behind. Skipped where vLLM is not importable.
+staleness never above the bound and above 0 at least once; a run resumed from a checkpoint samples ahead from the
+checkpoint's weights (borrowing the server's core while it idles). The CPU demo on 2 ranks with a server it
+starts learns as with the colocated engine (max_staleness 0) until a Ctrl-C (the step is saved, the server
+stopped), and a run sampling ahead whose server is killed ends within a bounded time with one line naming it and
+no process left behind. Skipped where vLLM is not importable.
 """
 
 import json
@@ -386,3 +387,32 @@ def test_grpo_ahead_of_the_trainer_stays_within_the_staleness_bound(tmp_path, mo
     print({"staleness_max": staleness, "trainer_wait_s": [round(r["time/trainer_wait_s"], 2) for r in rows],
            "sampler_busy_frac": [round(r["rollout/sampler_busy_frac"], 2) for r in rows],
            "step_time_s": [round(r["step_time_s"], 2) for r in rows]})
+
+
+def test_a_resumed_run_samples_ahead_from_its_checkpoints_weights(tmp_path, model_dir, server):
+    """Six steps at max_staleness 1, then the same run resumed from its step-3 checkpoint (step 6's removed). The
+    server still holds step 6's weights; the resume pushes the checkpoint's before the sampler thread begins, so
+    the first resumed step trains on a batch of staleness 0 whose engine log-probs equal the trainer's, where
+    three updates' drift would show (one update's already does, in the straight run). With 2 cores the trainer
+    also borrows the server's core while it idles (rollout.vllm.borrow_threads)."""
+    import shutil
+
+    from engine.runtime.borrowed_threads import usable_cores
+
+    borrow = ["rollout.vllm.borrow_threads=1"] if usable_cores() >= 2 else []
+    common = ("train.steps=6", "run.save_every=3", "rollout.max_staleness=1", *borrow)
+    straight = _grpo_against(tmp_path, model_dir, server, 1, "resume", *common)
+    assert straight.returncode == 0, straight.stderr[-3000:]
+    metrics = tmp_path / "resume" / "metrics.jsonl"
+    before = [json.loads(line) for line in metrics.read_text().splitlines()]
+    shutil.rmtree(tmp_path / "resume" / "checkpoints" / "step_000006")
+    resumed = _grpo_against(tmp_path, model_dir, server, 1, "resume", *common, "--resume")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    after = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [row["step"] for row in after] == [1, 2, 3, 4, 5, 6] and after[:3] == before[:3]  # went on from 3
+    first = after[3]
+    assert first["rollout/staleness_max"] == 0 and first["rollout/logprob_diff_max"] < 1e-4, first
+    drift = max(row["rollout/logprob_diff_max"] for row in before if row["rollout/staleness_max"] == 1)
+    assert drift > 1e-3, before  # one update moves the log-probs visibly: step 6's weights would have failed
+    assert all(row["rollout/staleness_max"] <= 1 and row["rollout/dropped_stale"] == 0 for row in after[3:])
+    print({"first_resumed_diff": first["rollout/logprob_diff_max"], "one_update_drift": drift})

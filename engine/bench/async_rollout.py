@@ -2,17 +2,20 @@
 ``rollout.max_staleness`` 0, 1 and 2, against the colocated vLLM engine on 2 ranks (issue 29, items 7-8).
 
 It runs in the launching process (it starts processes of its own, not the benchmark's workers) and needs vLLM
-(the vLLM leg's environment). It writes the mid-size model (hidden 512 x 8, responses spread up to 128 tokens; or
-``--async-model-dir``), starts one server per binding and runs ``accel-grpo`` once per variant and round, the
-variants interleaved (k0, k1, k2, colocated, k0, ...). From each run's ``metrics.jsonl``, after the warm-up steps
-and before the last (when a thread ahead has nothing left to sample):
-response tokens per second (``rollout_tokens_produced`` over ``step_time_s``), the overlap achieved ((sampling
-time + training time) / step time, sampling time = ``rollout/sampler_busy_frac`` x step, training time = step -
-``time/trainer_wait_s``; 1.0 when nothing overlaps) and the step time over the slower side's.
+(the vLLM leg's environment). It writes the mid-size model (hidden 512 x 8; or ``--async-model-dir``) and runs
+one of two cases (``--async-case``): ``mid``, 16 prompts x 8 responses of up to 128 tokens, and ``long``, 4 x 8
+of up to 512 (about as many response tokens a step, in sequences 4x as long). It starts one server per binding
+and runs ``accel-grpo`` once per variant and round, the variants interleaved (k0, k1, k2, colocated, k0, ...).
+From each run's ``metrics.jsonl``, after the warm-up steps and before the last (when a thread ahead has nothing
+left to sample): response tokens per second (``rollout_tokens_produced`` over ``step_time_s``), the overlap
+achieved ((sampling time + training time) / step time, sampling time = ``rollout/sampler_busy_frac`` x step,
+training time = step - ``time/trainer_wait_s``; 1.0 when nothing overlaps) and the step time over the slower
+side's.
 
-Bindings (``--async-bindings``): ``unbound`` (the OS places the server's and the trainer's threads) and
-``split`` (the server's processes and threads on the last allowed core, the trainer on the others). The
-colocated variant is never bound (two ranks over the cores).
+Bindings (``--async-bindings``): ``unbound`` (the OS places the server's and the trainer's threads), ``split``
+(the server's processes and threads on the last allowed core, the trainer on the others) and ``lend`` (the server
+on the last core, the trainer on every core with ``rollout.vllm.borrow_threads`` = the server's cores: it computes
+on them while the server idles). The colocated variant is never bound (two ranks over the cores).
 """
 
 from __future__ import annotations
@@ -29,9 +32,22 @@ from pathlib import Path
 
 VARIANTS = {"server_k0": 0, "server_k1": 1, "server_k2": 2, "colocated_2_ranks": None}
 MID_MODEL = {"hidden_size": 512, "layers": 8, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
-WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128", "data.task=echo",
-        "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=1", "run.progress=false", "run.save_every=0"]
-MAX_MODEL_LEN = 256  # an echo prompt and 128 new tokens
+# --async-case: prompts per step and the response limit (mid: the issue's mid-size geometry; long: 4x longer
+# responses, a quarter of the prompts, so about as many response tokens a step).
+CASES = {"mid": {"prompts": 16, "max_new_tokens": 128}, "long": {"prompts": 4, "max_new_tokens": 512}}
+PROMPT_ROOM = 128  # an echo prompt's tokens, at most
+
+
+def work(case: str) -> list[str]:
+    """The overrides every run of ``case`` shares."""
+    geometry = CASES[case]
+    return [f"train.prompts_per_step={geometry['prompts']}", "rollout.n=8",
+            f"rollout.max_new_tokens={geometry['max_new_tokens']}", "data.task=echo", "rollout.engine=vllm",
+            "rollout.vllm.kv_cache_gib=1", "run.progress=false", "run.save_every=0"]
+
+
+def max_model_len(case: str) -> int:
+    return PROMPT_ROOM + CASES[case]["max_new_tokens"]
 
 
 def _threads_of(pid: int) -> list[int]:
@@ -55,7 +71,7 @@ def bind_tree(pid: int, cores: set[int]) -> int:
 
 
 @contextlib.contextmanager
-def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Path):
+def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Path, context: int):
     """One vLLM server serving ``model`` as the trainer would start it, with ``threads`` threads, bound to
     ``cores`` when given; yields its URL."""
     import accel_backends
@@ -67,7 +83,7 @@ def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Pat
 
     settings = VLLMConfig(mode="server", kv_cache_gib=1.0)
     facts = accel_backends.get_backend().inference_engine_facts()
-    specs = server_specs(settings, facts, None, server_options(settings, facts, "float32", "auto", MAX_MODEL_LEN),
+    specs = server_specs(settings, facts, None, server_options(settings, facts, "float32", "auto", context),
                          free_port)
     specs[0].env["OMP_NUM_THREADS"] = str(threads)
     manager = ServerManager(model, specs, log_dir)
@@ -81,18 +97,20 @@ def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Pat
 
 
 def one_run(model: Path, variant: str, url: str, options: dict, out_dir: Path, threads: int,
-            cores: set[int] | None) -> dict:
-    """One ``accel-grpo`` run of ``variant``; its figures after the warm-up steps."""
+            cores: set[int] | None, borrow: int = 0) -> dict:
+    """One ``accel-grpo`` run of ``variant`` (on ``cores`` when given, borrowing ``borrow`` threads from the idle
+    server); its figures after the warm-up steps."""
     bound = VARIANTS[variant]
     name = f"{variant}-{len(list(out_dir.glob(variant + '-*')))}"
-    overrides = [*WORK, f"model.path={model}", f"train.steps={options['async_steps']}",
+    overrides = [*work(options["async_case"]), f"model.path={model}", f"train.steps={options['async_steps']}",
                  f"run.output_dir={out_dir}", f"run.name={name}"]
     if bound is None:
         nproc, overrides = 2, overrides + ["rollout.vllm.mode=colocate"]
     else:
         nproc = 1
         overrides += ["rollout.vllm.mode=server", f"rollout.vllm.server_urls=[{url}]",
-                      f"rollout.max_staleness={bound}", f"rollout.partial={str(options['async_partial']).lower()}"]
+                      f"rollout.max_staleness={bound}", f"rollout.partial={str(options['async_partial']).lower()}",
+                      f"rollout.vllm.borrow_threads={borrow}"]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     started = time.perf_counter()
     result = subprocess.run([sys.executable, "-m", "engine.grpo.cli", "--nproc", str(nproc), *overrides], env=env,
@@ -136,22 +154,25 @@ def run(options: dict) -> dict:
 
     allowed = sorted(os.sched_getaffinity(0))
     threads = options["async_threads"]
-    result = {"steps": options["async_steps"], "warmup": options["async_warmup"], "threads": threads,
+    result = {"case": options["async_case"], **CASES[options["async_case"]], "steps": options["async_steps"],
+              "warmup": options["async_warmup"], "threads": threads,
               "cores": allowed, "bindings": {}}
     with tempfile.TemporaryDirectory(prefix="accel-bench-async-") as scratch:
         scratch = Path(scratch)
         model = Path(options["async_model_dir"] or make_tiny_model(scratch / "mid", **MID_MODEL))
         for binding in options["async_bindings"]:
-            server_cores = {allowed[-1]} if binding == "split" and len(allowed) > 1 else None
-            trainer_cores = set(allowed[:-1]) if server_cores else None
+            server_cores = {allowed[-1]} if binding in ("split", "lend") and len(allowed) > 1 else None
+            trainer_cores = None if not server_cores else set(allowed) if binding == "lend" else set(allowed[:-1])
+            borrow = len(server_cores) if server_cores and binding == "lend" else 0
             runs: dict[str, list[dict]] = {name: [] for name in options["async_variants"]}
-            with local_server(model, threads, server_cores, scratch / f"logs-{binding}") as url:
+            with local_server(model, threads, server_cores, scratch / f"logs-{binding}",
+                              max_model_len(options["async_case"])) as url:
                 for _ in range(options["async_rounds"]):
                     for name in runs:
                         runs[name].append(one_run(model, name, url, options, scratch / "runs", threads,
-                                                  trainer_cores))
+                                                  trainer_cores, borrow))
             row = {"runs": runs, "server_cores": sorted(server_cores or []),
-                   "trainer_cores": sorted(trainer_cores or [])}
+                   "trainer_cores": sorted(trainer_cores or []), "borrow_threads": borrow}
             for k in (1, 2):
                 row[f"k{k}_over_k0"] = _ratios(runs, f"server_k{k}", "server_k0")
                 row[f"k{k}_over_colocated"] = _ratios(runs, f"server_k{k}", "colocated_2_ranks")

@@ -119,8 +119,8 @@ def _scenarios(text: str) -> list[str]:
 
 def _bindings(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names or any(n not in ("unbound", "split") for n in names):
-        raise argparse.ArgumentTypeError(f"bindings are unbound and split, got {text!r}")
+    if not names or any(n not in ("unbound", "split", "lend") for n in names):
+        raise argparse.ArgumentTypeError(f"bindings are unbound, split and lend, got {text!r}")
     return names
 
 
@@ -192,11 +192,15 @@ def build_parser() -> argparse.ArgumentParser:
     ahead.add_argument("--async-warmup", type=int, default=2, help="first steps of each run left out of the figures")
     ahead.add_argument("--async-rounds", type=_positive, default=1, help="runs per variant, interleaved")
     ahead.add_argument("--async-bindings", type=_bindings, default=["unbound", "split"],
-                       help="unbound, split (server on the last core, trainer on the others) or both")
+                       help="unbound, split (server on the last core, trainer on the others), lend (server on "
+                            "the last core, the trainer on every core, borrowing the server's while it idles: "
+                            "rollout.vllm.borrow_threads), comma-separated")
     ahead.add_argument("--async-threads", type=_positive, default=1, help="OMP threads of the server and trainer")
     ahead.add_argument("--async-variants", type=_variants, default=list(async_rollout.VARIANTS),
                        help=f"among {', '.join(async_rollout.VARIANTS)}")
     ahead.add_argument("--async-partial", action="store_true", help="rollout.partial=true in the server runs")
+    ahead.add_argument("--async-case", choices=sorted(async_rollout.CASES), default="mid",
+                       help="mid: 16 prompts x 8 responses of up to 128 tokens; long: 4 x 8 of up to 512")
     ahead.add_argument("--async-model-dir", type=Path, help="a model directory (default: the mid-size model)")
     sp = parser.add_argument_group("sequence_parallel")
     sp.add_argument("--sp-tokens", type=_positive_list, default=[8192, 16384],

@@ -181,8 +181,12 @@ def print_rollout_against_vllm_alone(result: dict) -> None:
 def print_async_rollout(s: dict) -> None:
     print(f"\n== GRPO ahead of the trainer: 1 trainer + 1 vLLM server at max_staleness k, colocated on 2 ranks "
           f"({s['steps']} steps per run, {s['warmup']} warm-up, {s['threads']} thread(s) each, cores {s['cores']}) ==")
+    if "case" in s:
+        print(f"case {s['case']}: {s['prompts']} prompts x 8 responses of up to {s['max_new_tokens']} tokens")
     for binding, row in s["bindings"].items():
-        print(f"{binding}: server on cores {row['server_cores'] or 'any'}, trainer on {row['trainer_cores'] or 'any'}")
+        borrowing = f", borrowing {row['borrow_threads']} thread(s) while it idles" if row.get("borrow_threads") else ""
+        print(f"{binding}: server on cores {row['server_cores'] or 'any'}, trainer on {row['trainer_cores'] or 'any'}"
+              f"{borrowing}")
         print(f"  {'variant':18} {'tokens/s':>9} {'step s':>7} {'sampling s':>10} {'training s':>10} "
               f"{'wait s':>7} {'overlap':>8} {'step/slower':>11} {'stale max':>9}")
         for name, runs in row["runs"].items():

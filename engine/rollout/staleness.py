@@ -55,15 +55,17 @@ def stale_groups(oldest: torch.Tensor, step: int, bound: int, group_size: int) -
     return stale.view(-1, group_size).any(dim=1).repeat_interleave(group_size)
 
 
-def staleness_figures(oldest: torch.Tensor, step: int, dropped: torch.Tensor) -> tuple[dict, dict]:
+def staleness_figures(oldest: torch.Tensor, step: int, dropped: torch.Tensor,
+                      lengths: torch.Tensor) -> tuple[dict, dict]:
     """``(sums, maxima)`` of one rank's batch for the loop's reductions: the staleness of the rows trained on,
-    their count and the rows dropped as too stale."""
+    their count, the rows dropped as too stale and their response tokens (``lengths``: [B], not trained)."""
     kept = (step - oldest)[~dropped].double()
     return ({"staleness_sum": float(kept.sum()), "staleness_rows": float(kept.numel()),
-             "dropped_stale": float(dropped.sum())},
+             "dropped_stale": float(dropped.sum()), "stale_tokens": float(lengths[dropped].sum())},
             {"staleness_max": float(kept.max()) if kept.numel() else 0.0})
 
 
 def synchronous_figures(rows: int) -> tuple[dict, dict]:
     """The same figures for a step sampled with the weights it trains (staleness 0, nothing dropped)."""
-    return {"staleness_sum": 0.0, "staleness_rows": float(rows), "dropped_stale": 0.0}, {"staleness_max": 0.0}
+    return ({"staleness_sum": 0.0, "staleness_rows": float(rows), "dropped_stale": 0.0, "stale_tokens": 0.0},
+            {"staleness_max": 0.0})

@@ -206,15 +206,17 @@ def test_stale_groups_are_dropped_whole_and_counted():
     assert oldest.tolist() == [8, 7, UNKNOWN, 8, 7, 7]
     dropped = stale_groups(oldest, step=8, bound=1, group_size=2)
     assert dropped.tolist() == [False, False, True, True, False, False]
-    sums, maxima = staleness_figures(oldest, 8, dropped)
-    assert sums == {"staleness_sum": 3.0, "staleness_rows": 4.0, "dropped_stale": 2.0}
+    lengths = torch.tensor([4, 4, 4, 3, 0, 1])
+    sums, maxima = staleness_figures(oldest, 8, dropped, lengths)
+    assert sums == {"staleness_sum": 3.0, "staleness_rows": 4.0, "dropped_stale": 2.0, "stale_tokens": 7.0}
     assert maxima == {"staleness_max": 1.0}
     tighter = stale_groups(oldest, step=8, bound=0, group_size=2)
     assert tighter.tolist() == [True] * 6  # every group has a row one version old
-    assert staleness_figures(oldest, 8, tighter) == ({"staleness_sum": 0.0, "staleness_rows": 0.0,
-                                                      "dropped_stale": 6.0}, {"staleness_max": 0.0})
-    assert synchronous_figures(5) == ({"staleness_sum": 0.0, "staleness_rows": 5.0, "dropped_stale": 0.0},
-                                      {"staleness_max": 0.0})
+    assert staleness_figures(oldest, 8, tighter, lengths) == ({"staleness_sum": 0.0, "staleness_rows": 0.0,
+                                                               "dropped_stale": 6.0, "stale_tokens": 16.0},
+                                                              {"staleness_max": 0.0})
+    assert synchronous_figures(5) == ({"staleness_sum": 0.0, "staleness_rows": 5.0, "dropped_stale": 0.0,
+                                       "stale_tokens": 0.0}, {"staleness_max": 0.0})
 
 
 # -- the config -------------------------------------------------------------------------------------------------

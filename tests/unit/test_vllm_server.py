@@ -59,6 +59,12 @@ def test_server_settings_are_checked_as_one_line_each():
     assert url.startswith("rollout.vllm.server_urls must be a list of base URLs")
     (devices,) = server_problems(_server(servers=2, server_devices=["0"]), GLOO)
     assert "one entry per local server (2)" in devices
+    (borrow,) = server_problems(VLLMConfig(borrow_threads=1), GLOO)
+    assert borrow.startswith("rollout.vllm.borrow_threads=1 borrows the cores of idle vLLM servers: it needs "
+                             "rollout.vllm.mode=server")
+    (negative,) = server_problems(_server(borrow_threads=-1), GLOO)
+    assert negative == "rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got -1"
+    assert server_problems(_server(borrow_threads=1), GLOO) == []
     # CUDA's engine (vLLM's nccl) has its trainer side in vLLM: without vLLM in the trainer's Python, one line.
     engine = server_problems(_server(), CUDABackend().inference_engine_facts())
     if importlib.util.find_spec("vllm") is None:

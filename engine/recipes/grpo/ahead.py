@@ -74,7 +74,7 @@ class AheadSampling:
         (samples, batch, spans), begun_at, waited = self.thread.take(step)
         oldest, _ = row_versions(spans, self.versions, default=begun_at)
         dropped = stale_groups(oldest, step, self.bound, self.trainer.config.rollout.n)
-        sums, maxima = staleness_figures(oldest, step, dropped)
+        sums, maxima = staleness_figures(oldest, step, dropped, batch.response_mask.sum(dim=1))
         return (samples, batch), dropped, sums, maxima, waited
 
     def pushed(self, version: int) -> float:
@@ -88,6 +88,10 @@ class AheadSampling:
 
     def busy_seconds(self, since: float, until: float) -> float:
         return self.thread.busy_seconds(since, until)
+
+    def sampling(self) -> bool:
+        """Whether the thread has requests in flight to the servers now."""
+        return self.thread is not None and self.thread.producing_since is not None
 
     def close(self) -> None:
         if self.thread is not None:

@@ -40,7 +40,7 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
         "response_length_max": largest["response_length_max"],
         "response_clip_frac": totals["clipped"] / count,
         "rollout_tokens_computed": totals["rollout_tokens_computed"],
-        "rollout_tokens_produced": totals["response_tokens"],
+        "rollout_tokens_produced": totals["response_tokens"] - totals["stale_tokens"],  # the tokens trained
         "tokens_per_s": totals["response_tokens"] / times["step"],
         "rollout_time_s": times["rollout"],
         "update_time_s": times["update"],

@@ -35,6 +35,7 @@ from ...rollout import (
 )
 from ...rollout.staleness import synchronous_figures
 from ...runtime import phase, sum_over_ranks
+from ...runtime.borrowed_threads import BorrowedThreads, borrowing_problem, usable_cores
 from ...train.config import dist_timeout_s
 from ...train.recipe import StepResult
 from . import dynamic_sampling, scoring
@@ -114,6 +115,7 @@ class GRPOTrainer:
         # rollout.max_staleness > 0: a thread samples the next steps' batches while this one trains (ready())
         bound = config.rollout.max_staleness
         self.ahead = AheadSampling(self, bound) if bound > 0 else None
+        self.borrowing: BorrowedThreads | None = None  # rollout.vllm.borrow_threads, from ready() on
 
     @property
     def engine(self) -> FSDPEngine:
@@ -341,11 +343,27 @@ class GRPOTrainer:
             sync_weights(self.actor, self.rollout_engine)
         if self.ahead is not None:
             self.ahead.start(start, self.config.train.steps)
+        self.borrowing = self._borrow_server_cores()
+
+    def _borrow_server_cores(self) -> BorrowedThreads | None:
+        """``rollout.vllm.borrow_threads`` > 0 (servers on this host's cores): this thread's compute takes that
+        many more threads while no request is in flight (synchronously: whenever it computes)."""
+        roll = self.config.rollout
+        extra = roll.vllm.borrow_threads if roll.engine == "vllm" and roll.vllm.mode == "server" else 0
+        if not extra:
+            return None
+        problem = borrowing_problem(extra, torch.get_num_threads(), usable_cores(), "rollout.vllm.borrow_threads")
+        if problem:
+            raise ValueError(problem)
+        ahead = self.ahead
+        return BorrowedThreads(lambda: ahead is not None and ahead.sampling(), extra).start()
 
     def close(self) -> None:
-        """The run ended (done, stopped or failed): the sampler thread stops."""
+        """The run ended (done, stopped or failed): the sampler thread stops, borrowed threads go back."""
         if self.ahead is not None:
             self.ahead.close()
+        if self.borrowing is not None:
+            self.borrowing.stop()
 
     def step(self, step: int) -> StepResult:
         """One GRPO step; its figures for the loop to reduce over ranks (``StepResult``)."""

@@ -46,6 +46,9 @@ class VLLMConfig:
     server_args: dict = dataclasses.field(default_factory=dict)  # other api_server arguments (--key value)
     server_start_timeout_s: float = 600.0  # how long local servers may take to answer /health
     weight_transfer_address: str | None = None  # where servers reach the trainer for weights (null: 127.0.0.1)
+    # Servers on the trainer's own CPU cores idle between batches: intra-op threads each trainer process adds then
+    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). 0: never.
+    borrow_threads: int = 0
 
 
 def quiet_vllm_logging() -> None:
@@ -163,6 +166,13 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
     settings = config.rollout.vllm
     problems = check_settings(settings, world_size, longest_sequence) + server_problems(settings, facts)
     problems += check_head_size(config.model, facts.min_head_size)
+    if settings.mode == "server" and isinstance(settings.borrow_threads, int) and settings.borrow_threads > 0:
+        from engine.runtime import threads_per_worker
+        from engine.runtime.borrowed_threads import borrowing_problem, usable_cores
+
+        base = int(os.environ.get("OMP_NUM_THREADS") or threads_per_worker(world_size))
+        problems += [p for p in [borrowing_problem(settings.borrow_threads, base, usable_cores(),
+                                                   "rollout.vllm.borrow_threads")] if p]
     if settings.mode == "server" and settings.server_urls and not problems:
         from engine.rollout.vllm_server.settings import unreachable_servers
 

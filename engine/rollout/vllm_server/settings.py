@@ -17,8 +17,12 @@ def server_problems(settings, facts) -> list[str]:
     """Problems with the server-mode keys, as sentences (none in colocate mode but a bad ``mode``)."""
     if settings.mode not in MODES:
         return [f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"]
+    borrow = settings.borrow_threads
+    if not isinstance(borrow, int) or isinstance(borrow, bool) or borrow < 0:
+        return [f"rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got {borrow!r}"]
     if settings.mode != "server":
-        return []
+        return [] if not borrow else [f"rollout.vllm.borrow_threads={borrow} borrows the cores of idle vLLM "
+                                      f"servers: it needs rollout.vllm.mode=server (this run colocates); set it to 0"]
     problems = []
     servers, urls = settings.servers, settings.server_urls
     if servers is not None and (not isinstance(servers, int) or isinstance(servers, bool) or servers < 0):
