@@ -34,8 +34,7 @@ from ...rollout import (
     sync_weights,
 )
 from ...rollout.staleness import synchronous_figures
-from ...runtime import phase, sum_over_ranks
-from ...runtime.borrowed_threads import BorrowedThreads, borrowing_problem, usable_cores
+from ...runtime import BorrowedThreads, borrowing_problem, phase, sum_over_ranks, usable_cores
 from ...train.config import dist_timeout_s
 from ...train.recipe import StepResult
 from . import dynamic_sampling, scoring

@@ -167,8 +167,7 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
     problems = check_settings(settings, world_size, longest_sequence) + server_problems(settings, facts)
     problems += check_head_size(config.model, facts.min_head_size)
     if settings.mode == "server" and isinstance(settings.borrow_threads, int) and settings.borrow_threads > 0:
-        from engine.runtime import threads_per_worker
-        from engine.runtime.borrowed_threads import borrowing_problem, usable_cores
+        from engine.runtime import borrowing_problem, threads_per_worker, usable_cores
 
         base = int(os.environ.get("OMP_NUM_THREADS") or threads_per_worker(world_size))
         problems += [p for p in [borrowing_problem(settings.borrow_threads, base, usable_cores(),
