@@ -398,7 +398,7 @@ def test_a_resumed_run_samples_ahead_from_its_checkpoints_weights(tmp_path, mode
     (rollout.vllm.borrow_threads)."""
     import shutil
 
-    from engine.runtime.borrowed_threads import usable_cores
+    from engine.runtime import usable_cores
 
     borrow = ["rollout.vllm.borrow_threads=1"] if usable_cores() >= 2 else []
     # The tiny model earns no reward here (zero advantages): the entropy bonus moves the policy every update.

@@ -4,9 +4,17 @@ exchange of every rank's rows and the intra-op threads borrowed from idle server
 It knows processes and collectives, never FSDP (``engine/fsdp/``), so a trainer can use it on its own.
 """
 
-from .borrowed_threads import BorrowedThreads, borrowing_problem, usable_cores
+from .borrowed_threads import BorrowedThreads, borrowing_problem
 from .exchange import all_gather_rows, on_any_rank, on_every_rank
-from .launcher import Interrupted, WorkerFailed, report_early_end, run, threads_per_worker, under_launcher
+from .launcher import (
+    Interrupted,
+    WorkerFailed,
+    report_early_end,
+    run,
+    threads_per_worker,
+    under_launcher,
+    usable_cores,
+)
 from .metric_reduce import MetricKeysMismatch, start_sum_over_ranks, sum_over_ranks
 from .phase_labels import PhaseTimes, labelled, phase, phase_of, phase_timings
 from .stop import install_stop_handlers, stop_at_safe_point, stop_requested

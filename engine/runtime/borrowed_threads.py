@@ -13,20 +13,11 @@ started the borrowing switches; a hook that fires on another thread leaves the p
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Callable
 
 import torch
 from torch.nn.modules import module as module_hooks
-
-
-def usable_cores() -> int:
-    """The cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def borrowing_problem(extra: int, base: int, cores: int, key: str) -> str | None:

@@ -174,15 +174,19 @@ def _call_stoppable(fn: Callable[..., Any], args: tuple) -> Any:
     return result
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def threads_per_worker(nproc: int) -> int:
     """CPU threads each of ``nproc`` workers may use when the user set no ``OMP_NUM_THREADS``: the cores this
     process may run on, shared out. Left to torch, every worker would start one thread per core, and ``nproc``
     workers oversubscribe the cores (on 2 cores, 2 ranks ran a step 1.1-3.7x slower and far less steadily)."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    return max(1, cores // nproc)
+    return max(1, usable_cores() // nproc)
 
 
 class _forwarding_signals:
