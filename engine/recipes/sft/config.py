@@ -10,11 +10,11 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
+from ...rl.offline.model_files import DEMO_MODEL
 from ...sequence_parallel import config_problems
 from ...train import config as train_config
 from ...train.settings import RunConfig, TrainerConfig, missing_model, run_problems
 
-DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.demo_model)
 FORMATS = ("auto", "text", "messages", "prompt_completion")
 TRUNCATIONS = ("keep_start", "drop", "error")
 LOSS_ON = ("auto", "assistant", "completion", "all")

@@ -40,9 +40,9 @@ def worker(config_dict: dict, weights: str | None) -> dict:
     import accel_backends
 
     from ... import FSDPEngine
+    from ...rl.offline.model_files import load_tokenizer
     from .batches import rank_micro_batches
     from .config import SFTConfig, engine_config
-    from .model import load_tokenizer
     from .trainer import token_loss
 
     config = SFTConfig.from_dict(config_dict)
@@ -103,9 +103,9 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--json", metavar="PATH", help="also write the figures to this file")
     parser.add_argument("overrides", nargs="*", metavar="key=value")
     args = parser.parse_intermixed_args(argv)
+    from ...rl.offline.model_files import load_tokenizer
     from ...runtime import Interrupted, WorkerFailed, run
     from .dataset import build_data  # noqa: F401  (imported here: a broken install fails before the workers)
-    from .model import load_tokenizer
 
     try:
         config, weights = configure(args.source, args.step, args.overrides)
