@@ -41,8 +41,9 @@ def worker(config_dict: dict, weights: str | None) -> dict:
 
     from ... import FSDPEngine
     from ...rl.offline.model_files import load_tokenizer
+    from ...rl.offline.run_config import engine_config
     from .batches import rank_micro_batches
-    from .config import SFTConfig, engine_config
+    from .config import SFTConfig
     from .trainer import token_loss
 
     config = SFTConfig.from_dict(config_dict)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 
+from ...rl.offline.run_config import resolved
 from ...train import export as export_module
 from ...train.recipe import Plan, Recipe
 from . import trainer
-from .config import PRESETS, SFTConfig, check, resolved
+from .config import PRESETS, SFTConfig, check
 
 HELP = """Supervised fine-tuning of a causal language model on chat, prompt-completion or plain-text data.
 
@@ -77,7 +78,7 @@ class SFTRecipe(Recipe):
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer
-        from .config import engine_config
+        from ...rl.offline.run_config import engine_config
 
         path = config.model.path
         return export_module.RunModel(model_path=path, engine=engine_config(config, 1),
