@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from pathlib import Path
 from typing import Any
 
 from accel_backends.names import did_you_mean
@@ -25,7 +26,8 @@ class DPOSettings:
     loss_type: str = "sigmoid"  # sigmoid (DPO), ipo, hinge: TRL's meanings (loss.py)
     label_smoothing: float = 0.0  # sigmoid: the probability that a label is flipped (conservative DPO)
     rpo_alpha: float = 0.0  # > 0: adds rpo_alpha x the NLL of the chosen responses (token mean over the step; RPO)
-    ref_param_offload: bool = False  # keep the frozen reference in host memory between uses (not with LoRA)
+    ref_model: str | None = None  # the reference model directory (null: model.path, the model DPO starts from)
+    ref_param_offload: bool = False  # keep the frozen reference in host memory between uses
 
 
 @dataclasses.dataclass
@@ -87,7 +89,9 @@ def check(config: DPOConfig, world_size: int) -> list[str]:
                         f"{s.loss_type}: set it to 0 or use sigmoid")
     if not (isinstance(s.rpo_alpha, (int, float)) and s.rpo_alpha >= 0):
         problems.append(f"dpo.rpo_alpha must be >= 0 (0: no NLL term), got {s.rpo_alpha!r}")
-    if s.ref_param_offload and int(config.engine.get("lora_rank", 0) or 0) > 0:
+    if s.ref_model is not None and not (Path(s.ref_model) / "config.json").is_file():
+        problems.append(f"dpo.ref_model {s.ref_model} is not a Hugging Face model directory (no config.json)")
+    if s.ref_param_offload and s.ref_model is None and int(config.engine.get("lora_rank", 0) or 0) > 0:
         problems.append("dpo.ref_param_offload: with LoRA the reference is the policy's own base model (adapters "
                         "disabled), there is no reference copy to offload: leave it false (or offload the policy "
                         "with engine.param_offload)")

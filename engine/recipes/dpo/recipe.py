@@ -37,6 +37,12 @@ class DPORecipe(Recipe):
     schema, presets, curves = DPOConfig, PRESETS, trainer.CURVES
     sections, example = "model, data, train, dpo, run, engine", "dpo.beta=0.05"
 
+    @property
+    def commands(self):
+        from ...rl.offline import pair_eval
+
+        return {"eval": lambda argv: pair_eval.main(self, argv)}
+
     def check(self, config, world_size):
         return check(config, world_size)
 
@@ -54,6 +60,22 @@ class DPORecipe(Recipe):
 
     def validate(self, parts, index, *, baseline=False):
         return trainer.validate(parts, index, baseline)
+
+    def eval_pairs(self, config):
+        from ...rl.offline.model_files import load_tokenizer, resolve_model_path
+        from ...rl.offline.pair_data import evaluation_pairs
+
+        resolve_model_path(config)
+        return len(evaluation_pairs(config.data, load_tokenizer(config.model.path), config.train.seed))
+
+    def eval_problems(self, config, target, world_size):
+        if "model" in target and config.dpo.ref_model is None:
+            return ["evaluating a model directory needs dpo.ref_model=DIR, the reference its rewards are measured "
+                    "against (the model DPO started from)"]
+        return []
+
+    def evaluate(self, config, model_dir, backend):
+        return trainer.evaluate(config, model_dir, backend)
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer

@@ -67,11 +67,15 @@ class DPOParts(PairParts):
 
 
 def build_engines(config, total_steps: int, backend, model_dir: str | None = None) -> tuple[FSDPEngine, Reference]:
-    """The policy (``model_dir`` or ``model.path``) and the reference (``model.path``: the model DPO starts from)."""
-    policy = FSDPEngine(model_dir or config.model.path, engine_config(config, total_steps), backend)
+    """The policy (``model.path``, or ``model_dir``: a merged model to evaluate, without LoRA) and the reference
+    (``dpo.ref_model``, else ``model.path``: the model DPO starts from; with LoRA, the policy's base weights)."""
+    options = engine_config(config, total_steps)
+    if model_dir is not None:
+        options = dataclasses.replace(options, lora_rank=0)
+    policy = FSDPEngine(model_dir or config.model.path, options, backend)
     frozen = None
-    if policy.config.lora_rank == 0:
-        frozen = FSDPEngine(config.model.path, reference_config(config), backend)
+    if options.lora_rank == 0 or config.dpo.ref_model is not None:
+        frozen = FSDPEngine(config.dpo.ref_model or config.model.path, reference_config(config), backend)
     return policy, Reference(policy, frozen)
 
 
@@ -91,6 +95,20 @@ def dpo_step(parts: DPOParts, step: int) -> StepResult:
     data, batches = parts.plan.inputs
     scale = nll_scale([data.train[i] for i in batches[step].indices])
     return train_step(parts, step, parts.loss(nll_scale=scale), NAMES, prepare=parts.fill_reference)
+
+
+def evaluate(config, model_dir: str | None, backend) -> dict:
+    """The eval command's figures on this rank: the validation figures of ``model_dir`` (or ``model.path``)."""
+    from ...rl.offline.model_files import load_tokenizer
+    from ...rl.offline.pair_data import evaluation_pairs
+
+    pairs = evaluation_pairs(config.data, load_tokenizer(config.model.path), config.train.seed)
+    policy, reference = build_engines(config, 1, backend, model_dir)
+    packed = config.train.padding_free and policy.packed_input_supported()
+    parts = DPOParts(Plan(config, policy.world_size, 1, {}), policy, backend, packed, reference)
+    micro_batches, _ = parts.micro_batches(pairs)
+    parts.fill_reference(micro_batches)
+    return score(policy, micro_batches, parts.loss(nll_scale=nll_scale(pairs)), NAMES)
 
 
 def validate(parts: DPOParts, step: int, baseline: bool = False) -> dict:

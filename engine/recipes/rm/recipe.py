@@ -54,6 +54,12 @@ class RewardModelRecipe(Recipe):
     schema, presets, curves = RewardModelConfig, PRESETS, trainer.CURVES
     sections, example = "model, data, train, rm, run, engine", "rm.center_rewards_coef=0.01"
 
+    @property
+    def commands(self):
+        from ...rl.offline import pair_eval
+
+        return {"eval": lambda argv: pair_eval.main(self, argv)}
+
     def check(self, config, world_size):
         return check(config, world_size)
 
@@ -71,6 +77,17 @@ class RewardModelRecipe(Recipe):
 
     def validate(self, parts, index, *, baseline=False):
         return trainer.validate(parts, index, baseline)
+
+    def eval_pairs(self, config):
+        from ...rl.offline.model_files import load_tokenizer, resolve_model_path
+        from ...rl.offline.pair_data import evaluation_pairs
+
+        resolve_model_path(config)
+        tokenizer = load_tokenizer(config.model.path)
+        return len(evaluation_pairs(config.data, tokenizer, config.train.seed, config.rm.margin_key))
+
+    def evaluate(self, config, model_dir, backend):
+        return trainer.evaluate(config, model_dir, backend)
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer

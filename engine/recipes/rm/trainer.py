@@ -87,6 +87,22 @@ def rm_step(parts: RewardParts, step: int) -> StepResult:
     return train_step(parts, step, parts.loss(), METRICS)
 
 
+def evaluate(config, model_dir: str | None, backend) -> dict:
+    """The eval command's figures on this rank: the validation figures of ``model_dir`` (a reward model directory)
+    or of ``model.path``."""
+    from ...rl.offline.model_files import load_tokenizer
+    from ...rl.offline.pair_data import evaluation_pairs
+    from .model import scoring_pair
+
+    tokenizer = load_tokenizer(config.model.path)
+    pairs = evaluation_pairs(config.data, tokenizer, config.train.seed, config.rm.margin_key)
+    engine = build_engine(config, 1, backend, tokenizer.pad_token_id, model_dir)
+    parts = RewardParts(Plan(config, engine.world_size, 1, {}), engine, backend,
+                        config.train.padding_free and packed_rewards_supported(engine, backend.device()))
+    micro_batches, _ = parts.micro_batches([scoring_pair(p) for p in pairs])
+    return score(engine, micro_batches, parts.loss(), METRICS)
+
+
 def validate(parts: RewardParts, step: int, baseline: bool = False) -> dict:
     """Loss, accuracy and margins over the whole validation set after ``step`` when due."""
     if not validation_due(parts, step, baseline):

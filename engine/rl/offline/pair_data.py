@@ -117,8 +117,10 @@ def build_pairs(d: PairDataConfig, tokenizer, seed: int, margin_key: str | None 
     return data
 
 
-def validation_only(d: PairDataConfig) -> PairDataConfig:
-    """The data section that reads ``data.val_path`` as the whole set (an eval of that file alone)."""
-    alone = copy.deepcopy(d)
-    alone.path, alone.val_path, alone.val_fraction = d.val_path, None, 0.0
-    return alone
+def evaluation_pairs(d: PairDataConfig, tokenizer, seed: int, margin_key: str | None = None) -> list[TokenizedPair]:
+    """The pairs an eval scores: ``data.val_path`` alone, or the run's held-out share."""
+    if d.val_path:
+        alone = copy.deepcopy(d)
+        alone.path, alone.val_path, alone.val_fraction = d.val_path, None, 0.0
+        return build_pairs(alone, tokenizer, seed, margin_key).train
+    return build_pairs(d, tokenizer, seed, margin_key).val
