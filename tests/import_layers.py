@@ -10,8 +10,8 @@ from pathlib import Path
 PACKAGES = ("accel_backends", "engine")
 
 # The floors, lowest first: the engine itself (everything under engine/ not named here) < the rollout layer < the
-# training frame < the RL layer (what recipes share) < the trainers (recipes, and the compatibility packages
-# engine/grpo and engine/sft) < the benchmarks.
+# training frame < the RL layer < the trainers (recipes, and the compatibility packages engine/grpo and engine/sft) <
+# the benchmarks.
 FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"), ("engine.rl", 3, "engine/rl"),
           ("engine.recipes", 4, "a recipe"), ("engine.grpo", 4, "a recipe"), ("engine.sft", 4, "a recipe"),
           ("engine.bench", 5, "engine/bench"))
