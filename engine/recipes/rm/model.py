@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ...output_layer import replaced_forward
-from ...packing.layout import FILLER_TOKEN
+from ...packing import FILLER_TOKEN
 from ...rl.offline.masks import Tokenized
 from ...rl.offline.pairs import TokenizedPair
 
