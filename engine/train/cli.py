@@ -26,8 +26,12 @@ def parse_run_args(argv: list[str], tool: str, description: str, presets, *, sec
     parser.add_argument("--config", help=f"a YAML file of sections ({sections})")
     parser.add_argument("--nproc", type=parse_nproc,
                         help="worker processes on this node, or auto: one per visible device (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue run.name from its latest checkpoint, with its recorded config.json and only "
+                             "the options given now")
     parser.add_argument("--print-config", action="store_true", help=print_config)
+    parser.add_argument("--traceback", action="store_true",
+                        help="print the workers' tracebacks when one fails (default: a file in the run directory)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     return parser.parse_intermixed_args(argv)
 
@@ -55,20 +59,26 @@ def input_error(tool: str, exc: Exception) -> int:
     return 2
 
 
+TRACEBACKS = "tracebacks.txt"  # in the run (or eval) directory: the workers' tracebacks when one failed
+
+
 def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
-                steps: int, args: tuple = ()) -> int | None:
-    """Say what runs where (rank 0), run ``worker`` on every rank and wait: the exit status of a run that ended
-    early (a failed rank, an interrupt: with how to resume), None when it finished."""
+                steps: int, args: tuple = (), resumed: str = "", traceback: bool = False) -> int | None:
+    """Say what runs where (rank 0; ``resumed``: from which step, what changed), run ``worker`` on every rank and
+    wait: the exit status of a run that ended early (a failed rank, an interrupt: with how to resume), None when it
+    finished. A failure ends with one line; the tracebacks go to the run directory unless ``traceback``."""
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
     from .run_dir import resume_hint
 
     if is_rank0():
         print(f"{tool}: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), {workers} "
-              f"process(es), {steps} steps; run directory {directory}", flush=True)
+              f"process(es), {steps} steps; run directory {directory}" + (f"; {resumed}" if resumed else ""),
+              flush=True)
     try:
         run(worker, workers, *(args or (config.to_dict(),)), str(directory), resume)
     except (WorkerFailed, Interrupted) as exc:
-        return report_early_end(tool, exc, resume_hint(directory, tool))
+        return report_early_end(tool, exc, resume_hint(directory, tool),
+                                traceback_file=None if traceback else directory / TRACEBACKS)
     return None
 
 
@@ -78,13 +88,17 @@ def print_outputs(directory: Path) -> None:
           f"checkpoints: {directory / 'checkpoints'}")
 
 
-def load(recipe, preset: str | None, config_file: str | None, overrides: list[str], *, base=None):
+def load(recipe, preset: str | None, config_file: str | None, overrides: list[str], *, base=None,
+         remember: bool = True):
     """The one config pipeline: ``base`` (a run's config, a model directory's preset) or the preset chosen by
-    ``choose_preset``, then the YAML file, then the overrides, then the recipe's migrations. Returns
-    ``(config, notices, why)``: the migrations' notices and why that preset applies."""
+    ``choose_preset``, then the YAML file, then the overrides, then the recipe's migrations; every path option
+    made absolute (from the directory the command runs in). With ``remember``, a model directory's remembered
+    prompt settings (``prompting.py``: an export's) fill the options the file and the overrides leave out.
+    Returns ``(config, notices, why)``: the notices and why that preset applies."""
     import copy
 
-    from .config import apply, build_config, choose_preset, parse_override, read_config_file
+    from . import prompting
+    from .config import apply, build_config, choose_preset, parse_override, read_config_file, resolve_paths
 
     file_data = read_config_file(config_file) if config_file else {}
     if base is None:
@@ -95,9 +109,37 @@ def load(recipe, preset: str | None, config_file: str | None, overrides: list[st
             raise ValueError("--preset is for a new config: this one starts from an existing configuration")
         config, why = copy.deepcopy(base), "the run's own configuration"
     apply(config, file_data)
-    for override in overrides:
-        apply(config, parse_override(override))
-    return config, recipe.migrate(config), why
+    parsed = [parse_override(override) for override in overrides]
+    for override in parsed:
+        apply(config, override)
+    notices = recipe.migrate(config)
+    resolve_paths(config, recipe.path_keys)
+    if remember:
+        notices += prompting.fill(config, recipe.prompt_keys(), [file_data, *parsed])
+    return config, notices, why
+
+
+def find_run(recipe, preset: str | None, config_file: str | None, overrides: list[str]) -> Path:
+    """``--resume``'s run directory (``run.name``, else the newest run of the preset) with a checkpoint in it."""
+    from .. import checkpoint
+    from .run_dir import run_dir
+
+    probe, _, _ = load(recipe, preset, config_file, overrides, remember=False)
+    directory = run_dir(probe, True, recipe.name)
+    latest = checkpoint.latest_complete(directory / "checkpoints")
+    if latest is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
+    return directory
+
+
+def resumed_from(directory: Path, changed: dict) -> str:
+    """The start line's word on a resume: the step it continues from and what changed from the run's record."""
+    from .. import checkpoint
+    from .resume import said
+
+    latest = checkpoint.latest_complete(directory / "checkpoints")
+    line = f"resuming from step {checkpoint.step_of(latest)} ({latest.name}) with the run's recorded config"
+    return line + (f", changed: {said(changed)}" if changed else "")
 
 
 def main(recipe, argv: list[str]) -> int:
@@ -111,7 +153,7 @@ def main(recipe, argv: list[str]) -> int:
     from .report import read_metrics
     from .run_dir import run_dir
 
-    status = run_subcommand(argv, __package__, {**recipe.commands, "export": lambda rest: export_main(recipe, rest)})
+    status = run_subcommand(argv, __package__, {**recipe.commands, **frame_commands(recipe)})
     if status is not None:
         return status
     args = parse_run_args(argv, recipe.tool, recipe.help, recipe.presets, sections=recipe.sections,
@@ -121,10 +163,20 @@ def main(recipe, argv: list[str]) -> int:
 
     tool = recipe.tool
     try:
-        config, notices, why = load(recipe, args.preset, args.config, args.overrides)
+        directory, changed = None, {}
+        if args.resume:  # the run's record, and only what is given now (refused in one line when it may not change)
+            from .resume import resumed_config
+
+            directory = find_run(recipe, args.preset, args.config, args.overrides)
+            config, notices, changed = resumed_config(recipe, directory, args.preset, args.config, args.overrides)
+            why = "the run's own configuration"
+        else:
+            config, notices, why = load(recipe, args.preset, args.config, args.overrides)
         for notice in notices if is_rank0() else ():
             print(f"{tool}: notice: {notice}", file=sys.stderr)
         if args.nproc is not None:
+            if args.resume and args.nproc != config.nproc:
+                changed["nproc"] = (config.nproc, args.nproc)
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
         require_valid(recipe.check(config, workers))
@@ -134,19 +186,14 @@ def main(recipe, argv: list[str]) -> int:
             print(json.dumps(recipe.resolved(plan), indent=2))  # stdout stays valid JSON
             return 0
         backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
-        directory = run_dir(config, args.resume, recipe.name)
-        if args.resume:
-            from .. import checkpoint
-
-            if checkpoint.latest_complete(directory / "checkpoints") is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps(recipe.resolved(plan), indent=2))
+        directory = directory or run_dir(config, False, recipe.name)
+        directory.mkdir(parents=True, exist_ok=True)  # config.json: the loop writes it once the start is settled
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         return input_error(tool, exc)
     started = time.perf_counter()
     status = run_workers(tool, worker, config, workers, directory, args.resume, backend=backend,
-                         steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers))
+                         steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers),
+                         resumed=resumed_from(directory, changed) if args.resume else "", traceback=args.traceback)
     if status is not None or not is_rank0():
         return status or 0
     line = recipe.done_line(read_metrics(directory / "metrics.jsonl"), time.perf_counter() - started)
@@ -156,12 +203,24 @@ def main(recipe, argv: list[str]) -> int:
     return 0
 
 
+def frame_commands(recipe) -> dict[str, Callable[[list[str]], int]]:
+    """The frame's sub-commands of every recipe: ``export``, and ``eval`` where the recipe scores (``evaluate``)."""
+    from .recipe import Recipe
+
+    commands = {"export": lambda rest: export_main(recipe, rest)}
+    if type(recipe).evaluate is not Recipe.evaluate:
+        from .evaluate import main as eval_main
+
+        commands["eval"] = lambda rest: eval_main(recipe, rest)
+    return commands
+
+
 def export_main(recipe, argv: list[str]) -> int:
     """``<tool> export RUN_DIR|CHECKPOINT OUT``: the run's config read with the recipe's schema, its model built by
     the recipe (``Recipe.run_model``), the rest shared (``export.py``)."""
     from . import export
 
-    return export.main(argv, lambda run_dir: recipe.run_model(export.read_run_config(run_dir, recipe)), recipe.tool)
+    return export.main(argv, export.run_loader(recipe), recipe.tool)
 
 
 def generic_main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ from .loggers import Loggers
 from .progress import progress_bar
 from .recipe import Plan, Recipe, StepResult
 from .report import plot_curves
+from .resume import record
 from .steps import advance, finish, save_if_due
 
 
@@ -49,6 +50,8 @@ def run_parts(recipe: Recipe, plan: Plan, parts, run_dir: Path, resume: bool) ->
     if resume:
         loaded = checkpoint.load_latest(parts.engine, run_dir / "checkpoints", run.resume_fallback)
         start = checkpoint.step_of(loaded)
+    if parts.engine.rank == 0:  # only now: a resume that failed to load leaves the run's record as it was
+        record(run_dir, recipe.resolved(plan))
     recipe.ready(parts, start)
     try:
         return _steps(recipe, plan, parts, run_dir, start)
@@ -85,7 +88,8 @@ def _steps(recipe: Recipe, plan: Plan, parts, run_dir: Path, start: int) -> dict
                     tool=recipe.tool)
         if stopping:
             break
-    finish(progress, loggers, lambda: plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", recipe.curves))
+    curves = recipe.curves_for(plan.config)
+    finish(progress, loggers, lambda: plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", curves))
     return last
 
 

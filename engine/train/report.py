@@ -27,6 +27,17 @@ def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def first_and_last(values: list[float], window: int = 10) -> str:
+    """The end summary's comparison: the mean over the first and over the last ``window`` steps, windows that
+    never overlap (a short run compares its first and last halves; one step is said as it is)."""
+    if len(values) == 1:
+        return f"at its only step {values[0]:.3f}"
+    size = max(1, min(window, len(values) // 2))
+    first, last = values[:size], values[-size:]
+    steps = "step" if size == 1 else f"{size} steps"
+    return f"over the first {steps} {sum(first) / size:.3f}, over the last {steps} {sum(last) / size:.3f}"
+
+
 def panels(rows: list[dict], curves) -> list[tuple[str, str]]:
     """The ``(key, title)`` curves that have data: the validation ones only for a run that validated."""
     return [(key, title) for key, title in curves if any(key in row for row in rows)]
