@@ -8,15 +8,20 @@ from pathlib import Path
 
 
 class MetricsLog:
-    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone)."""
+    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone).
+    ``create=False`` (``samples.jsonl``): the file appears with its first line, so a run that logs none leaves
+    no empty file."""
 
-    def __init__(self, path: Path, resume_step: int) -> None:
+    def __init__(self, path: Path, resume_step: int, create: bool = True) -> None:
         self.path = path
         kept = []
         if resume_step and path.exists():
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] <= resume_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        if kept or create:
+            path.write_text("".join(line + "\n" for line in kept))
+        else:
+            path.unlink(missing_ok=True)
 
     def write(self, metrics: dict) -> None:
         with self.path.open("a") as handle:

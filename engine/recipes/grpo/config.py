@@ -219,17 +219,22 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
     return train_config.engine_options(options, {})
 
 
-def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
-    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
+def engine_facts():
+    """The backend's ``inference_engine_facts()`` (the defaults when the backend is unusable: its own problem is
+    reported when the workers start)."""
     import accel_backends
 
+    try:
+        return accel_backends.get_backend().inference_engine_facts()
+    except Exception:  # noqa: BLE001
+        return accel_backends.InferenceEngineFacts()
+
+
+def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
+    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
     from ...rollout.engines.vllm_settings import vllm_problems
 
-    try:
-        facts = accel_backends.get_backend().inference_engine_facts()
-    except Exception:  # noqa: BLE001 - the backend's own problem is reported when the workers start
-        facts = accel_backends.InferenceEngineFacts()
-    return vllm_problems(config, world_size, max_sequence_tokens(config), facts)
+    return vllm_problems(config, world_size, max_sequence_tokens(config), engine_facts())
 
 
 def sequence_parallel_problems(config: GRPOConfig, sp, world_size: int) -> list[str]:
@@ -331,9 +336,10 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     if not isinstance(t.padding_free, bool):
         problems.append(f"train.padding_free must be true or false, got {t.padding_free!r}")
     problems += _check_algorithm(config)
+    from ...rollout.engines.vllm_settings import inert_problems
     from .ahead import staleness_problems
 
-    problems += staleness_problems(config)
+    problems += staleness_problems(config) + inert_problems(config.rollout, engine_facts())
     if problems:
         return problems
     problems += _batch_problems(config, world_size)
