@@ -201,6 +201,7 @@ def test_a_refused_resume_leaves_the_record_and_the_run_exports_and_evaluates(re
     recorded = json.loads(before)
     other = make_tiny_model(tmp_path / "bigger", hidden_size=128)
     monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    capsys.readouterr()
     where = [f"run.output_dir={run_dir.parent}", "run.name=real"]
     for change, recorded_value in ((f"model.path={other}", f"model.path={recorded['model']['path']}"),
                                    ("rollout.n=2", "rollout.n=4"), ("engine.lora_rank=8", "engine.lora_rank=0")):
@@ -211,7 +212,7 @@ def test_a_refused_resume_leaves_the_record_and_the_run_exports_and_evaluates(re
         assert (run_dir / "config.json").read_bytes() == before
     out = tmp_path / "exported"
     assert main(["export", str(run_dir), str(out)]) == 0
-    assert (out / "model.safetensors").is_file()
+    assert (out / "model.safetensors").is_file() and "wrote" in capsys.readouterr().out
     val = run_dir.parent / "test.parquet"
     assert main(["eval", str(run_dir), "--nproc", "1", f"--out={tmp_path / 'eval'}"]) == 0
     results = json.loads((tmp_path / "eval" / "results.json").read_text())

@@ -253,21 +253,22 @@ def _phase_details(exc: BaseException) -> dict:
 
 
 def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str], list[str]]:
-    """The first failure (a rank killed by a signal, else the earliest reported error), the failing ranks'
-    tracebacks, and the failures that followed."""
+    """The first failure (a rank killed by a signal, else one that exited without an exception, else the
+    earliest reported error), the failing ranks' tracebacks, and the failures that followed."""
     raised = sorted((o for o in outcomes if o.error is not None), key=lambda o: o.raised_at)
     killed = [rank for rank, code in enumerate(exitcodes) if code is not None and code < 0
               and outcomes[rank].error is None]
     lines = [f"rank {rank} failed: killed by {signal.Signals(-exitcodes[rank]).name} (out of memory, or killed "
              "from outside)" for rank in killed]
-    for outcome in raised:
-        phase = outcome.details.get("phase")
-        where = f" in phase {phase}" if phase else ""
-        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.error)}")
+    # A rank gone without a word is the likelier cause than the others' errors (mostly: their peer went away).
     for rank, code in enumerate(exitcodes):
         if code not in (None, 0) and outcomes[rank].error is None and rank not in killed:
             lines.append(f"rank {rank} failed: exited with status {code} without a Python exception (a hard exit "
                          "or a crash in native code: see its output above)")
+    for outcome in raised:
+        phase = outcome.details.get("phase")
+        where = f" in phase {phase}" if phase else ""
+        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.error)}")
     # The first failure is the message; what followed is mostly its echo (connection reset ...): details.
     lines = lines or ["a worker failed without saying how"]
     return lines[0], {o.rank: o.traceback for o in raised if not o.details.get("one_line")}, lines[1:]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .workers import parse_nproc, world_size
+from .pipeline import load  # noqa: F401  (the one config pipeline, by its usual name)
+from .run_dir import TRACEBACKS
+from .workers import is_rank0, parse_nproc, world_size
 
 
 def parse_run_args(argv: list[str], tool: str, description: str, presets, *, sections: str, print_config: str,
@@ -48,18 +49,10 @@ def run_subcommand(argv: list[str], package: str, commands: dict[str, str | Call
     return command(argv[1:])
 
 
-def is_rank0() -> bool:
-    """Under torchrun every rank runs the CLI; only rank 0 speaks."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 def input_error(tool: str, exc: Exception) -> int:
     """Bad input found before any worker starts: one line, exit status 2."""
     print(f"{tool}: error: {exc}", file=sys.stderr)
     return 2
-
-
-TRACEBACKS = "tracebacks.txt"  # in the run (or eval) directory: the workers' tracebacks when one failed
 
 
 def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
@@ -88,60 +81,6 @@ def print_outputs(directory: Path) -> None:
           f"checkpoints: {directory / 'checkpoints'}")
 
 
-def load(recipe, preset: str | None, config_file: str | None, overrides: list[str], *, base=None,
-         remember: bool = True):
-    """The one config pipeline: ``base`` (a run's config, a model directory's preset) or the preset chosen by
-    ``choose_preset``, then the YAML file, then the overrides, then the recipe's migrations; every path option
-    made absolute (from the directory the command runs in). With ``remember``, a model directory's remembered
-    prompt settings (``prompting.py``: an export's) fill the options the file and the overrides leave out.
-    Returns ``(config, notices, why)``: the notices and why that preset applies."""
-    import copy
-
-    from . import prompting
-    from .config import apply, build_config, choose_preset, parse_override, read_config_file, resolve_paths
-
-    file_data = read_config_file(config_file) if config_file else {}
-    if base is None:
-        name, why = choose_preset(recipe.presets, preset, file_data, overrides)
-        config = build_config(recipe.schema, recipe.presets, name, None, [])
-    else:
-        if preset:
-            raise ValueError("--preset is for a new config: this one starts from an existing configuration")
-        config, why = copy.deepcopy(base), "the run's own configuration"
-    apply(config, file_data)
-    parsed = [parse_override(override) for override in overrides]
-    for override in parsed:
-        apply(config, override)
-    notices = recipe.migrate(config)
-    resolve_paths(config, recipe.path_keys)
-    if remember:
-        notices += prompting.fill(config, recipe.prompt_keys(), [file_data, *parsed])
-    return config, notices, why
-
-
-def find_run(recipe, preset: str | None, config_file: str | None, overrides: list[str]) -> Path:
-    """``--resume``'s run directory (``run.name``, else the newest run of the preset) with a checkpoint in it."""
-    from .. import checkpoint
-    from .run_dir import run_dir
-
-    probe, _, _ = load(recipe, preset, config_file, overrides, remember=False)
-    directory = run_dir(probe, True, recipe.name)
-    latest = checkpoint.latest_complete(directory / "checkpoints")
-    if latest is None:
-        raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
-    return directory
-
-
-def resumed_from(directory: Path, changed: dict) -> str:
-    """The start line's word on a resume: the step it continues from and what changed from the run's record."""
-    from .. import checkpoint
-    from .resume import said
-
-    latest = checkpoint.latest_complete(directory / "checkpoints")
-    line = f"resuming from step {checkpoint.step_of(latest)} ({latest.name}) with the run's recorded config"
-    return line + (f", changed: {said(changed)}" if changed else "")
-
-
 def main(recipe, argv: list[str]) -> int:
     """``accel-<trainer> [--preset P] [--config F] [--nproc N] [--resume] [--print-config] key=value...``, and the
     sub-commands ``export``, ``eval`` and the recipe's own."""
@@ -151,6 +90,7 @@ def main(recipe, argv: list[str]) -> int:
     from .config import require_valid
     from .loop import worker
     from .report import read_metrics
+    from .resume import find_run, resumed_config, resumed_from
     from .run_dir import run_dir
 
     status = run_subcommand(argv, __package__, {**recipe.commands, **frame_commands(recipe)})
@@ -165,8 +105,6 @@ def main(recipe, argv: list[str]) -> int:
     try:
         directory, changed = None, {}
         if args.resume:  # the run's record, and only what is given now (refused in one line when it may not change)
-            from .resume import resumed_config
-
             directory = find_run(recipe, args.preset, args.config, args.overrides)
             config, notices, changed = resumed_config(recipe, directory, args.preset, args.config, args.overrides)
             why = "the run's own configuration"

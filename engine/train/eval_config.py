@@ -23,7 +23,7 @@ def eval_config(recipe, source, *, step: int | None = None, preset: str | None =
                 config_file: str | None = None, overrides=()) -> tuple[object, dict, list[str]]:
     """``(config, target, notices)``: ``target`` says what is evaluated (``run``, ``checkpoint``, ``step``, or
     ``model``) for the results."""
-    from .cli import load
+    from .pipeline import load
 
     source = Path(source)
     if is_run(source):

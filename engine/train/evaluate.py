@@ -66,7 +66,7 @@ def prepare(recipe, args) -> tuple:
     import accel_backends
 
     from ..runtime import under_launcher
-    from .cli import is_rank0
+    from .workers import is_rank0
 
     config, target, notices = eval_config(recipe, args.source, step=args.step, preset=args.preset,
                                           config_file=args.config, overrides=args.overrides)
@@ -116,7 +116,8 @@ def main(recipe, argv: list[str]) -> int:
     import accel_backends
 
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
-    from .cli import TRACEBACKS, is_rank0
+    from .run_dir import TRACEBACKS
+    from .workers import is_rank0
 
     args = parser(recipe).parse_intermixed_args(argv)
     tool = f"{recipe.tool} eval"

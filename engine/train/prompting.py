@@ -51,7 +51,7 @@ def fill(config, keys: dict[str, str], given: list[dict]) -> list[str]:
     settings = remembered(getattr(model, "path", None))
     used = []
     for name, option in keys.items():
-        if name in settings and not _given(option, given):
+        if name in settings and not _given(option, given) and _current(config, option) != settings[name]:
             nested = settings[name]
             for part in reversed(option.split(".")):
                 nested = {part: nested}
@@ -61,6 +61,12 @@ def fill(config, keys: dict[str, str], given: list[dict]) -> list[str]:
         return []
     return [f"model.path {model.path} remembers how it was trained to be prompted ({RECORD}): using "
             f"{', '.join(used)} (set an option to change it)"]
+
+
+def _current(config, option: str):
+    for part in option.split("."):
+        config = getattr(config, part, None)
+    return config
 
 
 def _short(value) -> str:

@@ -87,8 +87,8 @@ def resume_base(recipe, recorded, derived: dict):
 def resumed_config(recipe, directory: Path, preset: str | None, config_file: str | None, overrides: list[str]):
     """``(config, notices, changed)``: the run's recorded config with the options given now applied, or a
     ValueError (one line) naming an option that may not change."""
-    from .cli import load
     from .export import read_run_config
+    from .pipeline import load
 
     if not (directory / RECORD).is_file():
         raise FileNotFoundError(f"--resume: {directory / RECORD} is missing: the run's record is needed to "
@@ -123,3 +123,26 @@ def record(run_dir: Path, resolved: dict) -> None:
     partial = path.with_name(RECORD + ".partial")
     partial.write_text(text)
     os.replace(partial, path)
+
+
+def find_run(recipe, preset: str | None, config_file: str | None, overrides: list[str]) -> Path:
+    """``--resume``'s run directory (``run.name``, else the newest run of the preset) with a checkpoint in it."""
+    from .. import checkpoint
+    from .pipeline import load
+    from .run_dir import run_dir
+
+    probe, _, _ = load(recipe, preset, config_file, overrides, remember=False)
+    directory = run_dir(probe, True, recipe.name)
+    latest = checkpoint.latest_complete(directory / "checkpoints")
+    if latest is None:
+        raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
+    return directory
+
+
+def resumed_from(directory: Path, changed: dict) -> str:
+    """The start line's word on a resume: the step it continues from and what changed from the run's record."""
+    from .. import checkpoint
+
+    latest = checkpoint.latest_complete(directory / "checkpoints")
+    line = f"resuming from step {checkpoint.step_of(latest)} ({latest.name}) with the run's recorded config"
+    return line + (f", changed: {said(changed)}" if changed else "")

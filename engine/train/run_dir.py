@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .. import checkpoint
 
+TRACEBACKS = "tracebacks.txt"  # in the run (or eval) directory: the workers' tracebacks when one failed
+
 
 def run_dir(config, resume: bool, trainer: str | None = None) -> Path:
     """``trainer`` prefixes a run's generated name (``grpo-cpu-demo-...``) so that trainers' runs differ; --resume
