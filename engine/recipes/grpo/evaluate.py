@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+from ...rl.model import BUILTIN_MODEL, check_model_dir
 from ...train.recipe import Evaluation
 from .config import GRPOConfig, engine_config, prompts_per_rank
-from .model import BUILTIN_MODEL, check_model_dir
 
 HELP = """accel-grpo eval scores held-out prompts with the run's rewards: val/reward_mean and val/accuracy
 (rollout.val_n samples per prompt, greedy when rollout.val_temperature is 0), every scored response in
@@ -51,9 +51,9 @@ def load_inputs(config: GRPOConfig) -> dict:
     """Load what the workers will (rewards, tokenizer, every held-out row) so that bad input fails here. Without
     ``data.max_prompt_tokens`` it becomes the longest held-out prompt, so that the rollout engine (vLLM's context)
     is sized for the data evaluated."""
-    from .model import build_model
-    from .prompts import data_spec, needs_answers, validation_set
-    from .rewards import load_rewards
+    from ...rl.model import build_model
+    from ...rl.prompts import data_spec, needs_answers, validation_set
+    from ...rl.rewards import load_rewards
 
     spec = data_spec(config)
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
@@ -77,6 +77,10 @@ def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
     from transformers.utils import logging
 
     from ... import FSDPEngine
+    from ...rl.model import build_model
+    from ...rl.prompts import data_spec, needs_answers, validation_set
+    from ...rl.rewards import load_rewards
+    from ...rl.validation import validate
     from ...rollout import (
         RolloutContext,
         SingleTurnRollout,
@@ -87,10 +91,6 @@ def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
     )
     from ...runtime import sum_over_ranks
     from .config import max_sequence_tokens
-    from .model import build_model
-    from .prompts import data_spec, needs_answers, validation_set
-    from .rewards import load_rewards
-    from .validation import validate
 
     logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
     world_size = dist.get_world_size()
