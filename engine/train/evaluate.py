@@ -4,7 +4,8 @@
 The config comes from ``eval_config.py`` (a run: its ``config.json`` under the overrides; a model directory: the
 preset, its remembered prompt settings, then ``--config`` and the overrides). Bad input is refused before any
 worker starts (exit 2): the recipe's ``eval_problems``, then ``eval_inputs`` reads the data. A run's checkpoint is
-exported into the output directory first (LoRA merged, fp32) and removed after. Every worker calls ``evaluate``;
+exported into the output directory first (LoRA merged, fp32) and removed after, unless the recipe loads checkpoints
+itself (``Recipe.eval_exports``). Every worker calls ``evaluate``;
 rank 0 writes ``results.json`` (what was evaluated, the recipe's figures and metrics, the world size, the backend,
 the time) and ``samples.jsonl`` (every rank's scored records, when there are any) to ``--out``, prints the results'
 JSON on stdout (``--json PATH`` also writes it there) and one line on stderr. A failed worker: exit 1, one line, the
@@ -88,7 +89,7 @@ def prepare(recipe, args) -> tuple:
     return config, target, world_size, inputs, out
 
 
-def worker(recipe_name: str, config_dict: dict, model_dir: str | None) -> dict:
+def worker(recipe_name: str, config_dict: dict, weights: str | None) -> dict:
     """Every rank: the recipe found by name, the process group, its ``evaluate``; rank 0 gathers the samples."""
     import torch.distributed as dist
 
@@ -102,7 +103,7 @@ def worker(recipe_name: str, config_dict: dict, model_dir: str | None) -> dict:
     backend = accel_backends.get_backend()
     world_size = backend.init_distributed(timeout=dist_timeout_s(config)).world_size
     started = time.perf_counter()
-    evaluation = recipe.evaluate(config, model_dir, backend)
+    evaluation = recipe.evaluate(config, weights, backend)
     gathered = [None] * world_size if dist.get_rank() == 0 else None
     dist.gather_object(evaluation.samples, gathered, dst=0)
     samples = [record for part in gathered or () for record in part]
@@ -132,11 +133,11 @@ def main(recipe, argv: list[str]) -> int:
               file=sys.stderr, flush=True)
     exported = out / "model.tmp"
     try:
-        model_dir = None
-        if "run" in target:  # its weights as a model directory, LoRA merged
-            export(target["checkpoint"], exported, run_loader(recipe), dtype="fp32", force=True)
-            model_dir = str(exported)
-        outcome = run(worker, world_size, recipe.name, config.to_dict(), model_dir)
+        weights = target.get("checkpoint")
+        if weights and recipe.eval_exports:  # its weights as a model directory, LoRA merged
+            export(weights, exported, run_loader(recipe), dtype="fp32", force=True)
+            weights = str(exported)
+        outcome = run(worker, world_size, recipe.name, config.to_dict(), weights)
     except (WorkerFailed, Interrupted) as exc:
         return report_early_end(tool, exc, traceback_file=None if args.traceback else out / TRACEBACKS)
     finally:

@@ -73,6 +73,9 @@ class Recipe:
                                     "engine.lora_alpha": "the LoRA adapters the checkpoint holds",
                                     "engine.lora_target_modules": "the LoRA adapters the checkpoint holds"}
     eval_help: str = ""  # what ``eval`` scores, one paragraph for ``<tool> eval --help``
+    # eval of a run: its checkpoint exported as a model directory (LoRA merged, fp32) for ``evaluate``; False: the
+    # checkpoint directory itself (the recipe loads it into an engine of the run's model, any world size)
+    eval_exports: bool = True
 
     # -- the config pipeline (``cli.load`` and ``cli.main`` call these in order) ------------------------------
 
@@ -153,7 +156,8 @@ class Recipe:
         needed; returns fields for ``results.json`` (e.g. ``{"prompts": 8}``)."""
         return {}
 
-    def evaluate(self, config, model_dir: str | None, backend) -> Evaluation:
-        """Score on this rank (the process group exists). ``model_dir``: a model directory with the weights to
-        evaluate (a run's checkpoint exported by the frame, LoRA merged, fp32); None: ``config.model.path``."""
+    def evaluate(self, config, weights: str | None, backend) -> Evaluation:
+        """Score on this rank (the process group exists). ``weights``, for a run: a model directory with its
+        checkpoint exported by the frame (LoRA merged, fp32), or with ``eval_exports = False`` the checkpoint
+        directory; None: ``config.model.path`` as it is."""
         raise NotImplementedError

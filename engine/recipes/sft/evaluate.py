@@ -53,10 +53,9 @@ def load_inputs(config) -> dict:
     return {"examples": len(examples)}
 
 
-def evaluate(config, model_dir: str | None, backend) -> Evaluation:
-    """This rank's micro-batches of the validation set, forward only; the figures are the global sums' ratios."""
-    import dataclasses
-
+def evaluate(config, checkpoint: str | None, backend) -> Evaluation:
+    """This rank's micro-batches of the validation set, forward only (``checkpoint``: a run's, loaded into the run's
+    model whatever world size wrote it); the figures are the global sums' ratios."""
     import torch
 
     from ... import FSDPEngine
@@ -67,10 +66,9 @@ def evaluate(config, model_dir: str | None, backend) -> Evaluation:
 
     tokenizer = load_tokenizer(config.model.path)
     items = evaluation_set(config, tokenizer)
-    options = engine_config(config, 1)
-    if model_dir:  # a run's checkpoint, exported with its LoRA merged
-        options = dataclasses.replace(options, lora_rank=0)
-    engine = FSDPEngine(model_dir or config.model.path, options, backend)
+    engine = FSDPEngine(config.model.path, engine_config(config, 1), backend)
+    if checkpoint:
+        engine.load_checkpoint(checkpoint)
     packed = config.train.padding_free and engine.packed_input_supported()
     sp = engine.sequence_parallel  # a run trained with sequence parallelism evaluates on slices, as it validated
     micro, _ = rank_micro_batches(items, sp.data_parallel_rank, sp.data_parallel_size, packed=packed,

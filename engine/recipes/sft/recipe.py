@@ -42,7 +42,7 @@ class SFTRecipe(Recipe):
                     **{f"data.{key}": "the run's data" for key in (
                         "path", "format", "text_key", "messages_key", "prompt_key", "completion_key", "tools_key",
                         "max_length", "truncation", "empty_mask", "val_fraction", "demo_examples")}}
-    eval_help = evaluate.HELP
+    eval_help, eval_exports = evaluate.HELP, False  # eval loads a run's checkpoint into the run's model itself
 
     def check(self, config, world_size):
         return check(config, world_size)
@@ -98,8 +98,8 @@ class SFTRecipe(Recipe):
     def eval_inputs(self, config):
         return evaluate.load_inputs(config)
 
-    def evaluate(self, config, model_dir, backend):
-        return evaluate.evaluate(config, model_dir, backend)
+    def evaluate(self, config, weights, backend):
+        return evaluate.evaluate(config, weights, backend)
 
     def done_line(self, rows, seconds):
         from ...train.report import first_and_last
