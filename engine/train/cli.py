@@ -169,7 +169,8 @@ def generic_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: accel-train TRAINER [--preset NAME] [--config FILE] [--nproc N] [--resume] [--print-config] "
-              f"[key=value ...]\n       accel-train TRAINER export|eval ...\n\ntrainers: {', '.join(recipe_names())}",
+              "[--traceback] [key=value ...]\n       accel-train TRAINER export|eval ...\n\ntrainers: "
+              f"{', '.join(recipe_names())}",
               file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     try:

@@ -1,4 +1,5 @@
-"""The one training loop, run by every rank for every trainer: resume, then per step the recipe's step, its
+"""The one training loop, run by every rank for every trainer: resume (rank 0 writes the run's ``config.json`` only
+once the checkpoint loaded: ``resume.record``), then per step the recipe's step, its
 figures reduced over ranks once (sums in one all-reduce, maxima in one more), validation when due, rank 0's
 loggers and progress bar, a checkpoint when due (with retention), and a stop at a safe point (Ctrl-C / SIGTERM:
 the step finishes, is saved, and every rank stops at the same step). Only this loop writes a run's outputs."""
