@@ -210,6 +210,19 @@ def test_a_refused_resume_leaves_the_record_and_the_run_exports_and_evaluates(re
         assert err.startswith("accel-grpo: error: --resume ") and "\n" not in err, err
         assert f"{change} would change" in err and f"(the run recorded {recorded_value})" in err, err
         assert (run_dir / "config.json").read_bytes() == before
+    # A resume that fails loading the checkpoint (damaged, no fallback) leaves the record as it was: config.json is
+    # written only once the checkpoint loaded.
+    damaged = tmp_path / "damaged"
+    shutil.copytree(run_dir, damaged, ignore=shutil.ignore_patterns("tensorboard", "eval", "config.previous.json"))
+    (shard,) = (damaged / "checkpoints" / "step_000003").glob("__0_0.distcp")
+    shard.write_bytes(shard.read_bytes()[:100])
+    record = (damaged / "config.json").read_bytes()
+    assert main(["--resume", f"run.output_dir={tmp_path}", "run.name=damaged", "train.steps=4",
+                 "run.resume_fallback=false", "--nproc", "1"]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "failed in phase checkpoint load: CorruptCheckpoint" in last and "(tracebacks: " in last, last
+    assert (damaged / "config.json").read_bytes() == record
+    assert not (damaged / "config.previous.json").exists()
     out = tmp_path / "exported"
     assert main(["export", str(run_dir), str(out)]) == 0
     assert (out / "model.safetensors").is_file() and "wrote" in capsys.readouterr().out
