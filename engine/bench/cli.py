@@ -286,14 +286,16 @@ def _launcher_only() -> dict:
 
 def _check_grpo_settings(parser, args) -> None:
     """Preset and overrides are checked here, before any worker starts."""
-    from ..recipes.grpo.config import check, load_config
+    from ..train.cli import load
+    from ..train.registry import get_recipe
 
+    recipe = get_recipe("grpo")
     try:
-        config, notices = load_config(args.grpo_preset, None, args.grpo_overrides)
+        config, notices, _ = load(recipe, args.grpo_preset, None, args.grpo_overrides)  # training's pipeline
     except (ValueError, FileNotFoundError) as exc:
         parser.error(f"grpo: {exc}")
     for notice in notices:
         print(f"accel-bench: notice: grpo: {notice}", file=sys.stderr)
-    problems = check(config, args.nproc)
+    problems = recipe.check(config, args.nproc)
     if problems:
         parser.error("grpo: " + "; ".join(problems))
