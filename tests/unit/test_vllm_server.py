@@ -63,8 +63,11 @@ def test_server_settings_are_checked_as_one_line_each():
     assert borrow.startswith("rollout.vllm.borrow_threads=1 borrows the cores of idle vLLM servers: it needs "
                              "rollout.vllm.mode=server")
     (negative,) = server_problems(_server(borrow_threads=-1), GLOO)
-    assert negative == "rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got -1"
+    assert negative == "rollout.vllm.borrow_threads must be auto or an integer >= 0 (0: never borrow), got -1"
+    (word,) = server_problems(_server(borrow_threads="many"), GLOO)
+    assert word.startswith("rollout.vllm.borrow_threads must be auto or an integer") and word.endswith("'many'")
     assert server_problems(_server(borrow_threads=1), GLOO) == []
+    assert server_problems(VLLMConfig(borrow_threads="auto"), GLOO) == []  # auto colocated: 0, nothing to refuse
     # CUDA's engine (vLLM's nccl) has its trainer side in vLLM: without vLLM in the trainer's Python, one line.
     engine = server_problems(_server(), CUDABackend().inference_engine_facts())
     if importlib.util.find_spec("vllm") is None:

@@ -47,8 +47,10 @@ class VLLMConfig:
     server_start_timeout_s: float = 600.0  # how long local servers may take to answer /health
     weight_transfer_address: str | None = None  # where servers reach the trainer for weights (null: 127.0.0.1)
     # Servers on the trainer's own CPU cores idle between batches: intra-op threads each trainer process adds then
-    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). 0: never.
-    borrow_threads: int = 0
+    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). auto: the servers' cores
+    # where this run starts them on the trainer's host and the trainer computes on host threads, the two bound
+    # apart (engine/rollout/vllm_server/cores.py); else 0. A number: that many, no binding. 0: never.
+    borrow_threads: int | str = "auto"
 
 
 def quiet_vllm_logging() -> None:
@@ -172,6 +174,10 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
         base = int(os.environ.get("OMP_NUM_THREADS") or threads_per_worker(world_size))
         problems += [p for p in [borrowing_problem(settings.borrow_threads, base, usable_cores(),
                                                    "rollout.vllm.borrow_threads")] if p]
+    if settings.mode == "server" and settings.borrow_threads == "auto":
+        from engine.rollout.vllm_server.cores import binding_problem
+
+        problems += [p for p in [binding_problem()] if p]
     if settings.mode == "server" and settings.server_urls and not problems:
         from engine.rollout.vllm_server.settings import unreachable_servers
 
