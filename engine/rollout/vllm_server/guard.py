@@ -62,7 +62,7 @@ def _others_alive(group: int) -> bool:
 def main(argv: list[str]) -> int:
     parent, options, command = int(argv[0]), argv[1:argv.index("--")], argv[argv.index("--") + 1:]
     _die_with_parent()
-    if options[:1] == ["--cores"]:
+    if options[:1] == ["--cores"] and hasattr(os, "sched_setaffinity"):  # Linux: CPU affinity
         os.sched_setaffinity(0, {int(core) for core in options[1].split(",")})
     stop = []
     for signum in (signal.SIGTERM, signal.SIGINT):
