@@ -52,8 +52,10 @@ class VLLMConfig:
     # another name: an engine whose trainer half vLLM ships (vLLM's "nccl" on NVIDIA GPUs).
     weight_transfer: str | None = None
     # Servers on the trainer's own CPU cores idle between batches: intra-op threads each trainer process adds then
-    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). 0: never.
-    borrow_threads: int = 0
+    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). auto: the servers' cores
+    # where this run starts them on the trainer's host and the trainer computes on host threads, the two bound
+    # apart (engine/rollout/vllm_server/cores.py); else 0. A number: that many, no binding. 0: never.
+    borrow_threads: int | str = "auto"
 
 
 def quiet_vllm_logging() -> None:
@@ -243,6 +245,10 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
         base = int(os.environ.get("OMP_NUM_THREADS") or threads_per_worker(world_size))
         problems += [p for p in [borrowing_problem(settings.borrow_threads, base, usable_cores(),
                                                    "rollout.vllm.borrow_threads")] if p]
+    if settings.mode == "server" and settings.borrow_threads == "auto":
+        from engine.rollout.vllm_server.cores import binding_problem
+
+        problems += [p for p in [binding_problem()] if p]
     if settings.mode == "server" and settings.server_urls and not problems:
         from engine.rollout.vllm_server.settings import unreachable_servers
 
