@@ -5,7 +5,8 @@ the reward model (``engine.rl.offline``)."""
 
 from __future__ import annotations
 
-from ...rl.offline.pair_config import plan_pairs
+from ...rl.offline import pair_eval
+from ...rl.offline.pair_config import PAIR_RESUME_FIXED, plan_pairs
 from ...rl.offline.run_config import resolved
 from ...train import export as export_module
 from ...train.recipe import Recipe
@@ -37,11 +38,8 @@ class DPORecipe(Recipe):
     schema, presets, curves = DPOConfig, PRESETS, trainer.CURVES
     sections, example = "model, data, train, dpo, run, engine", "dpo.beta=0.05"
 
-    @property
-    def commands(self):
-        from ...rl.offline import pair_eval
-
-        return {"eval": lambda argv: pair_eval.main(self, argv)}
+    resume_fixed = {**PAIR_RESUME_FIXED, "dpo.ref_model": "the reference the rewards are measured against"}
+    eval_help = pair_eval.HELP.format(tool="accel-dpo", metrics="val/rewards/*, val/logps/*")
 
     def check(self, config, world_size):
         return check(config, world_size)
@@ -61,21 +59,21 @@ class DPORecipe(Recipe):
     def validate(self, parts, index, *, baseline=False):
         return trainer.validate(parts, index, baseline)
 
-    def eval_pairs(self, config):
-        from ...rl.offline.model_files import load_tokenizer, resolve_model_path
-        from ...rl.offline.pair_data import evaluation_pairs
-
-        resolve_model_path(config)
-        return len(evaluation_pairs(config.data, load_tokenizer(config.model.path), config.train.seed))
+    def derived_engine_options(self, config, derived):
+        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
 
     def eval_problems(self, config, target, world_size):
+        found = pair_eval.problems(config, target) + check(config, world_size)
         if "model" in target and config.dpo.ref_model is None:
-            return ["evaluating a model directory needs dpo.ref_model=DIR, the reference its rewards are measured "
-                    "against (the model DPO started from)"]
-        return []
+            found.append("evaluating a model directory needs dpo.ref_model=DIR, the reference its rewards are "
+                         "measured against (the model DPO started from)")
+        return found
 
-    def evaluate(self, config, model_dir, backend):
-        return trainer.evaluate(config, model_dir, backend)
+    def eval_inputs(self, config):
+        return pair_eval.inputs(config)
+
+    def evaluate(self, config, weights, backend):
+        return trainer.evaluate(config, weights, backend)
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer

@@ -18,7 +18,7 @@ from ...rl.offline.pair_batches import PairMicroBatch, chosen_and_rejected, grou
 from ...rl.offline.pair_steps import PairParts, score, train_step, validation_due
 from ...rl.offline.run_config import engine_config
 from ...sequence_parallel import slice_log_probs
-from ...train.recipe import Plan, StepResult
+from ...train.recipe import Evaluation, Plan, StepResult
 from .config import DPOSettings, reference_config
 from .loss import METRICS, pair_losses, pair_metrics
 from .reference import Reference
@@ -97,18 +97,17 @@ def dpo_step(parts: DPOParts, step: int) -> StepResult:
     return train_step(parts, step, parts.loss(nll_scale=scale), NAMES, prepare=parts.fill_reference)
 
 
-def evaluate(config, model_dir: str | None, backend) -> dict:
+def evaluate(config, model_dir: str | None, backend) -> Evaluation:
     """The eval command's figures on this rank: the validation figures of ``model_dir`` (or ``model.path``)."""
-    from ...rl.offline.model_files import load_tokenizer
-    from ...rl.offline.pair_data import evaluation_pairs
+    from ...rl.offline.pair_eval import evaluation_set
 
-    pairs = evaluation_pairs(config.data, load_tokenizer(config.model.path), config.train.seed)
+    pairs = evaluation_set(config)
     policy, reference = build_engines(config, 1, backend, model_dir)
     packed = config.train.padding_free and policy.packed_input_supported()
     parts = DPOParts(Plan(config, policy.world_size, 1, {}), policy, backend, packed, reference)
     micro_batches, _ = parts.micro_batches(pairs)
     parts.fill_reference(micro_batches)
-    return score(policy, micro_batches, parts.loss(nll_scale=nll_scale(pairs)), NAMES)
+    return Evaluation(score(policy, micro_batches, parts.loss(nll_scale=nll_scale(pairs)), NAMES))
 
 
 def validate(parts: DPOParts, step: int, baseline: bool = False) -> dict:

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from ...rl.offline.pair_config import plan_pairs
+from ...rl.offline import pair_eval
+from ...rl.offline.pair_config import PAIR_RESUME_FIXED, plan_pairs
 from ...rl.offline.run_config import resolved
 from ...train import export as export_module
 from ...train.recipe import Recipe
@@ -18,9 +19,9 @@ HELP = """Train a reward model (Bradley-Terry: a sequence-classification head on
 the last token) on preference pairs: prompt/chosen/rejected as text or conversations, or chosen/rejected sharing
 their prompt; rm.margin_key names a column of per-pair margins.
 
-With no arguments: the CPU demo (2 processes; a tiny model learns synthetic preferences in about a minute). Given
-a model or data of your own, the library defaults apply (TRL's lr 1e-4) unless you name a preset with --preset.
-The export loads with AutoModelForSequenceClassification.
+With no arguments: the CPU demo (2 processes; a tiny model learns synthetic preferences in about two
+minutes). Given a model or data of your own, the library defaults apply (TRL's lr 1e-4) unless you name a preset
+with --preset. The export loads with AutoModelForSequenceClassification.
 
 examples:
   accel-rm                                        # the CPU demo
@@ -54,11 +55,8 @@ class RewardModelRecipe(Recipe):
     schema, presets, curves = RewardModelConfig, PRESETS, trainer.CURVES
     sections, example = "model, data, train, rm, run, engine", "rm.center_rewards_coef=0.01"
 
-    @property
-    def commands(self):
-        from ...rl.offline import pair_eval
-
-        return {"eval": lambda argv: pair_eval.main(self, argv)}
+    resume_fixed = {**PAIR_RESUME_FIXED, "rm.margin_key": "the run's data"}
+    eval_help = pair_eval.HELP.format(tool="accel-rm", metrics="val/accuracy, val/rewards/*")
 
     def check(self, config, world_size):
         return check(config, world_size)
@@ -78,16 +76,17 @@ class RewardModelRecipe(Recipe):
     def validate(self, parts, index, *, baseline=False):
         return trainer.validate(parts, index, baseline)
 
-    def eval_pairs(self, config):
-        from ...rl.offline.model_files import load_tokenizer, resolve_model_path
-        from ...rl.offline.pair_data import evaluation_pairs
+    def derived_engine_options(self, config, derived):
+        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
 
-        resolve_model_path(config)
-        tokenizer = load_tokenizer(config.model.path)
-        return len(evaluation_pairs(config.data, tokenizer, config.train.seed, config.rm.margin_key))
+    def eval_problems(self, config, target, world_size):
+        return pair_eval.problems(config, target) + check(config, world_size)
 
-    def evaluate(self, config, model_dir, backend):
-        return trainer.evaluate(config, model_dir, backend)
+    def eval_inputs(self, config):
+        return pair_eval.inputs(config, config.rm.margin_key)
+
+    def evaluate(self, config, weights, backend):
+        return trainer.evaluate(config, weights, backend)
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer

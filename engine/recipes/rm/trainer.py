@@ -16,7 +16,7 @@ from ...rl.offline.pair_batches import PairMicroBatch, chosen_and_rejected, grou
 from ...rl.offline.pair_steps import PairParts, score, train_step, validation_due
 from ...rl.offline.run_config import engine_config
 from ...runtime import on_every_rank
-from ...train.recipe import Plan, StepResult
+from ...train.recipe import Evaluation, Plan, StepResult
 from .config import RewardSettings
 from .loss import METRICS, pair_losses, pair_metrics
 from .model import factory, token_rewards
@@ -87,20 +87,20 @@ def rm_step(parts: RewardParts, step: int) -> StepResult:
     return train_step(parts, step, parts.loss(), METRICS)
 
 
-def evaluate(config, model_dir: str | None, backend) -> dict:
+def evaluate(config, model_dir: str | None, backend) -> Evaluation:
     """The eval command's figures on this rank: the validation figures of ``model_dir`` (a reward model directory)
     or of ``model.path``."""
     from ...rl.offline.model_files import load_tokenizer
-    from ...rl.offline.pair_data import evaluation_pairs
+    from ...rl.offline.pair_eval import evaluation_set
     from .model import scoring_pair
 
     tokenizer = load_tokenizer(config.model.path)
-    pairs = evaluation_pairs(config.data, tokenizer, config.train.seed, config.rm.margin_key)
+    pairs = evaluation_set(config, config.rm.margin_key)
     engine = build_engine(config, 1, backend, tokenizer.pad_token_id, model_dir)
     parts = RewardParts(Plan(config, engine.world_size, 1, {}), engine, backend,
                         config.train.padding_free and packed_rewards_supported(engine, backend.device()))
     micro_batches, _ = parts.micro_batches([scoring_pair(p) for p in pairs])
-    return score(engine, micro_batches, parts.loss(), METRICS)
+    return Evaluation(score(engine, micro_batches, parts.loss(), METRICS))
 
 
 def validate(parts: RewardParts, step: int, baseline: bool = False) -> dict:

@@ -8,7 +8,7 @@ import sys
 
 from accel_backends.names import did_you_mean
 
-from ...train.recipe import Plan
+from ...train.recipe import Plan, Recipe
 from ...train.settings import run_problems
 from .pair_data import TRUNCATIONS
 from .run_config import input_problems, positive, sizing_problems
@@ -24,6 +24,14 @@ class PairTrainConfig:
     micro_batch_size: int = 8  # pairs per micro-batch per rank, when micro_batch_tokens is not set
     padding_free: bool = True  # pack each micro-batch in one row where the model keeps sequences apart
     seed: int = 0  # shuffling (each epoch its own order), the demo task, a new head's weights, the engine's seed
+
+
+# What ``--resume`` may not change in a run over pairs (beside the frame's model and adapters), with why.
+PAIR_RESUME_FIXED = {**Recipe.resume_fixed, "train.batch_size": "the run's batches",
+                     "train.batch_tokens": "the run's batches", "train.seed": "the run's batches",
+                     **{f"data.{key}": "the run's data" for key in (
+                         "path", "prompt_key", "chosen_key", "rejected_key", "tools_key", "max_length", "truncation",
+                         "val_fraction", "demo_pairs")}}
 
 
 def pair_problems(config, world_size: int, extra_tokens: int = 0) -> list[str]:
