@@ -6,10 +6,8 @@ the reward model (``engine.rl.offline``)."""
 from __future__ import annotations
 
 from ...rl.offline import pair_eval
-from ...rl.offline.pair_config import PAIR_RESUME_FIXED, plan_pairs
-from ...rl.offline.run_config import resolved
+from ...rl.offline.pair_recipe import PairRecipe
 from ...train import export as export_module
-from ...train.recipe import Recipe
 from . import trainer
 from .config import PRESETS, DPOConfig, check
 
@@ -33,47 +31,23 @@ Options, data formats and metrics: docs/preference.md.
 """
 
 
-class DPORecipe(Recipe):
+class DPORecipe(PairRecipe):
     name, tool, help = "dpo", "accel-dpo", HELP
-    schema, presets, curves = DPOConfig, PRESETS, trainer.CURVES
+    schema, presets, curves, trainer = DPOConfig, PRESETS, trainer.CURVES, trainer
     sections, example = "model, data, train, dpo, run, engine", "dpo.beta=0.05"
-
-    resume_fixed = {**PAIR_RESUME_FIXED, "dpo.ref_model": "the reference the rewards are measured against"}
+    accuracy = ("rewards/accuracies", "reward accuracy")
+    resume_fixed = {**PairRecipe.resume_fixed, "dpo.ref_model": "the reference the rewards are measured against"}
     eval_help = pair_eval.HELP.format(tool="accel-dpo", metrics="val/rewards/*, val/logps/*")
 
-    def check(self, config, world_size):
+    def check_options(self, config, world_size):
         return check(config, world_size)
 
-    def plan(self, config, world_size, *, verbose):
-        return plan_pairs(self.tool, config, world_size, verbose=verbose)
-
-    def resolved(self, plan):
-        return resolved(plan.config, plan.derived)
-
-    def build(self, plan, backend):
-        return trainer.build(plan, backend)
-
-    def step(self, parts, index):
-        return trainer.dpo_step(parts, index)
-
-    def validate(self, parts, index, *, baseline=False):
-        return trainer.validate(parts, index, baseline)
-
-    def derived_engine_options(self, config, derived):
-        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
-
     def eval_problems(self, config, target, world_size):
-        found = pair_eval.problems(config, target) + check(config, world_size)
+        found = super().eval_problems(config, target, world_size)
         if "model" in target and config.dpo.ref_model is None:
             found.append("evaluating a model directory needs dpo.ref_model=DIR, the reference its rewards are "
                          "measured against (the model DPO started from)")
         return found
-
-    def eval_inputs(self, config):
-        return pair_eval.inputs(config)
-
-    def evaluate(self, config, weights, backend):
-        return trainer.evaluate(config, weights, backend)
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer
@@ -82,17 +56,3 @@ class DPORecipe(Recipe):
         path = config.model.path
         return export_module.RunModel(model_path=path, engine=engine_config(config, 1),
                                       build=lambda: (load_tokenizer(path), path))
-
-    def done_line(self, rows, seconds):
-        rows = [row for row in rows if "loss" in row]
-        if not rows:
-            return None
-        final = rows[-5:]
-        line = (f"{self.tool}: done in {seconds:.0f} s; loss {rows[0]['loss']:.3f} at the first step, "
-                f"{sum(r['loss'] for r in final) / len(final):.3f} over the last {len(final)}, reward accuracy "
-                f"{sum(r['rewards/accuracies'] for r in final) / len(final):.3f}")
-        vals = [row for row in rows if "val/loss" in row]
-        if vals:
-            line += (f"; validation loss {vals[-1]['val/loss']:.3f}, reward accuracy "
-                     f"{vals[-1]['val/rewards/accuracies']:.3f}")
-        return line

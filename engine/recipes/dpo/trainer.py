@@ -91,7 +91,7 @@ def nll_scale(pairs) -> float:
     return len(pairs) / max(1, sum(pair.chosen.supervised for pair in pairs))
 
 
-def dpo_step(parts: DPOParts, step: int) -> StepResult:
+def step(parts: DPOParts, step: int) -> StepResult:
     data, batches = parts.plan.inputs
     scale = nll_scale([data.train[i] for i in batches[step].indices])
     return train_step(parts, step, parts.loss(nll_scale=scale), NAMES, prepare=parts.fill_reference)

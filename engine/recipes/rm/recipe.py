@@ -8,10 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from ...rl.offline import pair_eval
-from ...rl.offline.pair_config import PAIR_RESUME_FIXED, plan_pairs
-from ...rl.offline.run_config import resolved
+from ...rl.offline.pair_config import plan_pairs
+from ...rl.offline.pair_recipe import PairRecipe
 from ...train import export as export_module
-from ...train.recipe import Recipe
 from . import trainer
 from .config import PRESETS, RewardModelConfig, check
 
@@ -50,43 +49,21 @@ def plan(tool, config, world_size, verbose):
     return planned
 
 
-class RewardModelRecipe(Recipe):
+class RewardModelRecipe(PairRecipe):
     name, tool, help = "rm", "accel-rm", HELP
-    schema, presets, curves = RewardModelConfig, PRESETS, trainer.CURVES
+    schema, presets, curves, trainer = RewardModelConfig, PRESETS, trainer.CURVES, trainer
     sections, example = "model, data, train, rm, run, engine", "rm.center_rewards_coef=0.01"
-
-    resume_fixed = {**PAIR_RESUME_FIXED, "rm.margin_key": "the run's data"}
+    resume_fixed = {**PairRecipe.resume_fixed, "rm.margin_key": "the run's data"}
     eval_help = pair_eval.HELP.format(tool="accel-rm", metrics="val/accuracy, val/rewards/*")
 
-    def check(self, config, world_size):
+    def check_options(self, config, world_size):
         return check(config, world_size)
+
+    def margin_key(self, config):
+        return config.rm.margin_key
 
     def plan(self, config, world_size, *, verbose):
         return plan(self.tool, config, world_size, verbose)
-
-    def resolved(self, plan):
-        return resolved(plan.config, plan.derived)
-
-    def build(self, plan, backend):
-        return trainer.build(plan, backend)
-
-    def step(self, parts, index):
-        return trainer.rm_step(parts, index)
-
-    def validate(self, parts, index, *, baseline=False):
-        return trainer.validate(parts, index, baseline)
-
-    def derived_engine_options(self, config, derived):
-        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
-
-    def eval_problems(self, config, target, world_size):
-        return pair_eval.problems(config, target) + check(config, world_size)
-
-    def eval_inputs(self, config):
-        return pair_eval.inputs(config, config.rm.margin_key)
-
-    def evaluate(self, config, weights, backend):
-        return trainer.evaluate(config, weights, backend)
 
     def run_model(self, config) -> export_module.RunModel:
         from ...rl.offline.model_files import load_tokenizer
@@ -101,16 +78,3 @@ class RewardModelRecipe(Recipe):
 
         return export_module.RunModel(model_path=path, engine=engine_config(config, 1), build=build,
                                       loader="AutoModelForSequenceClassification")
-
-    def done_line(self, rows, seconds):
-        rows = [row for row in rows if "loss" in row]
-        if not rows:
-            return None
-        final = rows[-5:]
-        line = (f"{self.tool}: done in {seconds:.0f} s; loss {rows[0]['loss']:.3f} at the first step, "
-                f"{sum(r['loss'] for r in final) / len(final):.3f} over the last {len(final)}, accuracy "
-                f"{sum(r['accuracy'] for r in final) / len(final):.3f}")
-        vals = [row for row in rows if "val/loss" in row]
-        if vals:
-            line += f"; validation loss {vals[-1]['val/loss']:.3f}, accuracy {vals[-1]['val/accuracy']:.3f}"
-        return line

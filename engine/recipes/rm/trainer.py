@@ -83,7 +83,7 @@ def build(plan: Plan, backend) -> RewardParts:
     return RewardParts(plan, engine, backend, packed)
 
 
-def rm_step(parts: RewardParts, step: int) -> StepResult:
+def step(parts: RewardParts, step: int) -> StepResult:
     return train_step(parts, step, parts.loss(), METRICS)
 
 
