@@ -17,7 +17,14 @@ import os
 import pytest
 from conftest import REPO, run_python
 from distributed import run_ranks
-from vllm_push_compare import assert_pushed, largest_gap, push_and_compare, trainer_log_probs
+from vllm_push_compare import (
+    assert_adapter_pushed,
+    assert_pushed,
+    largest_gap,
+    push_adapter_and_compare,
+    push_and_compare,
+    trainer_log_probs,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("ACCEL_EXPECT_VLLM"),
@@ -35,8 +42,9 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=HIDDEN, layers=2, eos_bias=0.0)
 
 
-def _engine_log_probs(llm, batch):
-    """vLLM's log-probs of each response token of ``batch`` as a fixed sequence (prompt log-probs, temperature 1)."""
+def _engine_log_probs(llm, batch, lora_request=None):
+    """vLLM's log-probs of each response token of ``batch`` as a fixed sequence (prompt log-probs, temperature 1),
+    with the LoRA adapter of ``lora_request`` where given."""
     import torch
     from vllm import SamplingParams
 
@@ -45,7 +53,7 @@ def _engine_log_probs(llm, batch):
     sequences = [batch.input_ids[row][batch.attention_mask[row].bool()].tolist() for row in range(rows)]
     outputs = llm.generate([{"prompt_token_ids": s} for s in sequences],
                            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False),
-                           use_tqdm=False)
+                           use_tqdm=False, lora_request=lora_request)
     for row, output in enumerate(outputs):
         prompt_length = int(batch.attention_mask[row, :start].sum())
         for t in range(int(batch.response_mask[row].sum())):
@@ -152,6 +160,30 @@ def _checks(rank, model_dir):
         vllm.load_weights(iter(bad))
     except RolloutEngineError as exc:
         out["bad_tensor"] = str(exc)
+    out["adapter"] = _adapter_checks(model_dir, tokenizer, batch)
+    return out
+
+
+def _adapter_checks(model_dir, tokenizer, batch):
+    """rollout.vllm.lora_sync=adapter: a second engine in the same process serving the base with LoRA; the base
+    once, then the adapter alone after every update (tests/vllm_push_compare.py); only the current version loaded
+    and on disk."""
+    import os
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+
+    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(lora_sync="adapter"))
+    engine = create_rollout_engine("vllm", RolloutContext(lora, tokenizer, str(model_dir), config, 96))
+    out = push_adapter_and_compare(lora, engine, batch,
+                                   lambda b: _engine_log_probs(engine.llm, b, engine.lora_request))
+    out["loaded"] = sorted(engine.llm.llm_engine.list_loras())
+    out["current"] = engine.lora_request.lora_int_id
+    out["on_disk"] = sorted(os.listdir(engine.adapter_root))
+    engine.close()
     return out
 
 
@@ -169,6 +201,10 @@ def test_vllm_engine_on_two_ranks(model_dir):
                                 ("reset_prefix_cache",), ("wake_up", ("kv_cache",)), ("generate",)], out["order"]
         assert f"cannot take weight '{out['bad_name']}' of shape (3, 3): the engine's model has shape" in \
             out["bad_tensor"], out
+        adapter = out["adapter"]
+        assert_adapter_pushed(adapter)
+        assert adapter["current"] == 3 and adapter["loaded"] == [3], adapter  # older versions unloaded
+        assert adapter["on_disk"] == ["v3"], adapter
     print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s")})
 
 

@@ -70,3 +70,42 @@ def assert_pushed(out: dict) -> None:
     assert out["stale_gap"] > 0.05, out  # the update moved the policy; the engine has not seen it yet
     assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
     assert out["lora_gap"] < 1e-4 and out["lora_moved"] > 0.05, out  # LoRA merged into the pushed weights
+
+
+def push_adapter_and_compare(policy, engine, batch, engine_log_probs) -> dict:
+    """``rollout.vllm.lora_sync=adapter``: ``policy`` a LoRA engine, ``engine`` serving its base with LoRA (built
+    after the policy, nothing pushed yet). The first push (base once, then the adapter), an update whose adapter
+    the engine has not seen yet (stale), the adapter push after it (equal again, and moved), and what each push
+    sent: ``first_bytes``, ``adapter_bytes`` (the second push) against the adapter's and the merged model's bytes."""
+    from engine.rollout import sync_weights
+
+    mask = batch.response_mask.float()
+    out = {"first_bytes": sync_weights(policy, engine), "base_pushed_first": not engine.needs_base_weights}
+    big_update(policy, batch)  # B leaves zero: from here on the adapter changes the policy's log-probs
+    sync_weights(policy, engine)
+    engine_before = engine_log_probs(batch)
+    out["before_gap"] = largest_gap(engine_before, trainer_log_probs(policy, batch), mask)
+    big_update(policy, batch)
+    trainer_after = trainer_log_probs(policy, batch)
+    out["stale_gap"] = largest_gap(engine_log_probs(batch), trainer_after, mask)
+    started = time.perf_counter()
+    out["adapter_bytes"] = sync_weights(policy, engine)
+    out["push_after_update_s"] = time.perf_counter() - started
+    engine_after = engine_log_probs(batch)
+    out["after_gap"] = largest_gap(engine_after, trainer_after, mask)
+    out["moved"] = largest_gap(engine_after, engine_before, mask)
+    sizes = lambda weights: sum(t.numel() * t.element_size() for _, t in weights)  # noqa: E731
+    out["adapter_own_bytes"] = sizes(policy.iter_adapter_weights())
+    out["merged_bytes"] = sizes(policy.iter_full_weights())
+    out["base_bytes"] = sizes(policy.iter_full_weights(base_only=True))
+    out["lora_tensors"] = sum(1 for _ in policy.iter_adapter_weights())
+    return out
+
+
+def assert_adapter_pushed(out: dict) -> None:
+    """What every adapter push-and-compare must show."""
+    assert out["base_pushed_first"] and out["first_bytes"] == out["base_bytes"] + out["adapter_own_bytes"], out
+    assert out["before_gap"] < 1e-4, out
+    assert out["stale_gap"] > 0.05, out  # the update moved the adapter; the engine has not seen it yet
+    assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
+    assert out["adapter_bytes"] == out["adapter_own_bytes"] < out["merged_bytes"], out  # the adapter alone

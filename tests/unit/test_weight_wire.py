@@ -188,3 +188,35 @@ def test_the_default_weight_group_is_gloo_over_host_memory():
 
     made = accel_backends.DeviceBackend.new_weight_group(CPUBackend(), dist.HashStore(), 0, 1, 5.0)
     assert type(made.group).__name__ == "ProcessGroupGloo" and made.device == torch.device("cpu")
+
+
+def test_an_adapter_push_is_written_server_side_loaded_as_its_version_and_the_one_before_the_previous_unloaded():
+    backend, routes = RecordingDeviceBackend(), []
+    pusher = WeightPusher([RecordingClient("http://srv0:8000", routes)], [1], "127.0.0.1", {}, sender=True,
+                          settings={"timeout_s": 30.0}, free_port=free_port, backend=backend, lora_rank=4,
+                          session="ab12")
+    pusher.connect()
+    assert [body["init_info"]["lora_rank"] for path, body in routes] == [4, 4]  # the server checks it serves LoRA
+    pusher.push(_draws(backend.log))  # the base weights, once: version 1
+    assert pusher.adapter is None
+    adapter = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(4, 3)}
+    routes.clear()
+    for _ in range(3):
+        pusher.push(iter(adapter.items()), adapter={"r": 4, "lora_alpha": 8})
+    paths = [path for path, _ in routes]
+    each = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/v1/load_lora_adapter"]
+    assert paths == [*each, "/resume", *each, "/resume", *each, "/v1/unload_lora_adapter", "/resume"], paths
+    updates = [body["update_info"] for path, body in routes if path == "/update_weights"]
+    assert [u["directory"] for u in updates] == [f"{pusher.adapter_root}/v{v}" for v in (2, 3, 4)]
+    assert all(u["kind"] == "adapter" and u["adapter_config"] == {"r": 4, "lora_alpha": 8} for u in updates)
+    loads = [body for path, body in routes if path == "/v1/load_lora_adapter"]
+    assert [b["lora_name"] for b in loads] == [f"accel-policy-ab12-v{v}" for v in (2, 3, 4)]
+    assert [b["lora_path"] for b in loads] == [u["directory"] for u in updates]
+    assert [body for path, body in routes if path == "/v1/unload_lora_adapter"] == [
+        {"lora_name": "accel-policy-ab12-v2"}]  # a request sent just before a push still names the previous one
+    assert (pusher.adapter, pusher.loaded, pusher.version) == ("accel-policy-ab12-v4", [
+        "accel-policy-ab12-v3", "accel-policy-ab12-v4"], 4)
+    other_rank = WeightPusher([], [], "127.0.0.1", {}, sender=False, session="ab12")
+    other_rank.version = 3
+    other_rank.push(iter(adapter.items()), adapter={"r": 4})
+    assert other_rank.adapter == "accel-policy-ab12-v4"  # every rank names the adapter its requests sample with
