@@ -160,7 +160,9 @@ def _checks(rank, model_dir):
         vllm.load_weights(iter(bad))
     except RolloutEngineError as exc:
         out["bad_tensor"] = str(exc)
+    started = time.perf_counter()
     out["adapter"] = _adapter_checks(model_dir, tokenizer, batch)
+    out["adapter_checks_s"] = time.perf_counter() - started  # what lora_sync=adapter adds to the test
     return out
 
 
@@ -205,15 +207,26 @@ def test_vllm_engine_on_two_ranks(model_dir):
         assert_adapter_pushed(adapter)
         assert adapter["current"] == 3 and adapter["loaded"] == [3], adapter  # older versions unloaded
         assert adapter["on_disk"] == ["v3"], adapter
-    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s")})
+    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s",
+                                                                 "adapter_checks_s")})
 
 
 SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
          "run.progress=false", "rollout.engine=vllm", "data.max_prompt_tokens=64"]
 
 
-@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4"], ["rollout.vllm.tensor_parallel_size=2"]],
-                         ids=["fsdp2", "lora-fsdp2", "tensor-parallel-2"])
+def _adapter_bytes(model_dir, rank):
+    """A rank-``rank`` all-linear LoRA adapter's bytes (fp32) on the model: r x (in + out) per linear layer."""
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, inner = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
+    per_layer = 2 * (hidden + hidden) + 2 * (hidden + kv) + 2 * (hidden + inner) + (inner + hidden)
+    return 4 * rank * per_layer * config["num_hidden_layers"]
+
+
+@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4", "rollout.vllm.lora_sync=adapter"],
+                                     ["rollout.vllm.tensor_parallel_size=2"]],
+                         ids=["fsdp2", "lora-adapter-fsdp2", "tensor-parallel-2"])
 def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
@@ -226,8 +239,13 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "vllm" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
+    adapter = _adapter_bytes(model_dir, 4) if "engine.lora_rank=4" in variant else None
     for row in rows:
         assert row["rollout/weight_sync_s"] > 0
+        if adapter:  # the adapter alone after every update
+            assert row["rollout/weight_sync_bytes"] == adapter, (row, adapter)
+        else:  # the whole model
+            assert row["rollout/weight_sync_bytes"] > 20 * _adapter_bytes(model_dir, 4), row
         assert row["rollout/logprob_diff_max"] < 1e-3, row  # the engine samples the trainer's policy
         assert 0.99 < row["rollout/is_ratio_min"] <= row["rollout/is_ratio_max"] < 1.01, row
         assert row["rollout/is_masked_frac"] == 0.0

@@ -124,7 +124,9 @@ def _push_checks(rank, model_dir, url):
     out["push_s"].append(compared["push_after_update_s"])
     out["versions"] = (engine.pusher.version, client.weight_version())
     engine.generate([[5, 6, 7]], sampled)  # the version check passes after the last push
+    started = time.perf_counter()
     out["adapter"] = _adapter_push_checks(model_dir, url, tokenizer, batch, sampled)
+    out["adapter_checks_s"] = time.perf_counter() - started  # what lora_sync=adapter adds to the test
     return out
 
 
@@ -153,7 +155,9 @@ def _adapter_push_checks(model_dir, url, tokenizer, batch, sampled):
     spans = engine.sample([tokenizer(p)["input_ids"] for p in prompts], sampled, 11)[1]
     out["span_versions"] = sorted({span["version"] for row in spans for span in row})
     out["sampled"] = int(rollout(engine, tokenizer, prompts, sampled).response_mask.sum())
-    engine.close()
+    engine.close()  # rank 0 unloads the run's adapters from a server it did not start
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # every rank looks after rank 0 has closed
     out["served_after_close"] = sorted(m["id"] for m in client.models() if session in m["id"])
     return out
 
@@ -174,7 +178,8 @@ def test_the_server_samples_the_pushed_policy(model_dir, server, ranks):
         assert adapter["span_versions"] == ["4"] and adapter["sampled"] > 0, adapter
         assert adapter["served_after_close"] == [], adapter  # unloaded when the run ends
     print({"push_s": [[round(s, 3) for s in out["push_s"]] for out in outs],
-           "adapter_push_s": [round(out["adapter"]["push_after_update_s"], 3) for out in outs]})
+           "adapter_push_s": [round(out["adapter"]["push_after_update_s"], 3) for out in outs],
+           "adapter_checks_s": [round(out["adapter_checks_s"], 1) for out in outs]})
 
 
 def test_a_server_with_another_model_is_refused_before_any_weight(server, model_dir):

@@ -49,11 +49,15 @@ def measure(options) -> dict:
 
 
 def _side_by_side(work: dict, rounds: int, timeout_s: float) -> dict:
+    from accel_backends.spawn import free_port
+
     env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "nobind", "ACCEL_BACKEND": "cpu",
-           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "TOKENIZERS_PARALLELISM": "false"}
-    children = {mode: subprocess.Popen([sys.executable, "-m", "engine.bench.lora_sync", json.dumps({**work,
-                                                                                                      "mode": mode})],
-                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+           "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"), "TOKENIZERS_PARALLELISM": "false",
+           "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    children = {mode: subprocess.Popen([sys.executable, "-m", "engine.bench.lora_sync",
+                                        json.dumps({**work, "mode": mode})], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True,
+                                       env={**env, "MASTER_PORT": str(free_port())})  # a job of one rank each
                 for mode in MODES}
     try:
         first = {mode: _answer(child, timeout_s) for mode, child in children.items()}  # built, first push done

@@ -20,11 +20,14 @@ MODES = ("auto", "merged", "adapter")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # vLLM's max_lora_rank values (config/lora.py)
 LORA_SLOTS = 2  # the adapter being pushed and the previous one (requests sent just before a push still name it)
 ADAPTER_PREFIX = "accel-policy-"
-# auto's rule, measured (docs/perf.md, "LoRA with vLLM"): adapter mode saves a push time that grows with the model
-# and costs a decode time that grows with the model and the tokens decoded between two updates; the model's size
-# cancels, so the step's tokens decide. Adapter mode pays while an engine copy decodes at most this many tokens
-# per update (vLLM's CPU build, rank 8, the mid-size and large geometries of accel-bench's lora_sync scenario).
-AUTO_MAX_DECODED_TOKENS = 1000
+# auto's rule, measured (docs/perf.md, "LoRA with vLLM"): adapter mode saves push time that grows with the model
+# (the whole model against the adapter) and costs decode time that grows with the model and with the tokens decoded
+# between two updates (vLLM's LoRA kernels decode slower than merged weights: 0.34-0.35 of merged mode's tokens/s
+# on vLLM's CPU build, rank 8). The model's size cancels, so the step's tokens decide: adapter mode pays while an
+# engine copy decodes at most this many tokens per update (break-even 43 tokens on hidden 512 x 8 layers, 78 on
+# hidden 1024 x 16: accel-bench --scenarios lora_sync). Not measured on a GPU, where the decode penalty is smaller
+# and a full push dearer: there adapter mode, chosen explicitly, may pay far sooner.
+AUTO_MAX_DECODED_TOKENS = 64
 
 
 def vllm_max_lora_rank(rank: int) -> int:
