@@ -5,9 +5,12 @@ One spawn checks, on a tiny Qwen2.5-like model directory: greedy responses of vl
 sampled log-probs against the trainer's (temperature 0.7, top-k, top-p); the engine's log-probs of fixed token
 sequences equal to the trainer's before an update, stale after an update with a large learning rate, equal again
 after the weight push (and different from before it, so the check can fail); the same with a LoRA policy (merged
-adapters pushed); the sleep / wake / push order with the real engine wrapped in a recorder (the CPU has no sleep
-mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with rollout.engine=vllm (FSDP2, LoRA).
-Skipped where vLLM is not importable (the main leg).
+adapters pushed); with rollout.vllm.lora_sync=adapter (a second engine serving the base with LoRA) the same
+equality after each adapter push, the base pushed once, each push's bytes the adapter's, older versions unloaded
+(and again with one trainer rank); the sleep / wake / push order with the real engine wrapped in a recorder (the
+CPU has no sleep mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with
+rollout.engine=vllm (FSDP2; LoRA in adapter mode, rollout/weight_sync_bytes the adapter's), and the CPU demo with
+LoRA learns in adapter mode as in merged mode. Skipped where vLLM is not importable (the main leg).
 """
 
 import importlib.util
@@ -189,6 +192,34 @@ def _adapter_checks(model_dir, tokenizer, batch):
     return out
 
 
+def _one_rank_adapter_checks(rank, model_dir):
+    """The adapter checks with one trainer rank (the adapter taken whole, nothing gathered), on sequences the ``hf``
+    engine samples."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from engine.rollout.single_turn import eos_token_ids, rollout
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2))
+    hf = create_rollout_engine("hf", RolloutContext(policy, tokenizer, str(model_dir), RolloutConfig(), 96))
+    sampled = SamplingConfig(n=4, max_new_tokens=24, eos_token_ids=tuple(eos_token_ids(policy.module, tokenizer)),
+                             temperature=0.7, top_k=20, top_p=0.8)
+    torch.manual_seed(1234)
+    with policy.eval_mode():
+        batch = rollout(hf, tokenizer, [f"how many apples does {name} have" for name in ("Tom", "Maria")], sampled)
+    return _adapter_checks(model_dir, tokenizer, batch)
+
+
+def _assert_adapter_engine(adapter):
+    assert_adapter_pushed(adapter)
+    assert adapter["current"] == 3 and adapter["loaded"] == [3], adapter  # older versions unloaded
+    assert adapter["on_disk"] == ["v3"], adapter
+
+
 def test_vllm_engine_on_two_ranks(model_dir):
     outs = run_ranks(_checks, model_dir, env=ENV, timeout=400)
     for out in outs:
@@ -203,30 +234,37 @@ def test_vllm_engine_on_two_ranks(model_dir):
                                 ("reset_prefix_cache",), ("wake_up", ("kv_cache",)), ("generate",)], out["order"]
         assert f"cannot take weight '{out['bad_name']}' of shape (3, 3): the engine's model has shape" in \
             out["bad_tensor"], out
-        adapter = out["adapter"]
-        assert_adapter_pushed(adapter)
-        assert adapter["current"] == 3 and adapter["loaded"] == [3], adapter  # older versions unloaded
-        assert adapter["on_disk"] == ["v3"], adapter
+        _assert_adapter_engine(out["adapter"])
     print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s",
                                                                  "adapter_checks_s")})
+
+
+def test_the_adapter_reaches_a_one_rank_engine(model_dir):
+    """rollout.vllm.lora_sync=adapter with one trainer rank: the same checks as on two."""
+    (adapter,) = run_ranks(_one_rank_adapter_checks, model_dir, world_size=1, env=ENV, timeout=300)
+    _assert_adapter_engine(adapter)
 
 
 SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
          "run.progress=false", "rollout.engine=vllm", "data.max_prompt_tokens=64"]
 
 
-def _adapter_bytes(model_dir, rank):
-    """A rank-``rank`` all-linear LoRA adapter's bytes (fp32) on the model: r x (in + out) per linear layer."""
-    config = json.loads((model_dir / "config.json").read_text())
-    hidden, inner = config["hidden_size"], config["intermediate_size"]
-    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
-    per_layer = 2 * (hidden + hidden) + 2 * (hidden + kv) + 2 * (hidden + inner) + (inner + hidden)
-    return 4 * rank * per_layer * config["num_hidden_layers"]
+def _model_bytes(model_dir):
+    """The model's bytes in fp32 (every parameter once: tied embeddings count once)."""
+    from transformers import AutoModelForCausalLM
+
+    return 4 * sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
 
 
-@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4", "rollout.vllm.lora_sync=adapter"],
-                                     ["rollout.vllm.tensor_parallel_size=2"]],
-                         ids=["fsdp2", "lora-adapter-fsdp2", "tensor-parallel-2"])
+def _adapter_bytes(model, rank, alpha):
+    """A rank-``rank`` all-linear LoRA adapter's bytes (fp32) on ``model``, counted by PEFT."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear"))
+    return 4 * sum(p.numel() for name, p in lora.named_parameters() if ".lora_" in name)
+
+
+@pytest.mark.parametrize("variant", [[], ["rollout.vllm.tensor_parallel_size=2"]], ids=["fsdp2", "tensor-parallel-2"])
 def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
@@ -239,13 +277,9 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "vllm" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]
-    adapter = _adapter_bytes(model_dir, 4) if "engine.lora_rank=4" in variant else None
     for row in rows:
         assert row["rollout/weight_sync_s"] > 0
-        if adapter:  # the adapter alone after every update
-            assert row["rollout/weight_sync_bytes"] == adapter, (row, adapter)
-        else:  # the whole model
-            assert row["rollout/weight_sync_bytes"] > 20 * _adapter_bytes(model_dir, 4), row
+        assert row["rollout/weight_sync_bytes"] == _model_bytes(model_dir), row  # the whole model
         assert row["rollout/logprob_diff_max"] < 1e-3, row  # the engine samples the trainer's policy
         assert 0.99 < row["rollout/is_ratio_min"] <= row["rollout/is_ratio_max"] < 1.01, row
         assert row["rollout/is_masked_frac"] == 0.0
@@ -270,3 +304,33 @@ def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, mod
     assert problem.endswith("choose rollout.engine=hf-continuous for this model")
     assert not [p for p in check(build_config(None, None, ["rollout.engine=vllm", f"model.path={model_dir}"]), 2)
                 if "vLLM" in p]
+
+
+LORA_DEMO = ["rollout.engine=vllm", "model.hidden_size=128", "rollout.vllm.kv_cache_gib=1", "run.progress=false",
+             "engine.lora_rank=8", "engine.lora_alpha=16", "engine.lr=2e-2", "train.steps=10"]
+
+
+def test_the_lora_demo_trains_in_adapter_mode_as_in_merged_mode(tmp_path):
+    """The CPU demo (2 ranks) with a LoRA policy, rollout.vllm.lora_sync=merged and =adapter, same seeds: the same
+    run step for step (the engine samples the trainer's policy either way, so the same tokens, rewards and losses),
+    the adapter's bytes a fraction of the merged model's every update."""
+    env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
+    rows = {}
+    for mode in ("merged", "adapter"):
+        result = run_python(["-m", "engine.grpo.cli", *LORA_DEMO, f"rollout.vllm.lora_sync={mode}",
+                             f"run.output_dir={tmp_path}", f"run.name={mode}"], env=env, timeout=400)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows[mode] = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    merged, adapter = rows["merged"], rows["adapter"]
+    print({mode: [round(row["reward_mean"], 4) for row in rows[mode]] for mode in rows})
+    from engine.rl.model import build_model
+    from engine.train.settings import ModelConfig
+
+    model = build_model(ModelConfig(path="builtin:tiny-char", hidden_size=128))[1]()
+    whole, lora = 4 * sum(p.numel() for p in model.parameters()), _adapter_bytes(model, 8, 16)
+    assert [row["step"] for row in merged] == [row["step"] for row in adapter] == list(range(1, 11))
+    for m, a in zip(merged, adapter, strict=True):
+        assert m["rollout/logprob_diff_max"] < 1e-3 and a["rollout/logprob_diff_max"] < 1e-3, (m, a)
+        assert (m["rollout/weight_sync_bytes"], a["rollout/weight_sync_bytes"]) == (whole, lora), (m, a)
+        assert abs(m["reward_mean"] - a["reward_mean"]) < 1e-6, rows  # the same samples
+        assert abs(m["loss"] - a["loss"]) < 1e-3, (m, a)

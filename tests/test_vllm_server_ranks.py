@@ -155,9 +155,10 @@ def _adapter_push_checks(model_dir, url, tokenizer, batch, sampled):
     spans = engine.sample([tokenizer(p)["input_ids"] for p in prompts], sampled, 11)[1]
     out["span_versions"] = sorted({span["version"] for row in spans for span in row})
     out["sampled"] = int(rollout(engine, tokenizer, prompts, sampled).response_mask.sum())
+    both_ranks = torch.distributed.barrier if torch.distributed.is_initialized() else lambda: None
+    both_ranks()  # no rank still samples with the adapter when rank 0 closes
     engine.close()  # rank 0 unloads the run's adapters from a server it did not start
-    if torch.distributed.is_initialized():
-        torch.distributed.barrier()  # every rank looks after rank 0 has closed
+    both_ranks()  # every rank looks after rank 0 has closed
     out["served_after_close"] = sorted(m["id"] for m in client.models() if session in m["id"])
     return out
 

@@ -27,14 +27,9 @@ MODES = ("merged", "adapter")
 
 
 def run(options, backend, rank) -> dict:
-    import torch.distributed as dist
+    from .vllm_alone import on_rank_0
 
-    result = {}
-    if rank == 0:
-        result = measure(options)
-    if dist.is_initialized():
-        dist.barrier()  # the other ranks wait: the children have the machine to themselves
-    return result
+    return on_rank_0(measure, options, rank)
 
 
 def measure(options) -> dict:

@@ -22,7 +22,7 @@ from accel_backends.backends.cpu import CPUBackend
 from accel_backends.backends.cuda import CUDABackend
 from accel_backends.spawn import free_port
 from engine.rollout.vllm_server import weight_wire
-from engine.rollout.vllm_server.client import ServerClient
+from engine.rollout.vllm_server.client import ServerClient, ServerError
 from engine.rollout.vllm_server.pusher import WeightPusher
 
 WEIGHTS = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3), "lm_head.weight": torch.ones(4, 3),
@@ -220,3 +220,47 @@ def test_an_adapter_push_is_written_server_side_loaded_as_its_version_and_the_on
     other_rank.version = 3
     other_rank.push(iter(adapter.items()), adapter={"r": 4})
     assert other_rank.adapter == "accel-policy-ab12-v4"  # every rank names the adapter its requests sample with
+
+
+def test_a_server_refusing_an_adapter_is_named_and_left_paused():
+    """/v1/load_lora_adapter answering 404 (a server without runtime LoRA loading), through the real client: the
+    push fails with one line naming the server and what it needs, no /resume (nothing samples from a half-made
+    version) and the version not advanced."""
+    import http.server
+    import threading
+
+    class NoAdapters(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b'{"detail": "Not Found"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NoAdapters)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    class Refusing(RecordingClient):
+        def call(self, method, path, body=None, query=None, timeout_s=None):
+            if path == "/v1/load_lora_adapter":
+                self.log.append((path, body))
+                return ServerClient.call(self, method, path, body, query, timeout_s)  # over HTTP, to the 404
+            return super().call(method, path, body, query, timeout_s)
+
+    backend, routes = RecordingDeviceBackend(), []
+    pusher = WeightPusher([Refusing(url, routes)], [1], "127.0.0.1", {}, sender=True, settings={"timeout_s": 30.0},
+                          free_port=free_port, backend=backend, lora_rank=4, session="ab12")
+    pusher.connect()
+    pusher.push(_draws(backend.log))  # the base weights: version 1
+    routes.clear()
+    adapter = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(4, 3)}
+    try:
+        with pytest.raises(ServerError, match=f"vLLM server {url}: POST /v1/load_lora_adapter answered 404 "
+                                            r"\(adapters need --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
+            pusher.push(iter(adapter.items()), adapter={"r": 4})
+    finally:
+        server.shutdown()
+    assert [path for path, _ in routes][-1] == "/v1/load_lora_adapter" and "/resume" not in dict(routes), routes
+    assert (pusher.version, pusher.adapter, pusher.loaded) == (1, None, [])
