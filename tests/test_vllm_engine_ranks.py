@@ -189,6 +189,7 @@ def _adapter_checks(model_dir, tokenizer, batch):
     out["current"] = engine.lora_request.lora_int_id
     out["on_disk"] = sorted(os.listdir(engine.adapter_root))
     engine.close()
+    out["left_on_disk"] = os.path.exists(engine.adapter_root)
     return out
 
 
@@ -217,7 +218,7 @@ def _one_rank_adapter_checks(rank, model_dir):
 def _assert_adapter_engine(adapter):
     assert_adapter_pushed(adapter)
     assert adapter["current"] == 3 and adapter["loaded"] == [3], adapter  # older versions unloaded
-    assert adapter["on_disk"] == ["v3"], adapter
+    assert adapter["on_disk"] == ["v3"] and not adapter["left_on_disk"], adapter  # closed: removed
 
 
 def test_vllm_engine_on_two_ranks(model_dir):

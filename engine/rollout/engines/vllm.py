@@ -237,6 +237,8 @@ class VLLMRolloutEngine(RolloutEngine):
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
+        if getattr(self, "adapter_root", None) is not None:  # lora_sync=adapter: the versions this rank wrote
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
 
     def sampling_params(self, sampling: SamplingConfig, prompts: int, seed: int) -> list:
         """One ``SamplingParams`` per prompt: every ``SamplingConfig`` field, each prompt its own seed."""
