@@ -1,11 +1,11 @@
-"""``accel-grpo``'s recipe: GRPO (and its loss-type variants) on the frame (``engine/train``). What is GRPO's own
-lives in its modules: the schema, presets, migrations and checks (``config.py``), the parts and the step
-(``trainer.py``), validation, rewards, prompt data and the policy loss."""
+"""``accel-grpo``'s recipe: GRPO (and its loss-type variants) on the RL layer (``engine/rl``) and the frame
+(``engine/train``). What is GRPO's own lives in its modules: the schema, presets, migrations and checks
+(``schema.py``, ``config.py``), its algorithm (``algorithm.py``: advantages, dynamic sampling, the loss type's
+terms) and the trainer that drives the RL step with it (``trainer.py``)."""
 
 from __future__ import annotations
 
-from ...train import export as export_module
-from ...train.recipe import Plan, Recipe
+from ...rl.recipe import RLRecipe
 from . import config as grpo_config
 from .report import CURVES
 
@@ -33,10 +33,10 @@ resume. Options and metrics: docs/grpo.md.
 """
 
 
-class GRPORecipe(Recipe):
+class GRPORecipe(RLRecipe):
     name, tool, help = "grpo", "accel-grpo", HELP
     schema, presets, curves = grpo_config.GRPOConfig, grpo_config.PRESETS, CURVES
-    sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
+    trainer = "engine.recipes.grpo.trainer:GRPOTrainer"
 
     @property
     def commands(self):
@@ -50,49 +50,3 @@ class GRPORecipe(Recipe):
 
     def check(self, config, world_size):
         return grpo_config.check(config, world_size)
-
-    def plan_of(self, config, world_size: int, inputs=None) -> Plan:
-        """The run's sizes from the options alone (GRPO's do not depend on the data)."""
-        return Plan(config, world_size, config.train.steps, grpo_config.derived(config, world_size), inputs)
-
-    def plan(self, config, world_size, *, verbose):
-        from ...train.loggers import require_loggers
-        from .trainer import load_inputs
-
-        require_loggers(config.run.loggers)
-        return self.plan_of(config, world_size, load_inputs(config, verbose=verbose))
-
-    def resolved(self, plan):
-        return grpo_config.resolved(plan.config, plan.world_size)
-
-    def build(self, plan, backend):
-        from .trainer import GRPOTrainer
-
-        return GRPOTrainer(plan.config, inputs=plan.inputs)
-
-    def ready(self, parts, start):
-        parts.ready(start)
-
-    def close(self, parts):
-        parts.close()
-
-    def step(self, parts, index):
-        return parts.step(index)
-
-    def validate(self, parts, index, *, baseline=False):
-        return parts.validate(index, baseline)
-
-    def run_model(self, config) -> export_module.RunModel:
-        from ...rl.model import BUILTIN_MODEL, build_model
-
-        return export_module.RunModel(model_path=None if config.model.path == BUILTIN_MODEL else config.model.path,
-                                      engine=grpo_config.engine_config(config, world_size=1),
-                                      build=lambda: build_model(config.model))
-
-    def done_line(self, rows, seconds):
-        rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
-        if not rewards:
-            return None
-        first, final = rewards[:10], rewards[-10:]
-        return (f"{self.tool}: done in {seconds:.0f} s; reward mean over the first {len(first)} steps "
-                f"{sum(first) / len(first):.3f}, over the last {len(final)} steps {sum(final) / len(final):.3f}")
