@@ -55,7 +55,9 @@ def field_problems(config, tool: str) -> list[str]:
         found.append(f"run.log_samples must be >= 0, got {config.run.log_samples}")
     if config.run.val_before_train and not (config.data.val_path or config.data.val_fraction):
         found.append("run.val_before_train needs a validation set: data.val_path=... or data.val_fraction=...")
-    return found + staleness_problems(config)
+    from ..rollout.engines.vllm_settings import inert_problems
+
+    return found + staleness_problems(config) + inert_problems(config.rollout, engine_facts())
 
 
 def model_problems(config) -> list[str]:
@@ -127,17 +129,22 @@ def setup_problems(config, world_size: int) -> list[str]:
     return found
 
 
-def vllm_check(config, world_size: int) -> list[str]:
-    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
+def engine_facts():
+    """The backend's ``inference_engine_facts()`` (the defaults when the backend is unusable: its own problem is
+    reported when the workers start)."""
     import accel_backends
 
+    try:
+        return accel_backends.get_backend().inference_engine_facts()
+    except Exception:  # noqa: BLE001
+        return accel_backends.InferenceEngineFacts()
+
+
+def vllm_check(config, world_size: int) -> list[str]:
+    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
     from ..rollout.engines.vllm_settings import vllm_problems
 
-    try:
-        facts = accel_backends.get_backend().inference_engine_facts()
-    except Exception:  # noqa: BLE001 - the backend's own problem is reported when the workers start
-        facts = accel_backends.InferenceEngineFacts()
-    return vllm_problems(config, world_size, max_sequence_tokens(config), facts)
+    return vllm_problems(config, world_size, max_sequence_tokens(config), engine_facts())
 
 
 def sequence_parallel_problems(config, sp, world_size: int) -> list[str]:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 
-import torch
-
 from .. import runtime
 from ..rollout import RolloutContext, build_sampler, create_rollout_engine, eos_token_ids, sampling_configs
-from ..runtime import BorrowedThreads, borrowing_problem, usable_cores
+from ..rollout.borrowing import borrow_idle_cores
+from ..runtime import BorrowedThreads
 from .frozen import FrozenModel
 from .model import build_model
 from .prompts import build_tasks, data_spec, needs_answers
@@ -59,14 +58,7 @@ def rollout_parts(config, policy, tokenizer, policy_source, backend) -> RolloutP
     return RolloutParts(sampling, val_sampling, engine, sampler)
 
 
-def borrow_server_cores(config, ahead) -> BorrowedThreads | None:
-    """``rollout.vllm.borrow_threads`` > 0 (servers on this host's cores): this thread's compute takes that many
-    more threads while no request is in flight (synchronously: whenever it computes)."""
-    roll = config.rollout
-    extra = roll.vllm.borrow_threads if roll.engine == "vllm" and roll.vllm.mode == "server" else 0
-    if not extra:
-        return None
-    problem = borrowing_problem(extra, torch.get_num_threads(), usable_cores(), "rollout.vllm.borrow_threads")
-    if problem:
-        raise ValueError(problem)
-    return BorrowedThreads(lambda: ahead is not None and ahead.sampling(), extra).start()
+def borrow_server_cores(rollout_engine, ahead) -> BorrowedThreads | None:
+    """``rollout.vllm.borrow_threads`` (servers on this host's cores): this thread's compute takes more threads
+    while no request is in flight (synchronously: whenever it computes); the server engine's plan says how."""
+    return borrow_idle_cores(rollout_engine, lambda: ahead is not None and ahead.sampling())

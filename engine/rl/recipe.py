@@ -24,6 +24,11 @@ class RLRecipe(Recipe):
     sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
     curves = CURVES
     trainer = ""  # "package.module:Class": the recipe's RLTrainer, imported when a run builds its parts
+    # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
+    resume_fixed = {**Recipe.resume_fixed, "rollout.n": "the group size",
+                    **{f"data.{key}": "the run's data" for key in (
+                        "task", "path", "val_fraction", "prompt_key", "answer_key", "reward", "reward_weights",
+                        "reward_style", "chat_template", "system_prompt")}}
 
     def plan_of(self, config, world_size: int, inputs=None) -> Plan:
         """The run's sizes from the options alone (an RL step's do not depend on the data)."""
@@ -61,9 +66,23 @@ class RLRecipe(Recipe):
                                       build=lambda: build_model(config.model))
 
     def done_line(self, rows, seconds):
+        from ..train.report import first_and_last
+
         rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
         if not rewards:
             return None
-        first, final = rewards[:10], rewards[-10:]
-        return (f"{self.tool}: done in {seconds:.0f} s; reward mean over the first {len(first)} steps "
-                f"{sum(first) / len(first):.3f}, over the last {len(final)} steps {sum(final) / len(final):.3f}")
+        return f"{self.tool}: done in {seconds:.0f} s; reward mean {first_and_last(rewards, 10)}"
+
+    def derived_engine_options(self, config, derived):
+        return {"seed": config.train.seed, "total_steps": derived.get("total_optimizer_steps")}
+
+    def prompt_settings(self, config, derived):
+        return {"system_prompt": config.data.system_prompt, "chat_template": config.data.chat_template,
+                "max_new_tokens": config.rollout.max_new_tokens}
+
+    def prompt_keys(self):
+        return PROMPT_KEYS
+
+
+PROMPT_KEYS = {"system_prompt": "data.system_prompt", "chat_template": "data.chat_template",
+               "max_new_tokens": "rollout.max_new_tokens"}

@@ -57,7 +57,11 @@ def max_sequence_tokens(config) -> int | None:
 
 
 def derived(config, world_size: int) -> dict:
-    """The values that follow from the options and the world size (``--print-config``, ``config.json``)."""
+    """The values that follow from the options and the world size (``--print-config``, ``config.json``); with
+    vLLM servers, what ``rollout.vllm.borrow_threads`` comes to on this host (``borrow_threads``)."""
+    from ..rollout.borrowing import shown_borrowing
+
+    borrowing = shown_borrowing(config.rollout, world_size)
     return {
         "world_size": world_size,
         "prompts_per_rank": prompts_per_rank(config, world_size),
@@ -67,4 +71,5 @@ def derived(config, world_size: int) -> dict:
         "micro_batch_size_per_rank": None if config.train.micro_batch_tokens else config.train.micro_batch_size,
         "optimizer_steps_per_step": updates_per_step(config, world_size),
         "total_optimizer_steps": config.train.steps * updates_per_step(config, world_size),
+        **({"borrow_threads": borrowing} if borrowing else {}),
     }

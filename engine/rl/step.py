@@ -228,7 +228,7 @@ class RLTrainer:
             sync_weights(self.actor, self.rollout_engine)
         if self.ahead is not None:
             self.ahead.start(start, self.config.train.steps)
-        self.borrowing = borrow_server_cores(self.config, self.ahead)
+        self.borrowing = borrow_server_cores(self.rollout_engine, self.ahead)
 
     def close(self) -> None:
         """The run ended (done, stopped or failed): the sampler thread stops, borrowed threads go back."""

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Sequence
-
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
@@ -17,7 +14,7 @@ from ...rl.algorithms import (
     SCALE_MODES,
     TOKEN_ESTIMATORS,
 )
-from ...rl.checks import vllm_check  # noqa: F401  (GRPO's name for it)
+from ...rl.checks import engine_facts, vllm_check  # noqa: F401  (GRPO's names for them)
 from ...rl.engine_settings import engine_config as rl_engine_config
 from ...rl.engine_settings import resolved  # noqa: F401  (GRPO's name for it)
 from ...rl.sizes import (  # noqa: F401  (GRPO's names for them)
@@ -47,25 +44,6 @@ from .schema import (  # noqa: F401  (the config's sections, by their usual name
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> GRPOConfig:
     """Preset, then the YAML file, then the overrides, in that order (``engine.train.config``)."""
     return train_config.build_config(GRPOConfig, PRESETS, preset, config_file, overrides)
-
-
-def load_config(preset: str | None = None, config_file: str | None = None, overrides: Sequence[str] = (), *,
-                base: GRPOConfig | None = None) -> tuple[GRPOConfig, list[str]]:
-    """The one way training, eval and bench make a GRPO config: ``base`` (a run's ``config.json``, a model
-    directory's preset) or the preset, then the YAML file, then the ``key=value`` overrides, then the migrations of
-    renamed keys (``apply_loss_type``, applied here and nowhere else). Returns the config and the migrations'
-    notices; ``require_valid`` (or eval's own rules) checks it next."""
-    if base is None:
-        config = build_config(preset, config_file, list(overrides))
-    else:
-        if preset:
-            raise ValueError("--preset is for a new config: this one starts from an existing configuration")
-        config = copy.deepcopy(base)
-        if config_file:
-            apply(config, train_config.read_config_file(config_file))
-        for override in overrides:
-            apply(config, parse_override(override))
-    return config, apply_loss_type(config)
 
 
 def require_valid(config: GRPOConfig, world_size: int) -> None:

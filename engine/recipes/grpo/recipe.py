@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from ...rl.recipe import RLRecipe
 from . import config as grpo_config
-from .report import CURVES
+from .evaluate import HELP as EVAL_HELP
+from .report import CURVES, curves_for
 
 HELP = """GRPO post-training of a causal language model on prompts with a reward (GSM8K-style data and your own
 reward functions; multi-turn rollouts with tools).
@@ -37,16 +38,38 @@ class GRPORecipe(RLRecipe):
     name, tool, help = "grpo", "accel-grpo", HELP
     schema, presets, curves = grpo_config.GRPOConfig, grpo_config.PRESETS, CURVES
     trainer = "engine.recipes.grpo.trainer:GRPOTrainer"
+    # --resume may not change what the run means (the RL layer's and the frame's, and GRPO's loss).
+    resume_fixed = {**RLRecipe.resume_fixed, "algorithm.loss_type": "the loss"}
+    eval_help = EVAL_HELP
 
     @property
     def commands(self):
-        from . import evaluate
         from .tiny_model_command import main as make_tiny_model_main
 
-        return {"make-tiny-model": make_tiny_model_main, "eval": evaluate.main}
+        return {"make-tiny-model": make_tiny_model_main}
 
     def migrate(self, config):
         return grpo_config.apply_loss_type(config)
 
     def check(self, config, world_size):
         return grpo_config.check(config, world_size)
+
+    def curves_for(self, config):
+        return curves_for(config.algorithm)
+
+    # -- eval: held-out prompts scored with the run's rewards (engine/train/evaluate.py does the rest) ---------
+
+    def eval_problems(self, config, target, world_size):
+        from .evaluate import problems
+
+        return problems(config, target, world_size)
+
+    def eval_inputs(self, config):
+        from .evaluate import load_inputs
+
+        return load_inputs(config)
+
+    def evaluate(self, config, model_dir, backend):
+        from .evaluate import evaluate
+
+        return evaluate(config, model_dir, backend)

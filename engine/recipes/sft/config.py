@@ -24,15 +24,15 @@ LOSS_ON = ("auto", "assistant", "completion", "all")
 class DataConfig:
     path: str | None = None  # JSONL, JSON, Parquet file or a datasets save_to_disk directory; null: the demo task
     format: str = "auto"  # auto (from the columns; the choice is printed), text, messages or prompt_completion
-    text_key: str = "text"
-    messages_key: str = "messages"
-    prompt_key: str = "prompt"
-    completion_key: str = "completion"
+    text_key: str = "text"  # the column of plain text (data.format=text)
+    messages_key: str = "messages"  # the column of a conversation: a list of {"role", "content"} messages
+    prompt_key: str = "prompt"  # prompt_completion: the prompt column (text or messages)
+    completion_key: str = "completion"  # prompt_completion: the completion column (text or messages)
     tools_key: str = "tools"  # a row's tool schemas, passed to the chat template when present
     max_length: int = 1024  # tokens per example
     truncation: str = "keep_start"  # longer examples: keep_start (cut the end), drop (count them), error
     empty_mask: str = "error"  # an example with no supervised token: error (naming the row) or drop (counted)
-    val_path: str | None = None
+    val_path: str | None = None  # held-out examples for validation (the same formats as data.path)
     val_fraction: float = 0.0  # or hold out this share of data.path; data.val_path wins (the demo task: 3%)
     demo_examples: int = 2048  # the demo task's size
 
@@ -40,7 +40,7 @@ class DataConfig:
 @dataclasses.dataclass
 class TrainConfig:
     loss_on: str = "auto"  # assistant (conversations), completion (prompt-completion), all; auto: by format
-    epochs: float = 1.0
+    epochs: float = 1.0  # passes over the training examples (fractions allowed), unless train.steps is set
     steps: int | None = None  # optimizer steps; null: as many as data.epochs passes over the data make
     batch_size: int = 16  # sequences per optimizer step over ALL ranks (whatever the world size)
     batch_tokens: int | None = None  # or: sequences per step until their tokens reach this (replaces batch_size)

@@ -38,6 +38,7 @@ class SFTData:
     dropped_long: int = 0
     dropped_empty: int = 0
     truncated: int = 0
+    system_prompt: str | None = None  # the system message every training conversation begins with, if they share one
 
     def summary(self) -> str:
         parts = [f"{len(self.train)} training examples", f"{len(self.val)} validation",
@@ -69,6 +70,19 @@ def _tokenize_all(examples: list[Example], tokenizer, loss_on: str, d, data: SFT
     return kept
 
 
+def shared_system_prompt(examples: list[Example]) -> str | None:
+    """The system message every conversation begins with, when they all begin with the same one."""
+    found = set()
+    for example in examples:
+        messages = example.messages if example.messages is not None else example.prompt
+        if not isinstance(messages, list) or not messages or messages[0].get("role") != "system":
+            return None
+        found.add(str(messages[0].get("content")))
+        if len(found) > 1:
+            return None
+    return found.pop() if found else None
+
+
 def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
     d, columns = data_config, Columns.of(data_config)
     fraction = d.val_fraction
@@ -87,7 +101,7 @@ def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
         val_examples = [e for i, e in enumerate(examples) if i in held]
         examples = [e for i, e in enumerate(examples) if i not in held]
     resolved = resolve_loss_on(loss_on, fmt)
-    data = SFTData([], [], fmt, resolved)
+    data = SFTData([], [], fmt, resolved, system_prompt=shared_system_prompt(examples))
     data.train = _tokenize_all(examples, tokenizer, resolved, d, data)
     data.val = _tokenize_all(val_examples, tokenizer, resolved, d, data)
     if not data.train:

@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 MODES = ("colocate", "server")
-OWN_ENGINE = "gloo"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
+OWN_ENGINE = "accel"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
+OWN_ENGINES = (OWN_ENGINE, "gloo")  # "gloo": its name while it ran on the CPU only (plugin.py registers both)
+
+
+def transfer_engine(settings, facts) -> str:
+    """The weight-transfer engine servers take weights through: ``rollout.vllm.weight_transfer``, else the
+    device's (``inference_engine_facts().weight_transfer``: this package's own on every built-in device)."""
+    return getattr(settings, "weight_transfer", None) or facts.weight_transfer
+
+
+def is_own_engine(engine: str) -> bool:
+    return engine in OWN_ENGINES
 
 
 def local_servers(settings) -> int:
@@ -13,16 +24,26 @@ def local_servers(settings) -> int:
     return 0 if settings.server_urls else 1
 
 
+AUTO = "auto"  # rollout.vllm.borrow_threads: the servers' cores where they pay (cores.py)
+
+
+def borrow_setting_problem(value) -> str | None:
+    if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return None
+    return f"rollout.vllm.borrow_threads must be auto or an integer >= 0 (0: never borrow), got {value!r}"
+
+
 def server_problems(settings, facts) -> list[str]:
     """Problems with the server-mode keys, as sentences (none in colocate mode but a bad ``mode``)."""
     if settings.mode not in MODES:
         return [f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"]
     borrow = settings.borrow_threads
-    if not isinstance(borrow, int) or isinstance(borrow, bool) or borrow < 0:
-        return [f"rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got {borrow!r}"]
+    if borrow_setting_problem(borrow):
+        return [borrow_setting_problem(borrow)]
     if settings.mode != "server":
-        return [] if not borrow else [f"rollout.vllm.borrow_threads={borrow} borrows the cores of idle vLLM "
-                                      f"servers: it needs rollout.vllm.mode=server (this run colocates); set it to 0"]
+        return [] if borrow in (0, AUTO) else [
+            f"rollout.vllm.borrow_threads={borrow} borrows the cores of idle vLLM servers: it needs "
+            f"rollout.vllm.mode=server (this run colocates); set it to auto or 0"]
     problems = []
     servers, urls = settings.servers, settings.server_urls
     if servers is not None and (not isinstance(servers, int) or isinstance(servers, bool) or servers < 0):
@@ -45,14 +66,19 @@ def server_problems(settings, facts) -> list[str]:
     if not isinstance(settings.server_args, dict):
         problems.append(f"rollout.vllm.server_args must be a mapping of api_server arguments, got "
                         f"{settings.server_args!r}")
-    problems += trainer_side_problems(facts.weight_transfer)
+    engine = settings.weight_transfer
+    if engine is not None and (not isinstance(engine, str) or not engine):
+        problems.append(f"rollout.vllm.weight_transfer must be a weight-transfer engine's name or null (this "
+                        f"package's own, {OWN_ENGINE!r}, over the device's weight group), got {engine!r}")
+    else:
+        problems += trainer_side_problems(transfer_engine(settings, facts))
     return problems
 
 
 def trainer_side_problems(engine: str, factory=None) -> list[str]:
-    """The weight-transfer engine needs a trainer side: this package's own gloo wire, or one vLLM (or a vLLM
-    platform package) registers under the engine's name, importable in the trainer's Python."""
-    if engine == OWN_ENGINE:
+    """The weight-transfer engine needs a trainer side: this package's own wire, or one vLLM (or a vLLM platform
+    package) registers under the engine's name, importable in the trainer's Python."""
+    if is_own_engine(engine):
         return []
     from .client import ServerError
     from .vllm_wire import VLLMTrainerFactory
