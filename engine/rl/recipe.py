@@ -1,7 +1,8 @@
 """``RLRecipe``: the frame's ``Recipe`` (``engine/train/recipe.py``) for a trainer on the RL step. A subclass names
 itself, its schema (the RL layer's sections, ``schema.py``, and its own ``algorithm`` section), its presets and
 checks, and its trainer (an ``RLTrainer`` subclass passing its ``Algorithm``); planning, building, the step,
-validation, the run's model for ``export`` and the closing line are here."""
+validation, ``eval``, the run's model for ``export``, what ``--resume`` may not change, the prompt settings an
+export remembers and the closing line are here."""
 
 from __future__ import annotations
 
@@ -82,6 +83,33 @@ class RLRecipe(Recipe):
 
     def prompt_keys(self):
         return PROMPT_KEYS
+
+    # -- eval: held-out prompts scored with the run's rewards (evaluate.py; engine/train/evaluate.py does the rest)
+
+    @property
+    def eval_help(self) -> str:
+        from .evaluate import eval_help
+
+        return eval_help(self.tool)
+
+    def eval_offload(self, config) -> bool:
+        """Whether the evaluated model keeps its parameters in host memory between uses (a frozen engine's)."""
+        return False
+
+    def eval_problems(self, config, target, world_size):
+        from .evaluate import problems
+
+        return problems(config, target, world_size)
+
+    def eval_inputs(self, config):
+        from .evaluate import load_inputs
+
+        return load_inputs(config)
+
+    def evaluate(self, config, model_dir, backend):
+        from .evaluate import evaluate
+
+        return evaluate(config, model_dir, backend, self.eval_offload(config))
 
 
 PROMPT_KEYS = {"system_prompt": "data.system_prompt", "chat_template": "data.chat_template",

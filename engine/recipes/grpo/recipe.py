@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from ...rl.recipe import RLRecipe
 from . import config as grpo_config
-from .evaluate import HELP as EVAL_HELP
 from .report import CURVES, curves_for
 
 HELP = """GRPO post-training of a causal language model on prompts with a reward (GSM8K-style data and your own
@@ -40,7 +39,6 @@ class GRPORecipe(RLRecipe):
     trainer = "engine.recipes.grpo.trainer:GRPOTrainer"
     # --resume may not change what the run means (the RL layer's and the frame's, and GRPO's loss).
     resume_fixed = {**RLRecipe.resume_fixed, "algorithm.loss_type": "the loss"}
-    eval_help = EVAL_HELP
 
     @property
     def commands(self):
@@ -57,19 +55,5 @@ class GRPORecipe(RLRecipe):
     def curves_for(self, config):
         return curves_for(config.algorithm)
 
-    # -- eval: held-out prompts scored with the run's rewards (engine/train/evaluate.py does the rest) ---------
-
-    def eval_problems(self, config, target, world_size):
-        from .evaluate import problems
-
-        return problems(config, target, world_size)
-
-    def eval_inputs(self, config):
-        from .evaluate import load_inputs
-
-        return load_inputs(config)
-
-    def evaluate(self, config, model_dir, backend):
-        from .evaluate import evaluate
-
-        return evaluate(config, model_dir, backend)
+    def eval_offload(self, config):
+        return config.algorithm.ref_param_offload  # evaluated as the reference model is held
