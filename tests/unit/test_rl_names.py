@@ -5,8 +5,8 @@ import importlib
 
 import pytest
 
-MOVED = ("ahead", "algorithms", "batches", "groups", "logprobs", "model", "prompt_types", "prompts", "rewards",
-         "rollout_correction", "scoring", "tokenizer", "validation")
+MOVED = ("ahead", "algorithms", "batches", "evaluate", "groups", "logprobs", "model", "prompt_types", "prompts",
+         "rewards", "rollout_correction", "scoring", "step_metrics", "tokenizer", "validation")
 
 
 @pytest.mark.parametrize("name", MOVED)

@@ -1,5 +1,5 @@
-"""What ``accel-grpo eval`` scores (the frame's eval command, ``engine/train/evaluate.py``, does the rest): a run's
-validation on its own, for a base model or a checkpoint.
+"""What an RL recipe's ``eval`` scores (``accel-grpo eval``; the frame's eval command, ``engine/train/evaluate.py``,
+does the rest): a run's validation on its own, for a base model or a checkpoint.
 
 The same code as in-run validation (``validation.validate``: ``rollout.val_n`` samples per held-out prompt, greedy
 when ``rollout.val_temperature`` is 0, the run's reward functions, ``val/reward_mean`` and ``val/accuracy``); the
@@ -11,20 +11,24 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from ...rl.model import BUILTIN_MODEL, check_model_dir
-from ...train.recipe import Evaluation
-from .config import GRPOConfig, engine_config, prompts_per_rank
+from ..train.recipe import Evaluation
+from .engine_settings import engine_config
+from .model import BUILTIN_MODEL, check_model_dir
+from .sizes import prompts_per_rank
 
-HELP = """accel-grpo eval scores held-out prompts with the run's rewards: val/reward_mean and val/accuracy
+
+def eval_help(tool: str) -> str:
+    """``<tool> eval --help``'s paragraph."""
+    return f"""{tool} eval scores held-out prompts with the run's rewards: val/reward_mean and val/accuracy
 (rollout.val_n samples per prompt, greedy when rollout.val_temperature is 0), every scored response in
 samples.jsonl.
 
 examples:
-  accel-grpo eval runs/NAME data.val_path=test.jsonl
-  accel-grpo eval /models/Qwen2.5-0.5B-Instruct data.val_path=test.parquet rollout.engine=vllm"""
+  {tool} eval runs/NAME data.val_path=test.jsonl
+  {tool} eval /models/Qwen2.5-0.5B-Instruct data.val_path=test.parquet rollout.engine=vllm"""
 
 
-def problems(config: GRPOConfig, target: dict, world_size: int) -> list[str]:
+def problems(config, target: dict, world_size: int) -> list[str]:
     """What would stop an evaluation, as sentences (the training-only rules of ``config.check`` do not apply)."""
     found = []
     d, r = config.data, config.rollout
@@ -41,19 +45,19 @@ def problems(config: GRPOConfig, target: dict, world_size: int) -> list[str]:
     if d.chat_template not in ("auto", "none"):
         found.append(f"data.chat_template must be auto or none, got {d.chat_template!r}")
     if not found and config.rollout.engine == "vllm":  # vLLM missing, rollout.vllm.* settings
-        from .config import vllm_check
+        from .checks import vllm_check
 
         found += vllm_check(config, world_size)
     return found
 
 
-def load_inputs(config: GRPOConfig) -> dict:
+def load_inputs(config) -> dict:
     """Load what the workers will (rewards, tokenizer, every held-out row) so that bad input fails here. Without
     ``data.max_prompt_tokens`` it becomes the longest held-out prompt, so that the rollout engine (vLLM's context)
     is sized for the data evaluated."""
-    from ...rl.model import build_model
-    from ...rl.prompts import data_spec, needs_answers, validation_set
-    from ...rl.rewards import load_rewards
+    from .model import build_model
+    from .prompts import data_spec, needs_answers, validation_set
+    from .rewards import load_rewards
 
     spec = data_spec(config)
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
@@ -70,18 +74,15 @@ def load_inputs(config: GRPOConfig) -> dict:
             "reward": config.data.reward or config.data.task}
 
 
-def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
+def evaluate(config, model_dir: str | None, backend, offload: bool = False) -> Evaluation:
     """This rank's share of the validation: the model built frozen (``model_dir``'s weights, the tokenizer the
-    run's own), validated with the run's rollout engine and sampling settings."""
+    run's own; ``offload``: its parameters in host memory between uses), validated with the run's rollout engine
+    and sampling settings."""
     import torch.distributed as dist
     from transformers.utils import logging
 
-    from ... import FSDPEngine
-    from ...rl.model import build_model
-    from ...rl.prompts import data_spec, needs_answers, validation_set
-    from ...rl.rewards import load_rewards
-    from ...rl.validation import validate
-    from ...rollout import (
+    from .. import FSDPEngine
+    from ..rollout import (
         RolloutContext,
         SingleTurnRollout,
         create_rollout_engine,
@@ -89,8 +90,12 @@ def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
         sampling_configs,
         sync_weights,
     )
-    from ...runtime import sum_over_ranks
-    from .config import max_sequence_tokens
+    from ..runtime import sum_over_ranks
+    from .model import build_model
+    from .prompts import data_spec, needs_answers, validation_set
+    from .rewards import load_rewards
+    from .sizes import max_sequence_tokens
+    from .validation import validate
 
     logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
     world_size = dist.get_world_size()
@@ -100,7 +105,7 @@ def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
     samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is. Evaluation only generates, on
     # whole sequences: a run trained with sequence parallelism is evaluated without it, on any number of processes.
-    options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0,
+    options = dataclasses.replace(engine_config(config, world_size, frozen_offload=offload), lora_rank=0,
                                   sequence_parallel_size=1)
     engine = FSDPEngine(model_dir or source, options, backend)
     # The same rollout engine and sampling settings as in-run validation (rollout.engine, rollout.val_*).
