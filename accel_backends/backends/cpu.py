@@ -20,6 +20,7 @@ class CPUBackend(DeviceBackend):
     device_type = "cpu"
     dist_backend = "gloo"
     priority = 0
+    collective_reduce_dtypes = None  # gloo reduces every dtype
 
     def __init__(self) -> None:
         self._peak = None  # created on first use: constructing a backend must stay cheap
