@@ -10,7 +10,7 @@ from .torch_import import import_torch
 
 import_torch()  # before anything imports torch: a broken device-backend autoload gets a diagnosis, not a traceback
 
-from .base import DeviceBackend, InferenceEngineFacts, SequenceParallelFacts
+from .base import DeviceBackend, InferenceEngineFacts, SequenceParallelFacts, WeightGroup
 from .distributed import DistributedInfo
 from .errors import (
     AccelBackendError,
@@ -47,6 +47,7 @@ __all__ = [
     "MemoryStats",
     "PluginLoadWarning",
     "SequenceParallelFacts",
+    "WeightGroup",
     "add_hookspecs",
     "get_backend",
     "hook",

@@ -39,11 +39,13 @@ class InferenceEngineFacts:
     head size the engine's kernels take on this device (0: no known limit).
 
     For vLLM servers (``rollout.vllm.mode=server``): ``weight_transfer``, the weight-transfer engine that carries
-    the trainer's weights into the servers on this device (the name given to a server's ``--weight-transfer-config``:
-    vLLM's ``nccl``, vllm-ascend's ``hccl``, the ``gloo`` engine this package registers in vLLM, or a third-party
-    one), and ``weight_transfer_settings``, the weight group's settings sent with the engine's init info (e.g. its
-    timeout; an engine with its own trainer half takes those its init info declares). The trainer half of any
-    engine but ``gloo`` comes from vLLM's ``WeightTransferTrainerFactory`` under the same name.
+    the trainer's weights into the servers (the name given to a server's ``--weight-transfer-config``). The default,
+    ``accel``, is this package's own engine on every device: its process group is the backend's
+    (``DeviceBackend.new_weight_group``), its receiving half registered inside vLLM by this package. Another name
+    (vLLM's ``nccl``, a third party's) is an engine whose trainer half comes from vLLM's
+    ``WeightTransferTrainerFactory`` under that name. ``weight_transfer_settings``: the weight group's settings sent
+    with the engine's init info (e.g. its timeout; an engine with its own trainer half takes those its init info
+    declares).
     """
 
     package: str = "vllm"
@@ -54,8 +56,18 @@ class InferenceEngineFacts:
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     engine_args: dict[str, Any] = dataclasses.field(default_factory=dict)
     min_head_size: int = 0
-    weight_transfer: str = "nccl"
-    weight_transfer_settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    weight_transfer: str = "accel"
+    weight_transfer_settings: dict[str, Any] = dataclasses.field(default_factory=lambda: {"timeout_s": 600.0})
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightGroup:
+    """A process group that carries a trainer's weights to inference servers (``DeviceBackend.new_weight_group``):
+    ``group``, a torch process-group backend (``broadcast(tensors, options)`` returning a work to wait on), and
+    ``device``, where the tensors it moves must live (the host for gloo, the device for the device's library)."""
+
+    group: Any
+    device: torch.device
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,6 +334,20 @@ class DeviceBackend:
         import torch.distributed as dist
 
         return dist.new_group(ranks=list(ranks), backend=self.dist_backend)
+
+    def new_weight_group(self, store: Any, rank: int, world_size: int, timeout_s: float) -> WeightGroup:
+        """The process group that pushes a trainer's weights into vLLM servers: the trainer's sender at rank 0,
+        the servers' workers after it, meeting at ``store`` (the TCP store the trainer's sender hosts; each member
+        is in the trainer's job or in a server, never in both, so this is not a group of the default one). Built
+        by the trainer and, inside every server, by this package's receiving engine through the same backend.
+
+        The default is gloo over host memory (every device can stage its weights through the host); a device with
+        a collective library of its own returns that library's group on its device (cuda: NCCL, npu: HCCL). The
+        wire calls only ``broadcast`` from rank 0, on the caller's current stream, and waits on each work."""
+        from torch.distributed import ProcessGroupGloo
+
+        group = ProcessGroupGloo(store, rank, world_size, datetime.timedelta(seconds=timeout_s))
+        return WeightGroup(group, torch.device("cpu"))
 
     def all_to_all(self, output: torch.Tensor, input: torch.Tensor, group: Any = None) -> None:
         """Chunk ``i`` of ``input`` (along dim 0, one per rank of ``group``) goes to rank ``i``; ``output`` receives

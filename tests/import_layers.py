@@ -10,11 +10,12 @@ from pathlib import Path
 PACKAGES = ("accel_backends", "engine")
 
 # The floors, lowest first: the engine itself (everything under engine/ not named here) < the rollout layer < the
-# training frame < the trainers (recipes, and the compatibility packages engine/grpo and engine/sft) < the benchmarks.
-FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"),
-          ("engine.recipes", 3, "a recipe"), ("engine.grpo", 3, "a recipe"), ("engine.sft", 3, "a recipe"),
-          ("engine.bench", 4, "engine/bench"))
-BENCH = 4
+# training frame < the RL layer < the trainers (recipes, and the compatibility packages engine/grpo and engine/sft) <
+# the benchmarks.
+FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"), ("engine.rl", 3, "engine/rl"),
+          ("engine.recipes", 4, "a recipe"), ("engine.grpo", 4, "a recipe"), ("engine.sft", 4, "a recipe"),
+          ("engine.bench", 5, "engine/bench"))
+BENCH = 5
 # What the floors above the engine may use of it: its public API, not the mechanics under it.
 PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing", "engine.tiny_model",
               "engine.hookspecs", "engine.output_layer", "engine.object_loader", "engine.demo_model",

@@ -1,4 +1,4 @@
-"""The layers hold (docs/architecture.md): floors engine < rollout < train < recipes < bench with no upward import,
+"""The layers hold (docs/architecture.md): floors engine < rollout < train < rl < recipes < bench with no upward import,
 the floors above the engine on its public API, recipes never importing each other, no import cycles; and the
 checks behind that verdict find each kind of violation they look for."""
 
@@ -47,10 +47,14 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
         "engine/train/recipe.py": "",
         "engine/train/loop.py": "def run():\n    from ..recipes.grpo import trainer\n",
         "engine/train/report.py": "from ..fsdp import sharding\n",
+        "engine/rl/__init__.py": "",
+        "engine/rl/batches.py": "from ..train import recipe\nfrom ..rollout import single_turn\n"
+                                "def plan():\n    from ..recipes.grpo import config\n",  # a recipe's, lazily
+        "engine/rl/logprobs.py": "from ..fsdp import sharding\nfrom .. import FSDPEngine\n",
         "engine/recipes/__init__.py": "",
         "engine/recipes/grpo/__init__.py": "",
         "engine/recipes/grpo/trainer.py": "from ...rollout import single_turn\nfrom ...train import loop\n"
-                                          "from ...bench import cli\n",
+                                          "from ...bench import cli\nfrom ...rl import batches\n",
         "engine/recipes/grpo/config.py": "from .model import BUILTIN\n",
         "engine/recipes/grpo/model.py": "def check():\n    from .config import X\n",
         "engine/recipes/sft/__init__.py": "",
@@ -68,13 +72,19 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
         in found
     assert "engine.train.report -> engine.fsdp.sharding (engine/train uses the engine's public API only)" in found
     assert "engine.recipes.grpo.trainer -> engine.bench.cli (a recipe imports nothing above it" in found
+    assert "engine/rl/batches.py:4: engine.rl.batches -> engine.recipes.grpo.config (engine/rl imports nothing above " \
+        "it (a recipe))" in found
+    assert "engine.rl.logprobs -> engine.fsdp.sharding (engine/rl uses the engine's public API only)" in found
     assert "engine.recipes.sft.cli -> engine.recipes.grpo.config (recipes never import each other)" in found
+    # downward, the public API, the bench's measurements
     allowed = ("engine.rollout.single_turn -> engine (", "-> engine.rollout.single_turn (",
                "engine.recipes.grpo.trainer -> engine.train.loop (",
                "engine.recipes.sft.cli -> engine.train.recipe (", "-> engine.recipes.sft.cli (",
-               "engine.bench.cli -> engine.fsdp.sharding (")  # downward, the public API, the bench's measurements
+               "engine.bench.cli -> engine.fsdp.sharding (", "engine.rl.batches -> engine.train.recipe (",
+               "engine.rl.batches -> engine.rollout.single_turn (", "engine.rl.logprobs -> engine (",
+               "engine.recipes.grpo.trainer -> engine.rl.batches (")
     assert not [a for a in allowed if a in found], found
-    assert len(found.splitlines()) == 9, found
+    assert len(found.splitlines()) == 11, found
     cycles = {tuple(cycle) for cycle in import_cycles(root)}
     assert ("engine.recipes.grpo.config", "engine.recipes.grpo.model", "engine.recipes.grpo.config") in cycles
     assert ("engine.fsdp.offload", "engine.runtime.launcher", "engine.fsdp.offload") in cycles

@@ -239,3 +239,38 @@ def test_attention_choice_is_the_ascend_flash_attention_when_torch_npu_works(sta
     assert NPUBackend().attention_implementation(packed=True) == "flash_attention_2"
     fake_torch_npu('raise ImportError("libhccl.so: cannot open shared object file")\n')
     assert NPUBackend().attention_implementation(packed=True) == "sdpa"
+
+
+class _RecordingHCCL:
+    """Stand-in for torch_npu's ``ProcessGroupHCCL`` (NOT HCCL): records how it was built."""
+
+    built: list = []
+
+    class Options:
+        def __init__(self):
+            self._timeout = None
+
+    def __init__(self, store, rank, size, options_or_timeout):
+        timeout = getattr(options_or_timeout, "_timeout", options_or_timeout)
+        _RecordingHCCL.built.append((store, rank, size, timeout, type(options_or_timeout).__name__))
+
+
+@pytest.mark.parametrize("options", [True, False], ids=["options", "older-timeout-only"])
+def test_the_weight_group_for_vllm_servers_is_hccl_on_the_local_npu(standin, monkeypatch, options):
+    import datetime
+
+    import torch_npu
+
+    group_class = type("ProcessGroupHCCL", (_RecordingHCCL,), {} if options else {"Options": None})
+    monkeypatch.setattr(torch_npu, "_C", types.SimpleNamespace(
+        _distributed_c10d=types.SimpleNamespace(ProcessGroupHCCL=group_class)), raising=False)
+    _RecordingHCCL.built = []
+    backend = NPUBackend()
+    backend.set_device(1)
+    store = dist.HashStore()
+    made = backend.new_weight_group(store, 2, 3, 60.0)
+    assert isinstance(made.group, _RecordingHCCL) and made.device == torch.device("npu", 1)
+    assert _RecordingHCCL.built == [(store, 2, 3, datetime.timedelta(seconds=60),
+                                     "Options" if options else "timedelta")]
+    facts = backend.inference_engine_facts()
+    assert facts.weight_transfer == "accel"  # this package's engine: vllm-ascend's hccl has no trainer half

@@ -1,5 +1,6 @@
 """rollout.vllm.mode=server for real (the vLLM leg, ci/test-vllm.sh): vLLM's CPU build as separate servers, weights
-pushed over the gloo weight-transfer engine that this package registers inside them (vllm.general_plugins).
+pushed over this package's weight-transfer engine (accel, registered inside them through vllm.general_plugins, under
+both its names) on the CPU backend's weight group (gloo).
 
 One server, shared by the module (started by the same plan the engine uses), takes pushes from FSDP2 and LoRA
 policies on 1 and 2 trainer ranks: its log-probs of fixed token sequences equal the trainer's after a push and
@@ -41,7 +42,7 @@ def model_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(model_dir, tmp_path_factory):
-    """One vLLM server with the gloo weight-transfer engine, as the engine would start it."""
+    """One vLLM server with this package's weight-transfer engine, as the engine would start it."""
     from accel_backends.backends.cpu import CPUBackend
     from accel_backends.spawn import free_port
     from engine.rollout.engines.vllm_settings import VLLMConfig
@@ -418,3 +419,14 @@ def test_a_resumed_run_samples_ahead_from_its_checkpoints_weights(tmp_path, mode
     assert drift > 1e-3, before  # one update moves the log-probs visibly: step 6's weights would have failed
     assert all(row["rollout/staleness_max"] <= 1 and row["rollout/dropped_stale"] == 0 for row in after[3:])
     print({"first_resumed_diff": first["rollout/logprob_diff_max"], "one_update_drift": drift})
+
+
+def test_the_plugin_registers_one_receiving_engine_under_both_names():
+    from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
+
+    from engine.rollout.vllm_server import plugin
+
+    plugin.register()
+    plugin.register()  # vLLM loads general plugins more than once per process
+    engines = {name: WeightTransferEngineFactory._registry[name]() for name in plugin.ENGINE_NAMES}
+    assert {cls.__name__ for cls in engines.values()} == {"AccelWeightTransferEngine"}

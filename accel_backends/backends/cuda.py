@@ -12,7 +12,7 @@ import subprocess
 
 import torch
 
-from ..base import DeviceBackend, InferenceEngineFacts
+from ..base import DeviceBackend, InferenceEngineFacts, WeightGroup
 from ..hookspecs import hookimpl
 
 
@@ -29,9 +29,22 @@ class CUDABackend(DeviceBackend):
     def inference_engine_facts(self) -> InferenceEngineFacts:
         """vLLM on NVIDIA/ROCm GPUs: sleep level 1 (weights to host memory, KV cache dropped) during the update;
         weights replaced through the worker's ``reload_weights``; memory by ``gpu_memory_utilization``; servers take
-        weights through vLLM's ``nccl`` engine. Not run on a GPU here: these follow vLLM's documentation."""
+        weights through this package's engine over an NCCL weight group (``new_weight_group``; vLLM's own ``nccl``
+        engine stays selectable). Not run on a GPU here: these follow vLLM's documentation."""
         return InferenceEngineFacts(package="vllm (pip install vllm: it pins its own torch)", sleep_level=1,
-                                    weight_reload="reload_weights", memory_fraction=True, weight_transfer="nccl")
+                                    weight_reload="reload_weights", memory_fraction=True)
+
+    def new_weight_group(self, store, rank: int, world_size: int, timeout_s: float) -> WeightGroup:
+        """An NCCL group on this process's GPU (its communicator is made at the first broadcast, by every member
+        at once). NCCL runs each collective on its own stream after the caller's current stream and makes the
+        caller's stream wait on the work: the tensors stay ordered with the stream that produced them."""
+        import datetime
+
+        from torch.distributed import ProcessGroupNCCL
+
+        options = ProcessGroupNCCL.Options()
+        options._timeout = datetime.timedelta(seconds=timeout_s)
+        return WeightGroup(ProcessGroupNCCL(store, rank, world_size, options), self.device())
 
     @staticmethod
     def platform() -> str:

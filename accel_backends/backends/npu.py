@@ -14,7 +14,7 @@ import re
 
 import torch
 
-from ..base import DeviceBackend, InferenceEngineFacts
+from ..base import DeviceBackend, InferenceEngineFacts, WeightGroup
 from ..errors import BackendUnavailableError
 from ..hookspecs import hookimpl
 
@@ -97,11 +97,29 @@ class NPUBackend(DeviceBackend):
         """vllm-ascend (public reports; not run here): sleep level 1 is the one that works; its worker has no
         ``reload_weights``, so weights go through the model's ``load_weights``; pushing into sleeping memory
         crashes (the engine wakes its weights first); the NZ weight layout must be off for weights replaced in
-        place (``VLLM_ASCEND_ENABLE_NZ=0``). Servers take weights through vllm-ascend's ``hccl`` weight-transfer
-        engine (``vllm_ascend/distributed/weight_transfer``)."""
+        place (``VLLM_ASCEND_ENABLE_NZ=0``). Servers take weights through this package's engine over an HCCL
+        weight group (``new_weight_group``): vllm-ascend's own ``hccl`` engine has a worker half only (its trainer
+        side offers ``npu_ipc``, same-node), so it cannot be selected for servers. Neither ran on a 910B here."""
         return InferenceEngineFacts(package="vllm-ascend (pip install vllm-ascend matching torch_npu and CANN)",
                                     sleep_level=1, weight_reload="load_weights", memory_fraction=True,
-                                    env={"VLLM_ASCEND_ENABLE_NZ": "0"}, weight_transfer="hccl")
+                                    env={"VLLM_ASCEND_ENABLE_NZ": "0"})
+
+    def new_weight_group(self, store, rank: int, world_size: int, timeout_s: float) -> WeightGroup:
+        """torch_npu's ``ProcessGroupHCCL`` on this process's NPU. Its constructor takes options (with the timeout)
+        in recent torch_npu releases and the timeout itself in older ones. HCCL broadcasts uint8 and int64, all
+        the wire sends, on its own stream after the caller's current one."""
+        import datetime
+
+        import torch_npu
+
+        group_class = torch_npu._C._distributed_c10d.ProcessGroupHCCL
+        timeout = datetime.timedelta(seconds=timeout_s)
+        options_class = getattr(group_class, "Options", None)
+        if options_class is None:
+            return WeightGroup(group_class(store, rank, world_size, timeout), self.device())
+        options = options_class()
+        options._timeout = timeout
+        return WeightGroup(group_class(store, rank, world_size, options), self.device())
 
     def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
         """HCCL's connect and execution timeouts of at least 1800 s (Ascend's advice for FSDP), or the group's

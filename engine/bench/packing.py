@@ -97,8 +97,8 @@ def _rollout_micro_batches(data, rank: int, rows_per_rank: int, size: int) -> li
 
 def _rollout_step_fn(trainer, micro_batches_total: int):
     """The trainer's step function as it was before packing (left-padded log-probs, the same loss)."""
-    from ..recipes.grpo.algorithms import aggregate_loss, micro_batch_scale, policy_loss
-    from ..recipes.grpo.logprobs import response_log_probs
+    from ..rl.algorithms import aggregate_loss, micro_batch_scale, policy_loss
+    from ..rl.logprobs import response_log_probs
 
     settings, device = trainer.loss, trainer.backend.device()
 
@@ -130,9 +130,9 @@ def _timed_update(trainer, run) -> tuple[float, float]:
 def run(options, backend, rank) -> dict:
     import torch.distributed as dist
 
-    from ..recipes.grpo import batches
     from ..recipes.grpo.config import check, load_config
     from ..recipes.grpo.trainer import GRPOTrainer
+    from ..rl import batches
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
     config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices

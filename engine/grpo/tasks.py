@@ -1,4 +1,4 @@
 """``engine.grpo.tasks``: the built-in rewards at the path configs name them by (``data.reward=
-engine.grpo.tasks:echo_reward``); they live in ``engine/recipes/grpo/prompts.py``."""
+engine.grpo.tasks:echo_reward``); they live in ``engine/rl/prompts.py``."""
 
-from ..recipes.grpo.prompts import EchoTask, echo_reward, final_number, gsm8k_reward  # noqa: F401
+from ..rl.prompts import EchoTask, echo_reward, final_number, gsm8k_reward  # noqa: F401

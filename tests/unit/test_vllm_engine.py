@@ -73,7 +73,7 @@ def test_vllm_is_a_built_in_engine_and_its_settings_are_in_the_resolved_config()
                      "max_model_len": None, "enforce_eager": True, "dtype": None, "llm_args": {},
                      "mode": "colocate", "servers": None, "server_urls": [], "server_port": 0, "server_devices": [],
                      "server_args": {}, "server_start_timeout_s": 600.0, "weight_transfer_address": None,
-                     "borrow_threads": 0}
+                     "weight_transfer": None, "borrow_threads": 0}
     config = _vllm_config("rollout.vllm.llm_args.max_num_seqs=64", "rollout.vllm.tensor_parallel_size=2")
     assert config.rollout.vllm.llm_args == {"max_num_seqs": 64} and config.rollout.vllm.tensor_parallel_size == 2
 

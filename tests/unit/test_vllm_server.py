@@ -1,7 +1,7 @@
 """Server mode's pure parts, without vLLM: the settings' checks, the weight-transfer engine each device names and
-the servers a run would start with cuda's and npu's facts (recorded, not started), the command line, the gloo
-wire between two real processes, the guard that ends a server whose trainer died, and the launcher's close /
-one-line-error path that the colocated engine's shutdown relies on."""
+the servers a run would start with cuda's and npu's facts (recorded, not started), the command line, the weight
+wire between two real processes (the CPU backend's gloo group), the guard that ends a server whose trainer died,
+and the launcher's close / one-line-error path that the colocated engine's shutdown relies on."""
 
 import dataclasses
 import importlib.util
@@ -21,14 +21,15 @@ from accel_backends.backends.npu import NPUBackend
 from engine import runtime
 from engine.rollout.engines.registry import RolloutEngineError
 from engine.rollout.engines.vllm_settings import VLLMConfig, check_settings
-from engine.rollout.vllm_server import gloo_wire
+from engine.rollout.vllm_server import weight_wire
 from engine.rollout.vllm_server.manager import cli_arguments
 from engine.rollout.vllm_server.model_signature import signature_differences
 from engine.rollout.vllm_server.plan import server_options, server_specs
 from engine.rollout.vllm_server.settings import local_servers, server_problems
 from engine.runtime.teardown import at_group_end
 
-GLOO = CPUBackend().inference_engine_facts()
+CPU = CPUBackend()
+GLOO = CPU.inference_engine_facts()
 
 
 def _server(**fields):
@@ -38,11 +39,16 @@ def _server(**fields):
 # -- settings --------------------------------------------------------------------------------------------------
 
 
-def test_each_device_names_its_weight_transfer_engine():
-    assert GLOO.weight_transfer == "gloo" and GLOO.weight_transfer_settings["timeout_s"] > 0
-    assert CUDABackend().inference_engine_facts().weight_transfer == "nccl"  # vLLM's own engine
-    assert NPUBackend().inference_engine_facts().weight_transfer == "hccl"  # vllm-ascend's
-    assert DeviceBackend().inference_engine_facts().weight_transfer == "nccl"  # a third party names its own
+def test_every_device_takes_weights_through_this_packages_engine_unless_another_is_chosen():
+    from engine.rollout.vllm_server.settings import transfer_engine
+
+    for backend in (CPUBackend(), CUDABackend(), NPUBackend(), DeviceBackend()):  # a third party's too
+        facts = backend.inference_engine_facts()
+        assert facts.weight_transfer == "accel" and facts.weight_transfer_settings["timeout_s"] > 0
+        assert transfer_engine(_server(), facts) == "accel"
+    assert transfer_engine(_server(weight_transfer="nccl"), GLOO) == "nccl"  # vLLM's own, where it has one
+    (bad,) = server_problems(_server(weight_transfer=""), GLOO)
+    assert bad.startswith("rollout.vllm.weight_transfer must be a weight-transfer engine's name or null")
 
 
 def test_server_settings_are_checked_as_one_line_each():
@@ -65,8 +71,11 @@ def test_server_settings_are_checked_as_one_line_each():
     (negative,) = server_problems(_server(borrow_threads=-1), GLOO)
     assert negative == "rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got -1"
     assert server_problems(_server(borrow_threads=1), GLOO) == []
-    # CUDA's engine (vLLM's nccl) has its trainer side in vLLM: without vLLM in the trainer's Python, one line.
-    engine = server_problems(_server(), CUDABackend().inference_engine_facts())
+    # This package's engine needs nothing of vLLM in the trainer, on any device; vLLM's nccl, when chosen, has its
+    # trainer side in vLLM: without vLLM in the trainer's Python, one line.
+    assert server_problems(_server(), CUDABackend().inference_engine_facts()) == []
+    assert server_problems(_server(), NPUBackend().inference_engine_facts()) == []  # Ascend: was refused
+    engine = server_problems(_server(weight_transfer="nccl"), CUDABackend().inference_engine_facts())
     if importlib.util.find_spec("vllm") is None:
         (line,) = engine
         assert line.startswith("rollout.vllm.mode=server: pushing into vLLM servers through their device's "
@@ -88,36 +97,39 @@ def _plan(facts, visible, **fields):
     return options, server_specs(settings, facts, visible, options, lambda: next(ports))
 
 
-def test_cpu_servers_take_the_gloo_engine_and_a_kv_cache_in_gib():
+def test_cpu_servers_take_this_packages_engine_and_a_kv_cache_in_gib():
     options, (spec,) = _plan(GLOO, None, kv_cache_gib=1.0, server_args={"max_num_seqs": 8})
-    assert options["weight_transfer_config"] == {"backend": "gloo"} and "gpu_memory_utilization" not in options
+    assert options["weight_transfer_config"] == {"backend": "accel"} and "gpu_memory_utilization" not in options
     assert options["logprobs_mode"] == "processed_logprobs" and options["enable_scale_out"]
     assert spec.env == {"VLLM_CPU_OMP_THREADS_BIND": "nobind", "VLLM_CPU_KVCACHE_SPACE": "1"}
     assert spec.port == 30000 and spec.tensor_parallel_size == 1
     arguments = " ".join(spec.arguments)
-    assert "--weight-transfer-config {\"backend\": \"gloo\"}" in arguments and "--max-num-seqs 8" in arguments
+    assert "--weight-transfer-config {\"backend\": \"accel\"}" in arguments and "--max-num-seqs 8" in arguments
     assert "--no-enable-chunked-prefill" in arguments and "--max-model-len 96" in arguments
 
 
-@pytest.mark.parametrize("backend, engine, visible, env", [
-    (CUDABackend(), "nccl", "CUDA_VISIBLE_DEVICES", {}),
-    (NPUBackend(), "hccl", "ASCEND_RT_VISIBLE_DEVICES", {"VLLM_ASCEND_ENABLE_NZ": "0"}),
-], ids=["nvidia-gpu", "ascend-npu"])
-def test_gpu_and_npu_servers_get_their_engine_devices_and_share(backend, engine, visible, env):
+@pytest.mark.parametrize("backend, chosen, visible, env", [
+    (CUDABackend(), None, "CUDA_VISIBLE_DEVICES", {}),
+    (CUDABackend(), "nccl", "CUDA_VISIBLE_DEVICES", {}),  # vLLM's own engine, chosen
+    (NPUBackend(), None, "ASCEND_RT_VISIBLE_DEVICES", {"VLLM_ASCEND_ENABLE_NZ": "0"}),
+], ids=["nvidia-gpu", "nvidia-gpu-vllm-nccl", "ascend-npu"])
+def test_gpu_and_npu_servers_get_their_engine_devices_and_share(backend, chosen, visible, env):
     facts = backend.inference_engine_facts()
     assert backend.visible_devices_env == visible
     options, specs = _plan(facts, backend.visible_devices_env, servers=2, server_devices=["2,3", "4,5"],
-                           tensor_parallel_size=2, gpu_memory_utilization=0.8, server_port=8100)
-    assert options["weight_transfer_config"] == {"backend": engine} and options["gpu_memory_utilization"] == 0.8
+                           tensor_parallel_size=2, gpu_memory_utilization=0.8, server_port=8100,
+                           weight_transfer=chosen)
+    assert options["weight_transfer_config"] == {"backend": chosen or "accel"}
+    assert options["gpu_memory_utilization"] == 0.8
     assert [s.port for s in specs] == [8100, 8101] and [s.tensor_parallel_size for s in specs] == [2, 2]
     assert [s.env for s in specs] == [{**env, visible: "2,3"}, {**env, visible: "4,5"}]
 
 
 def test_options_become_vllm_command_line_flags():
     assert cli_arguments({"max_model_len": 96, "enforce_eager": True, "enable_chunked_prefill": False,
-                          "weight_transfer_config": {"backend": "gloo"}, "dtype": None}) == [
+                          "weight_transfer_config": {"backend": "accel"}, "dtype": None}) == [
         "--max-model-len", "96", "--enforce-eager", "--no-enable-chunked-prefill",
-        "--weight-transfer-config", '{"backend": "gloo"}']
+        "--weight-transfer-config", '{"backend": "accel"}']
 
 
 def test_another_model_is_named_field_by_field():
@@ -126,38 +138,39 @@ def test_another_model_is_named_field_by_field():
     assert signature_differences(served, {**served, "hidden_size": 64}) == ["hidden_size: served 128, trainer 64"]
 
 
-# -- the gloo wire between two processes --------------------------------------------------------------------------
+# -- the weight wire between two processes (the CPU backend's gloo group) -----------------------------------------
 
 
 def _member(port, queue):
-    group = gloo_wire.open_group("127.0.0.1", port, 1, 2, 60)
+    group = weight_wire.open_group(weight_wire.backend_named("cpu"), "127.0.0.1", port, 1, 2, 60)
     # Plain values, not tensors: a tensor in a queue is shared through a file descriptor this process must outlive.
     queue.put([(name, str(t.dtype), tuple(t.shape), t.float().flatten().tolist()) for name, t in
-               gloo_wire.receive(group)])
+               weight_wire.receive(group)])
 
 
-def test_named_tensors_of_any_dtype_cross_the_gloo_wire():
+def test_named_tensors_of_any_dtype_cross_the_weight_wire():
     import torch
 
     from accel_backends.spawn import free_port
 
     port = free_port()
-    store = gloo_wire.host_store("127.0.0.1", port, 2, 60)
+    store = weight_wire.host_store("127.0.0.1", port, 2, 60)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     member = context.Process(target=_member, args=(port, queue))
     member.start()
-    group = gloo_wire.open_group("127.0.0.1", port, 0, 2, 60, store=store)
+    group = weight_wire.open_group(CPU, "127.0.0.1", port, 0, 2, 60, store=store)
+    assert type(group.group).__name__ == "ProcessGroupGloo" and group.device == torch.device("cpu")
     sent = [("model.layers.0.mlp.up_proj.weight", torch.randn(6, 4)), ("b", torch.randn(5).bfloat16()),
             ("scalar", torch.tensor(2.5)), ("empty", torch.zeros(0, 3)), ("ids", torch.arange(7))]
     for name, tensor in sent:
-        gloo_wire.send([group], name, tensor)
-    gloo_wire.send_end([group])
+        weight_wire.send([group], name, tensor)
+    weight_wire.send_end([group])
     received = queue.get(timeout=60)
     member.join(30)
     assert received == [(name, str(t.dtype), tuple(t.shape), t.float().flatten().tolist()) for name, t in sent]
     with pytest.raises(ValueError, match="cannot be sent"):
-        gloo_wire.send([group], "complex", torch.zeros(2, dtype=torch.complex64))
+        weight_wire.send([group], "complex", torch.zeros(2, dtype=torch.complex64))
 
 
 # -- the guard: no server outlives its trainer --------------------------------------------------------------------
@@ -241,7 +254,7 @@ def test_an_unreachable_server_url_is_one_line_before_any_worker_starts(monkeypa
     assert "rollout.vllm.mode must be one of colocate, server, got 'remote'" in check(config, 2)
 
 
-class _NoGlooServer:
+class _NoEngineServer:
     """A stand-in HTTP server: refuses the weight-transfer handshake as a vLLM server without the engine does, and
     lacks the RL routes' /weight_info (404, as without VLLM_SERVER_DEV_MODE=1)."""
 
@@ -260,7 +273,7 @@ class _NoGlooServer:
 
             def do_POST(self):  # noqa: N802 - http.server's name
                 self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                self._answer(500, {"error": "Invalid weight transfer backend: gloo. Available engines: ['nccl']"})
+                self._answer(500, {"error": "Invalid weight transfer backend: accel. Available engines: ['nccl']"})
 
             def do_GET(self):  # noqa: N802
                 self._answer(404, {"detail": "Not Found"})
@@ -280,15 +293,15 @@ def test_a_server_without_the_engine_or_the_rl_routes_is_one_line():
     from engine.rollout.vllm_server.client import ServerClient, ServerError
     from engine.rollout.vllm_server.pusher import WeightPusher
 
-    with _NoGlooServer() as url:
+    with _NoEngineServer() as url:
         pusher = WeightPusher([ServerClient(url)], [1], "127.0.0.1", {}, sender=True, settings={"timeout_s": 5.0})
         with pytest.raises(ServerError) as refused:
             pusher.connect()
         message = str(refused.value)
         assert message.startswith(f"vLLM server {url}: POST /init_weight_transfer_engine answered 500: ")
-        assert "Invalid weight transfer backend: gloo" in message and "\n" not in message
+        assert "Invalid weight transfer backend: accel" in message and "\n" not in message
         assert message.endswith("(it registers the engine through vllm.general_plugins)")
-        assert "--weight-transfer-config '{\"backend\": \"gloo\"}'" in message
+        assert "--weight-transfer-config '{\"backend\": \"accel\"}'" in message
         with pytest.raises(ServerError, match="answered 404 \\(the RL routes need VLLM_SERVER_DEV_MODE=1"):
             ServerClient(url).weight_version()
     with pytest.raises(ServerError, match="is unreachable .*check the URL and that the server is running"):

@@ -1,8 +1,9 @@
-"""The trainer side of weight pushes through an engine that ships its own (vLLM's ``nccl`` on CUDA, vllm-ascend's
-``hccl`` on Ascend), tested against its contract with a clearly labelled RECORDING STAND-IN: no GPU, no NPU and no
-vLLM here. The stand-in trainer engine behaves as vLLM's ``TrainerWeightTransferEngine`` contract says (built on
-every rank by ``trainer_init``; the sender drives start / update / finish through the client and checks the
-iteration against the declared metadata; other ranks only iterate) and records what it was given."""
+"""The trainer side of weight pushes through an engine that ships its own (vLLM's ``nccl`` on CUDA, chosen with
+``rollout.vllm.weight_transfer``; a third party's), tested against its contract with a clearly labelled RECORDING
+STAND-IN: no GPU and no vLLM here. The stand-in trainer engine behaves as vLLM's ``TrainerWeightTransferEngine``
+contract says (built on every rank by ``trainer_init``; the sender drives start / update / finish through the client
+and checks the iteration against the declared metadata; other ranks only iterate) and records what it was given.
+This package's own engine, the default on every device, is tested in test_weight_wire.py."""
 
 from __future__ import annotations
 
@@ -11,12 +12,10 @@ import dataclasses
 import pytest
 import torch
 
-from accel_backends.backends.cuda import CUDABackend
-from accel_backends.backends.npu import NPUBackend
 from engine.rollout.vllm_server.client import ServerClient, ServerError
 from engine.rollout.vllm_server.pusher import WeightPusher
 from engine.rollout.vllm_server.settings import trainer_side_problems
-from engine.rollout.vllm_server.vllm_wire import VLLMTrainerWire
+from engine.rollout.vllm_server.vllm_wire import VLLMTrainerWire, init_info
 
 WEIGHTS = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3), "lm_head.weight": torch.ones(4, 3),
            "model.norm.weight": torch.full((3,), 2.0, dtype=torch.bfloat16)}
@@ -110,10 +109,8 @@ def _pusher(engine: str, rank: int, log: list, draws: list):
     return pusher, factory
 
 
-@pytest.mark.parametrize("backend", [CUDABackend, NPUBackend], ids=["cuda-stand-in", "npu-stand-in"])
-def test_the_device_engine_pushes_versioned_weights_through_its_own_trainer_side(backend):
-    engine = backend().inference_engine_facts().weight_transfer
-    assert engine != "gloo"  # these devices name an engine whose trainer half comes with vLLM / vllm-ascend
+@pytest.mark.parametrize("engine", ["nccl", "rdma-x"], ids=["vllm-nccl-stand-in", "third-party-stand-in"])
+def test_a_chosen_engine_pushes_versioned_weights_through_its_own_trainer_side(engine):
     log, draws = [], []
     pusher, factory = _pusher(engine, 0, log, draws)
     pusher.connect()
@@ -121,6 +118,10 @@ def test_the_device_engine_pushes_versioned_weights_through_its_own_trainer_side
     first, second = factory.built
     assert (first.init_info.master_address, first.init_info.master_port, first.init_info.world_size,
             first.init_info.rank, first.init_info.packed) == ("10.0.0.1", 29500, 3, 0, False)
+    unpacked = init_info(StandInInitInfo, {"timeout_s": 1.0}, master_address="h", master_port=1, world_size=2, rank=0)
+    assert unpacked.packed is False  # by default: vLLM's packed producer draws on side streams with no wait
+    assert init_info(StandInInitInfo, {"packed": True}, master_address="h", master_port=1, world_size=2,
+                     rank=0).packed  # a device's settings may still ask for it
     assert (second.init_info.master_port, second.init_info.world_size) == (29501, 2)
     assert first.source.metadata() == [(n, t.dtype, tuple(t.shape)) for n, t in WEIGHTS.items()]
 
@@ -153,17 +154,19 @@ def test_other_ranks_draw_every_pass_and_call_no_server():
 
 def test_a_push_failing_half_way_leaves_the_servers_paused_and_says_so():
     log, draws = [], []
-    pusher, factory = _pusher("hccl", 0, log, draws)
+    pusher, factory = _pusher("rdma-x", 0, log, draws)
     pusher.connect()
     factory.built[0].fail_after = 1
-    with pytest.raises(ServerError, match="through the 'hccl' engine failed half-way .*stay paused"):
+    with pytest.raises(ServerError, match="through the 'rdma-x' engine failed half-way .*stay paused"):
         pusher.push(iter(list(WEIGHTS.items())))
     assert not any(path == "/resume" for _, path, _, _ in log)
     assert pusher.version == 0
 
 
 def test_an_engine_without_a_trainer_side_is_one_line_before_any_worker():
-    assert trainer_side_problems("gloo") == []  # this package's own
+    assert trainer_side_problems("accel") == trainer_side_problems("gloo") == []  # this package's own (old name)
+    (hccl,) = trainer_side_problems("hccl", RecordingFactory("nccl"))  # vllm-ascend's: a worker half only
+    assert "no trainer side for the weight-transfer engine 'hccl'" in hccl
     assert trainer_side_problems("nccl", RecordingFactory("nccl")) == []
     (problem,) = trainer_side_problems("rdma-x", RecordingFactory("nccl"))
     assert problem.startswith("rollout.vllm.mode=server: vLLM has no trainer side for the weight-transfer engine "

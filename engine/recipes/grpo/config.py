@@ -10,14 +10,21 @@ from pathlib import Path
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
+from ...rl.algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
+from ...rl.model import BUILTIN_MODEL, check_model_dir
+from ...rl.rollout_correction import CORRECTION_MODES
+from ...rl.sizes import (  # noqa: F401  (GRPO's names for them)
+    data_parallel_groups,
+    mini_batch_sequences,
+    prompts_per_rank,
+    sequences_per_rank,
+    updates_per_step,
+)
 from ...sequence_parallel import config_problems
 from ...train import config as train_config
 from ...train.config import apply, coerce, parse_override  # noqa: F401  (GRPO's names for them)
 from ...train.settings import missing_model, run_problems
-from .algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
 from .loss_types import LOSS_TYPES
-from .model import BUILTIN_MODEL, check_model_dir
-from .rollout_correction import CORRECTION_MODES
 from .schema import (  # noqa: F401  (the config's sections, by their usual names)
     PRESETS,
     AlgorithmConfig,
@@ -141,45 +148,13 @@ def _check_algorithm(config: GRPOConfig) -> list[str]:
     if config.run.val_before_train and not (config.data.val_path or config.data.val_fraction):
         problems.append("run.val_before_train needs a validation set: data.val_path=... or data.val_fraction=...")
     return problems
-def data_parallel_groups(config: GRPOConfig, world_size: int) -> int:
-    """Ranks that sample their own prompts: the world, or its sequence-parallel groups (each group's ranks share
-    the group's prompts and train on slices of the same sequences)."""
-    return train_config.data_parallel_groups(config.engine, world_size)
-
-
-def prompts_per_rank(config: GRPOConfig, world_size: int) -> int:
-    """Prompts each rank draws per GRPO step (each sequence-parallel group, whose ranks draw the same)."""
-    return config.train.prompts_per_step // data_parallel_groups(config, world_size)
-
-
-def sequences_per_rank(config: GRPOConfig, world_size: int) -> int:
-    """Sequences each rank rolls out per GRPO step (its prompts x ``rollout.n``)."""
-    return prompts_per_rank(config, world_size) * config.rollout.n
-
-
-def mini_batch_sequences(config: GRPOConfig, world_size: int) -> int:
-    """Sequences per optimizer update over all ranks: ``prompts_per_update x n`` (the same on any number of
-    ranks), or, from the deprecated per-rank ``mini_batch_size``, that times the world size (the number of
-    sequence-parallel groups)."""
-    t = config.train
-    if t.mini_batch_size is not None:
-        return t.mini_batch_size * data_parallel_groups(config, world_size)
-    return (t.prompts_per_update or t.prompts_per_step) * config.rollout.n
-
-
-def updates_per_step(config: GRPOConfig, world_size: int) -> int:
-    """Optimizer steps per GRPO step: PPO epochs x mini-batches in the step's sequences (all ranks')."""
-    sequences = config.train.prompts_per_step * config.rollout.n
-    return config.train.ppo_epochs * max(1, sequences // mini_batch_sequences(config, world_size))
-
-
 def prompt_token_limit(config: GRPOConfig) -> int | None:
     """The longest prompt a run can see, in tokens, when known before any data is read: ``data.max_prompt_tokens``,
     or the built-in echo task's longest prompt (one token per character at most)."""
     if config.data.max_prompt_tokens:
         return config.data.max_prompt_tokens
     if not (config.data.path or config.data.val_path) and config.data.task == "echo":
-        from .prompts import EchoTask
+        from ...rl.prompts import EchoTask
 
         return EchoTask().longest_prompt_chars()
     return None
@@ -352,7 +327,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     if not isinstance(t.padding_free, bool):
         problems.append(f"train.padding_free must be true or false, got {t.padding_free!r}")
     problems += _check_algorithm(config)
-    from .ahead import staleness_problems
+    from ...rl.ahead import staleness_problems
 
     problems += staleness_problems(config)
     if problems:
@@ -367,8 +342,8 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     from ...rollout.engines import check_engine  # loads the plugins: an engine that fails to import stops us here
 
     problems += check_engine(r.engine)
+    from ...rl.model import build_model
     from ...rollout import multi_turn
-    from .model import build_model
 
     problems += multi_turn.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
     if r.engine == "vllm":

@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .scoring import ScoredRollout, concat, select_groups
+from ...rl.scoring import ScoredRollout, concat, select_groups
 
 
 def informative_groups(group_rewards: torch.Tensor) -> list[int]:

@@ -21,13 +21,13 @@ import time
 from pathlib import Path
 
 from ... import checkpoint
+from ...rl.model import BUILTIN_MODEL, check_model_dir
 from ...train.config import dist_timeout_s
 from ...train.eval_config import eval_config
 from ...train.workers import parse_nproc
 from ...train.workers import world_size as worker_count
 from .config import GRPOConfig, engine_config, prompts_per_rank
 from .export import ExportError, export
-from .model import BUILTIN_MODEL, check_model_dir
 
 
 def problems(config: GRPOConfig, check_model: bool = True) -> list[str]:
@@ -61,6 +61,10 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
     import accel_backends
 
     from ... import FSDPEngine
+    from ...rl.model import build_model
+    from ...rl.prompts import data_spec, needs_answers, validation_set
+    from ...rl.rewards import load_rewards
+    from ...rl.validation import validate
     from ...rollout import (
         RolloutContext,
         SingleTurnRollout,
@@ -70,10 +74,6 @@ def worker(config_dict: dict, out_dir: str, weights: str | None) -> dict:
         sync_weights,
     )
     from .config import max_sequence_tokens
-    from .model import build_model
-    from .prompts import data_spec, needs_answers, validation_set
-    from .rewards import load_rewards
-    from .validation import validate
 
     logging.disable_progress_bar()  # a "Loading weights" bar per rank is noise
     config = GRPOConfig.from_dict(config_dict)
@@ -131,9 +131,9 @@ def load_inputs(config: GRPOConfig) -> int:
     """Load what the workers will (rewards, tokenizer, every held-out row) so that bad input fails here; return the
     number of held-out prompts. Without ``data.max_prompt_tokens`` it becomes the longest held-out prompt, so that
     the rollout engine (vLLM's context) is sized for the data evaluated."""
-    from .model import build_model
-    from .prompts import data_spec, needs_answers, validation_set
-    from .rewards import load_rewards
+    from ...rl.model import build_model
+    from ...rl.prompts import data_spec, needs_answers, validation_set
+    from ...rl.rewards import load_rewards
 
     spec = data_spec(config)
     rewards = load_rewards(list(spec.rewards), spec.reward_style)

@@ -83,7 +83,7 @@ class GRPORecipe(Recipe):
         return parts.validate(index, baseline)
 
     def run_model(self, config) -> export_module.RunModel:
-        from .model import BUILTIN_MODEL, build_model
+        from ...rl.model import BUILTIN_MODEL, build_model
 
         return export_module.RunModel(model_path=None if config.model.path == BUILTIN_MODEL else config.model.path,
                                       engine=grpo_config.engine_config(config, world_size=1),

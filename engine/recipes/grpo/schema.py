@@ -7,12 +7,12 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...rl.model import BUILTIN_MODEL
+from ...rl.rollout_correction import DEFAULT_CAP, DEFAULT_CORRECTION
 from ...rollout.engines.vllm_settings import VLLMConfig
 from ...train.settings import RunConfig as SharedRunConfig
 from ...train.settings import TrainerConfig
 from .loss_types import DEFAULT_LOSS_TYPE
-from .model import BUILTIN_MODEL
-from .rollout_correction import DEFAULT_CAP, DEFAULT_CORRECTION
 
 
 @dataclasses.dataclass

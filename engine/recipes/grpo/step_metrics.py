@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 
+from ...rl import scoring
 from ...rollout import trajectories
-from . import dynamic_sampling, scoring
+from . import dynamic_sampling
 
 
 def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metrics: dict, mismatch: dict,

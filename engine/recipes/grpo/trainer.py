@@ -25,6 +25,17 @@ import torch
 import accel_backends
 
 from ... import FSDPEngine, checkpoint, runtime
+from ...rl import scoring
+from ...rl.ahead import AheadSampling
+from ...rl.algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
+from ...rl.batches import StepData, batching_for, gather_step_data, rank_sequences
+from ...rl.groups import MicroBatchShare, SamplingGroups
+from ...rl.logprobs import planned_log_probs, sequence_log_probs
+from ...rl.model import build_model
+from ...rl.prompts import build_tasks, data_spec, needs_answers
+from ...rl.rewards import environment_rewards, load_rewards, metric_names
+from ...rl.rollout_correction import MismatchStats, importance_weights
+from ...rl.validation import validate
 from ...rollout import (
     RolloutContext,
     build_sampler,
@@ -37,20 +48,10 @@ from ...rollout.staleness import synchronous_figures
 from ...runtime import BorrowedThreads, borrowing_problem, phase, sum_over_ranks, usable_cores
 from ...train.config import dist_timeout_s
 from ...train.recipe import StepResult
-from . import dynamic_sampling, scoring
-from .ahead import AheadSampling
-from .algorithms import aggregate_loss, grpo_advantages, kl_penalty, micro_batch_scale, policy_loss
-from .batches import StepData, batching_for, gather_step_data, rank_sequences
+from . import dynamic_sampling
 from .config import GRPOConfig, deprecation_notices, engine_config, prompts_per_rank, updates_per_step
-from .groups import MicroBatchShare, SamplingGroups
-from .logprobs import planned_log_probs, sequence_log_probs
 from .loss_types import resolve
-from .model import build_model
-from .prompts import build_tasks, data_spec, needs_answers
-from .rewards import environment_rewards, load_rewards, metric_names
-from .rollout_correction import MismatchStats, importance_weights
 from .step_metrics import shown, step_row
-from .validation import validate
 
 
 def latest_checkpoint(run_dir: Path) -> Path | None:

@@ -37,7 +37,7 @@ class VLLMConfig:
     dtype: str | None = None  # null: the dtype the trainer computes in (its weights are pushed in that dtype)
     llm_args: dict = dataclasses.field(default_factory=dict)  # other LLM(...) arguments, passed as they are
     # Server mode (engine/rollout/vllm_server): vLLM in separate servers, reached over HTTP, weights pushed over
-    # the device's collective library (the backend's inference_engine_facts().weight_transfer).
+    # the device's collective library (the backend's weight group, DeviceBackend.new_weight_group).
     mode: str = "colocate"  # colocate: an engine in every trainer rank; server: separate vLLM servers
     servers: int | None = None  # local servers the run starts and stops (null: 1, or 0 when server_urls are given)
     server_urls: list = dataclasses.field(default_factory=list)  # running servers' base URLs (http://host:port)
@@ -46,6 +46,9 @@ class VLLMConfig:
     server_args: dict = dataclasses.field(default_factory=dict)  # other api_server arguments (--key value)
     server_start_timeout_s: float = 600.0  # how long local servers may take to answer /health
     weight_transfer_address: str | None = None  # where servers reach the trainer for weights (null: 127.0.0.1)
+    # The servers' weight-transfer engine; null: the device's (this package's "accel" on every built-in device);
+    # another name: an engine whose trainer half vLLM ships (vLLM's "nccl" on NVIDIA GPUs).
+    weight_transfer: str | None = None
     # Servers on the trainer's own CPU cores idle between batches: intra-op threads each trainer process adds then
     # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). 0: never.
     borrow_threads: int = 0

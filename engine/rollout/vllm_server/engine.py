@@ -4,9 +4,9 @@ Rank 0 starts the local servers (``rollout.vllm.servers``, ``manager.py``) or ta
 (``rollout.vllm.server_urls``) and tells every rank their URLs; every rank sends its own prompts, spread over the
 servers, as token ids and gets token ids and the sampled tokens' log-probs back (``/inference/v1/generate``; the
 same sampling parameters as the colocated engine, a seed per prompt). After every update the policy's weights go
-to the servers through the device's weight-transfer engine (``pusher.py``): rank 0 sends, every rank gathers one
-sharded unit at a time, LoRA merged. Synchronous: a push finishes, and every server reports its version, before
-any rank samples again (staleness 0). With ``rollout.max_staleness`` > 0 a sampler thread per rank calls
+to the servers over the device backend's weight group (``pusher.py``, ``weight_wire.py``): rank 0 sends, every
+rank gathers one sharded unit at a time, LoRA merged. Synchronous: a push finishes, and every server reports its
+version, before any rank samples again (staleness 0). With ``rollout.max_staleness`` > 0 a sampler thread per rank calls
 ``sample`` while the trainer trains (``engine/rollout/sampling_ahead.py``); a push then pauses the servers in mode
 ``keep`` (``rollout.partial``: requests in flight go on with the new weights) or ``wait`` (they finish first).
 """
@@ -37,7 +37,7 @@ from .manager import ServerManager
 from .model_signature import signature_of
 from .plan import server_options, server_specs
 from .pusher import WeightPusher
-from .settings import OWN_ENGINE
+from .settings import is_own_engine, transfer_engine
 from .vllm_wire import VLLMTrainerWire
 
 MAX_REQUESTS_IN_FLIGHT = 64  # per rank: enough for a server to batch, few enough threads
@@ -63,14 +63,14 @@ class VLLMServerRolloutEngine(RolloutEngine):
         workers = [self._workers(client) for client in self.clients] if self.rank == 0 else [0] * len(urls)
         from transformers import AutoConfig
 
-        wire = None
-        if self.facts.weight_transfer != OWN_ENGINE:  # an engine with its own trainer side (nccl, hccl, ...)
-            wire = VLLMTrainerWire(self.facts.weight_transfer, self.facts.weight_transfer_settings, self.rank,
+        engine, wire = transfer_engine(self.settings, self.facts), None
+        if not is_own_engine(engine):  # an engine with its own trainer side (vLLM's, a third party's)
+            wire = VLLMTrainerWire(engine, self.facts.weight_transfer_settings, self.rank,
                                    draw=policy.iter_full_weights)
         self.pusher = WeightPusher(self.clients, workers, self.settings.weight_transfer_address or "127.0.0.1",
                                    signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
-                                   engine=self.facts.weight_transfer, settings=self.facts.weight_transfer_settings,
-                                   pause_mode=pause_mode(context.config), wire=wire)
+                                   engine=engine, settings=self.facts.weight_transfer_settings,
+                                   pause_mode=pause_mode(context.config), wire=wire, backend=policy.backend)
         self.pusher.connect()
 
     # -- servers ------------------------------------------------------------------------------------------------

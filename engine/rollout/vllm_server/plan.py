@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .manager import ServerSpec, cli_arguments
-from .settings import local_servers
+from .settings import local_servers, transfer_engine
 
 
 def server_options(settings, facts, dtype: str, load_format: str, max_model_len: int | None) -> dict:
@@ -16,7 +16,7 @@ def server_options(settings, facts, dtype: str, load_format: str, max_model_len:
     options = {"dtype": settings.dtype or dtype, "enforce_eager": settings.enforce_eager, "seed": 0,
                "generation_config": "vllm", "logprobs_mode": "processed_logprobs", "skip_tokenizer_init": True,
                "enable_scale_out": True, "load_format": load_format,
-               "weight_transfer_config": {"backend": facts.weight_transfer},
+               "weight_transfer_config": {"backend": transfer_engine(settings, facts)},
                "max_model_len": settings.max_model_len or max_model_len}
     if facts.memory_fraction:
         options["gpu_memory_utilization"] = settings.gpu_memory_utilization

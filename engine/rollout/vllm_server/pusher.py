@@ -1,17 +1,18 @@
 """The trainer's side of weight pushes into vLLM servers: one weight group per server, versioned pushes.
 
-``connect`` opens, for every server, a weight group (``gloo_wire``) with the trainer's rank 0 as its rank 0 and the
-server's workers after it, through the server's ``/init_weight_transfer_engine`` (the worker checks there that it
-serves the trainer's model). ``push`` pauses every server (``keep``: requests in flight wait, then go on with the
-new weights; ``wait``: they finish on the old ones first), starts the update, streams the weights one tensor at a
-time, each drawn just before it goes (the policy gathers one sharded unit at a time: never a full copy per rank),
-closes it under the next version and resumes. Ranks other than 0 draw the
-weights too (drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they
-never sample from a part-old, part-new model; the error says so.
+``connect`` opens, for every server, a weight group (``weight_wire``: the device backend's process group, gloo,
+NCCL, HCCL or a plugin's) with the trainer's rank 0 as its rank 0 and the server's workers after it, through the
+server's ``/init_weight_transfer_engine`` (the worker checks there that it serves the trainer's model and has the
+trainer's backend, then builds the same group). ``push`` pauses every server (``keep``: requests in flight wait,
+then go on with the new weights; ``wait``: they finish on the old ones first), starts the update, streams the
+weights one tensor at a time, each drawn just before it goes (the policy gathers one sharded unit at a time: never
+a full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the weights too
+(drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they never
+sample from a part-old, part-new model; the error says so.
 
-That is this package's ``gloo`` engine (the CPU's). An engine that ships its own trainer side (vLLM's ``nccl``,
-vllm-ascend's HCCL engine) goes through ``vllm_wire.VLLMTrainerWire`` instead: the same pause, versions and
-failure rule, the bytes moved by the engine's own trainer half.
+That is this package's ``accel`` engine, the same on every device. An engine that ships its own trainer side
+(vLLM's ``nccl``, selected with ``rollout.vllm.weight_transfer``) goes through ``vllm_wire.VLLMTrainerWire``
+instead: the same pause, versions and failure rule, the bytes moved by the engine's own trainer half.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Iterable
 
 import torch
 
-from . import gloo_wire
+from . import weight_wire
 from .client import ServerClient, ServerError
 from .vllm_wire import VLLMTrainerWire
 
@@ -57,16 +58,17 @@ class WeightPusher:
     (its tensor-parallel size). ``address``: where the servers reach this process (its weight groups' stores)."""
 
     def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
-                 sender: bool, engine: str = "gloo", settings: dict | None = None,
+                 sender: bool, engine: str = "accel", settings: dict | None = None,
                  free_port: Callable[[], int] | None = None, pause_mode: str = "keep",
-                 wire: VLLMTrainerWire | None = None) -> None:
+                 wire: VLLMTrainerWire | None = None, backend=None) -> None:
         self.clients, self.workers, self.address = clients, workers, address
         self.signature, self.sender, self.engine = signature, sender, engine
+        self.backend = backend  # the DeviceBackend whose weight group carries the weights (None: the selected one)
         self.settings = dict(settings or {})  # the device's weight-group settings, sent with the init info
         self.timeout_s = float(self.settings.get("timeout_s", 600.0))
         self.free_port = free_port
         self.pause_mode = pause_mode  # keep: requests in flight resume on the new weights; wait: they finish first
-        self.wire = wire  # an engine with its own trainer side (nccl, hccl, ...); None: this package's gloo wire
+        self.wire = wire  # an engine with its own trainer side (vLLM's nccl...); None: this package's own wire
         self.groups: list = []
         self.version = 0  # the version the servers report once a push finished; 0: none yet
         self.pause_s = 0.0  # how long the last push waited for the servers to pause
@@ -77,8 +79,8 @@ class WeightPusher:
         return (self.free_port or free_port)()
 
     def connect(self) -> None:
-        """Open one weight group per server; a server lacking the engine (or, with the gloo wire, serving another
-        model) is named here, before any training."""
+        """Open one weight group per server; a server lacking the engine (or, with this package's wire, serving
+        another model or lacking the trainer's backend) is named here, before any training."""
         if self.wire is not None:  # every rank builds its engines (rank 0's open the groups)
             try:
                 self.wire.connect(self.clients, self.workers, self.address, self._port)
@@ -87,20 +89,24 @@ class WeightPusher:
             return
         if not self.sender:
             return
+        if self.backend is None:
+            from accel_backends import get_backend
+
+            self.backend = get_backend()
         for client, workers in zip(self.clients, self.workers, strict=True):
             port = self._port()
             size = 1 + workers
             info = {**self.settings, "master_address": self.address, "master_port": port, "rank_offset": 1,
-                    "world_size": size, "model_signature": self.signature}
+                    "world_size": size, "model_signature": self.signature, "device_backend": self.backend.name}
             try:  # first the check alone: a refusal must not leave this side waiting for the group
                 client.init_weight_transfer_engine({**info, "check_only": True})
             except ServerError as exc:
                 raise ServerError(self._refusal(exc)) from None
-            store = gloo_wire.host_store(self.address, port, size, self.timeout_s)
+            store = weight_wire.host_store(self.address, port, size, self.timeout_s)
             joining = _in_thread(lambda c=client, i=info: c.init_weight_transfer_engine(i))
             opened: list = []
             opening = _in_thread(lambda s=store, p=port, n=size, box=opened: box.append(
-                gloo_wire.open_group(self.address, p, 0, n, self.timeout_s, store=s)))
+                weight_wire.open_group(self.backend, self.address, p, 0, n, self.timeout_s, store=s)))
             joining[0].join(self.timeout_s)
             if joining[1]:  # the server failed to join after the check passed
                 raise ServerError(self._refusal(joining[1][0]))
@@ -110,7 +116,7 @@ class WeightPusher:
     def _refusal(self, exc: BaseException) -> str:
         """The server's refusal of the handshake, with what to do unless it says so itself (another model)."""
         text = str(exc)
-        if "runs another model" in text:
+        if "runs another model" in text or "cannot build the trainer's weight group" in text:
             return text
         return (f"{text}: the server needs the {self.engine!r} weight-transfer engine: start it with "
                 f"--weight-transfer-config '{{\"backend\": \"{self.engine}\"}}' and VLLM_SERVER_DEV_MODE=1, from a "
@@ -133,8 +139,8 @@ class WeightPusher:
         receiving = [_in_thread(lambda c=c: c.update_weights({"version": str(version)})) for c in self.clients]
         try:
             for name, tensor in weights:
-                gloo_wire.send(self.groups, name, tensor)
-            gloo_wire.send_end(self.groups)
+                weight_wire.send(self.groups, name, tensor)
+            weight_wire.send_end(self.groups)
             _joined(receiving, self.timeout_s)
         except Exception as exc:
             cause = f"{type(exc).__name__}: {exc}"
@@ -160,7 +166,7 @@ class WeightPusher:
 
     def _push_through_wire(self, version: int, weights: Iterable[tuple[str, torch.Tensor]]) -> int:
         """The push through an engine's own trainer side: it drives start / update / finish; rank 0 pauses the
-        servers before and resumes them after (a failure leaves them paused, as the gloo wire does)."""
+        servers before and resumes them after (a failure leaves them paused, as this package's wire does)."""
         if self.sender:
             self._pause()
         try:

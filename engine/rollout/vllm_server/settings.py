@@ -3,7 +3,18 @@
 from __future__ import annotations
 
 MODES = ("colocate", "server")
-OWN_ENGINE = "gloo"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
+OWN_ENGINE = "accel"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
+OWN_ENGINES = (OWN_ENGINE, "gloo")  # "gloo": its name while it ran on the CPU only (plugin.py registers both)
+
+
+def transfer_engine(settings, facts) -> str:
+    """The weight-transfer engine servers take weights through: ``rollout.vllm.weight_transfer``, else the
+    device's (``inference_engine_facts().weight_transfer``: this package's own on every built-in device)."""
+    return getattr(settings, "weight_transfer", None) or facts.weight_transfer
+
+
+def is_own_engine(engine: str) -> bool:
+    return engine in OWN_ENGINES
 
 
 def local_servers(settings) -> int:
@@ -45,14 +56,19 @@ def server_problems(settings, facts) -> list[str]:
     if not isinstance(settings.server_args, dict):
         problems.append(f"rollout.vllm.server_args must be a mapping of api_server arguments, got "
                         f"{settings.server_args!r}")
-    problems += trainer_side_problems(facts.weight_transfer)
+    engine = settings.weight_transfer
+    if engine is not None and (not isinstance(engine, str) or not engine):
+        problems.append(f"rollout.vllm.weight_transfer must be a weight-transfer engine's name or null (this "
+                        f"package's own, {OWN_ENGINE!r}, over the device's weight group), got {engine!r}")
+    else:
+        problems += trainer_side_problems(transfer_engine(settings, facts))
     return problems
 
 
 def trainer_side_problems(engine: str, factory=None) -> list[str]:
-    """The weight-transfer engine needs a trainer side: this package's own gloo wire, or one vLLM (or a vLLM
-    platform package) registers under the engine's name, importable in the trainer's Python."""
-    if engine == OWN_ENGINE:
+    """The weight-transfer engine needs a trainer side: this package's own wire, or one vLLM (or a vLLM platform
+    package) registers under the engine's name, importable in the trainer's Python."""
+    if is_own_engine(engine):
         return []
     from .client import ServerError
     from .vllm_wire import VLLMTrainerFactory

@@ -1,16 +1,18 @@
-"""Weights into vLLM servers through a weight-transfer engine that ships its own trainer side: vLLM's ``nccl``,
-vllm-ascend's HCCL engine, or a third party's, found by name in vLLM's ``WeightTransferTrainerFactory``.
+"""Weights into vLLM servers through a weight-transfer engine that ships its own trainer side: vLLM's ``nccl``, or
+a third party's, found by name in vLLM's ``WeightTransferTrainerFactory`` (``rollout.vllm.weight_transfer``).
 
-The device backend names the engine (``inference_engine_facts().weight_transfer``); the engine's trainer half opens
-the weight group and moves the bytes (its device streams and communicators are its own business, so nothing
-device-specific is written here). This module hands it what it asks for: a client of the server's RL routes that
-closes each push under the trainer's version (``VersionedClient``), and a source of the policy's weights whose
-names, dtypes and shapes are declared before any byte moves (``PolicySource``).
+The engine's trainer half opens the weight group and moves the bytes (its device streams and communicators are its
+own business, so nothing device-specific is written here). This module hands it what it asks for: a client of the
+server's RL routes that closes each push under the trainer's version (``VersionedClient``), and a source of the
+policy's weights whose names, dtypes and shapes are declared before any byte moves (``PolicySource``).
 
-Two costs, said plainly: vLLM's engines declare every parameter up front in the order they are sent, so the first
-connection draws the policy's weights once to learn that order (one gather, one sharded unit at a time); and each
+Three costs, said plainly: vLLM's engines declare every parameter up front in the order they are sent, so the first
+connection draws the policy's weights once to learn that order (one gather, one sharded unit at a time); each
 engine takes one source, so a push draws the weights once per server (the draws are collectives: every rank makes
-them, rank 0 alone sends).
+them, rank 0 alone sends); and an engine that declares a ``packed`` setting gets ``packed=False`` unless the
+device's settings say otherwise: vLLM's packed producer draws the source on rotating side streams of its own with
+no wait on the stream that produced the policy's weights (the FSDP gathers, after the optimizer's step), while the
+unpacked path broadcasts on the caller's stream. This package's own wire (``weight_wire.py``) never leaves it.
 """
 
 from __future__ import annotations
@@ -99,11 +101,15 @@ class VLLMTrainerFactory:
         return self._registry().trainer_init(init_info, client=client, source=source)
 
 
+SAME_STREAM_SETTINGS = {"packed": False}  # see the module's docstring: the packed producer's side streams
+
+
 def init_info(info_class: type, settings: dict[str, Any], **fields: Any):
-    """``info_class`` built from the group's ``fields`` and those of the device's ``settings`` it declares (the
-    others, such as the gloo engine's timeout, are not its own)."""
+    """``info_class`` built from the group's ``fields`` and those of ``SAME_STREAM_SETTINGS`` and the device's
+    ``settings`` (which win) it declares (the others, such as this package's engine's timeout, are not its own)."""
     declared = {field.name for field in dataclasses.fields(info_class)}
-    return info_class(**{**{k: v for k, v in settings.items() if k in declared}, **fields})
+    chosen = {**SAME_STREAM_SETTINGS, **settings}
+    return info_class(**{**{k: v for k, v in chosen.items() if k in declared}, **fields})
 
 
 class VLLMTrainerWire:

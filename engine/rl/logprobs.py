@@ -18,10 +18,10 @@ import contextlib
 
 import torch
 
-from ...output_layer import in_chunks, replaced_forward, rows_per_chunk
-from ...output_layer import plain_output_layer as _plain_output_layer
-from ...rollout.engines.base import sampling_scores
-from ...sequence_parallel import split_layout
+from ..output_layer import in_chunks, replaced_forward, rows_per_chunk
+from ..output_layer import plain_output_layer as _plain_output_layer
+from ..rollout.engines.base import sampling_scores
+from ..sequence_parallel import split_layout
 from .groups import rank_values
 
 SLICE_LOGITS = 256 * 151_936  # logits per log-softmax slice: 256 positions of Qwen's vocabulary, 156 MB in fp32

@@ -18,9 +18,9 @@ import dataclasses
 
 import torch
 
-from ...packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
-from ...runtime import all_gather_rows
-from .config import GRPOConfig, mini_batch_sequences
+from ..packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
+from ..runtime import all_gather_rows
+from .sizes import mini_batch_sequences
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ class Batching:
     packed: bool  # one row per micro-batch (padding-free), else padded rows
 
 
-def batching_for(config: GRPOConfig, world_size: int, packed: bool) -> Batching:
+def batching_for(config, world_size: int, packed: bool) -> Batching:
     train = config.train
     return Batching(mini_batch_sequences(config, world_size), config.rollout.n, train.micro_batch_tokens,
                     train.micro_batch_size, packed)

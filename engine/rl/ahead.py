@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import threading
 
-from ...rollout.sampling_ahead import SamplerThread
-from ...rollout.staleness import VersionRecorder, row_versions, stale_groups, staleness_figures
+from ..rollout.sampling_ahead import SamplerThread
+from ..rollout.staleness import VersionRecorder, row_versions, stale_groups, staleness_figures
 
 
 def staleness_problems(config) -> list[str]:

@@ -9,7 +9,7 @@ import dataclasses
 
 import torch
 
-from ...rollout import RolloutBatch, Trajectories
+from ..rollout import RolloutBatch, Trajectories
 from .algorithms import overlong_penalty
 from .prompt_types import Sample
 from .rewards import Reward, score_each, weighted_sum

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from ...train.rows import read_rows  # noqa: F401  (read here; tests and plugins import it from here)
+from ..train.rows import read_rows  # noqa: F401  (read here; tests and plugins import it from here)
 from .prompt_types import DataSpec, Sample
 from .rewards import Reward, parse_specs
 
@@ -207,8 +207,8 @@ def gsm8k_reward(prompt: str, response: str, answer: str) -> float:
 
 # -- wiring -------------------------------------------------------------------------------------------------------
 
-BUILTIN_REWARDS = {"echo": "engine.recipes.grpo.prompts:echo_reward",
-                   "gsm8k": "engine.recipes.grpo.prompts:gsm8k_reward"}
+BUILTIN_REWARDS = {"echo": "engine.rl.prompts:echo_reward",
+                   "gsm8k": "engine.rl.prompts:gsm8k_reward"}
 
 
 def data_spec(config) -> DataSpec:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ...tiny_model import tiny_qwen2
-from ...train.model_dir import check_model_dir  # noqa: F401  (GRPO's config and eval use it from here)
+from ..tiny_model import tiny_qwen2
+from ..train.model_dir import check_model_dir  # noqa: F401  (GRPO's config and eval use it from here)
 
 BUILTIN_MODEL = "builtin:tiny-char"  # model.path of the CPU demo's character model, built in code
 

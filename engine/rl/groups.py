@@ -19,7 +19,7 @@ import dataclasses
 import torch
 import torch.distributed as dist
 
-from ...sequence_parallel import split_layout
+from ..sequence_parallel import split_layout
 
 
 @dataclasses.dataclass(frozen=True)

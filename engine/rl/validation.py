@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import math
 
-from ...rollout import RolloutEngine, Sampler, SamplingConfig
-from ...runtime import sum_over_ranks
+from ..rollout import RolloutEngine, Sampler, SamplingConfig
+from ..runtime import sum_over_ranks
 from .rewards import score_all
 
 CORRECT = 1.0  # a response counts as correct when its reward is at least this

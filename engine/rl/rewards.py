@@ -14,7 +14,7 @@ import inspect
 import math
 from typing import Any, Callable
 
-from ...object_loader import load_object
+from ..object_loader import load_object
 from .prompt_types import Sample
 
 STYLES = ("auto", "simple", "verl", "trl")
@@ -199,7 +199,7 @@ def environment_rewards(environment_spec: str | None) -> list[Reward]:
     """``[Reward]`` for a ``rollout.environment`` with ``get_reward()``, added to the run's reward functions."""
     if not environment_spec:
         return []
-    from ...rollout.multi_turn.tools import load_environment
+    from ..rollout.multi_turn.tools import load_environment
 
     environment = load_environment(environment_spec)
     if not callable(getattr(environment, "get_reward", None)):

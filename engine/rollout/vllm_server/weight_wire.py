@@ -1,0 +1,113 @@
+"""Weights over a process group of their own: the trainer (rank 0) and a vLLM server's workers (ranks 1..),
+meeting at a TCP store the trainer hosts.
+
+The group is the device backend's (``DeviceBackend.new_weight_group``: gloo on the CPU, NCCL on NVIDIA GPUs,
+HCCL on Ascend, a plugin's own), built on that store, not the default group: the trainer's ranks already have
+one, and a server must not join it. Both sides build it through the backend the trainer names, so the two halves
+always speak the same library. Every tensor goes as three broadcasts from rank 0: a fixed-size header (kind,
+dtype, number of dimensions, name length, shape), the name's bytes and the tensor's bytes (any dtype travels as
+bytes: the library need not know it; int64 and uint8 are all it carries). A header of kind END closes a push, so
+the receiver needs no list of names in advance and the sender draws each tensor just before it goes (one sharded
+unit in memory at a time).
+
+Streams: everything here runs on the caller's current stream, never on one of its own, and each broadcast's work
+is waited on before the next tensor is drawn. The policy's gathered tensors are produced on that stream, and the
+library orders its collective after it: no tensor is read on another stream without a wait (a gathered unit
+freed by the next draw has been sent). Both sides import only torch and ``accel_backends``: this module runs in
+the trainer and inside vLLM's worker processes.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterator
+
+import torch
+
+MAX_DIMS = 8
+HEADER = 4 + MAX_DIMS  # kind, dtype index, ndim, name bytes, dims...
+END, TENSOR = 0, 1
+DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
+          torch.int8, torch.uint8, torch.bool)
+STORE_PREFIX = "accel-weights"
+
+
+def open_group(backend, address: str, port: int, rank: int, world_size: int, timeout_s: float, store=None):
+    """Join the weight group as ``rank`` of ``world_size`` (rank 0 hosts the store at ``address:port``), through
+    ``backend`` (a ``DeviceBackend``): its ``WeightGroup``. A gloo group blocks until every member joined.
+    ``store``: rank 0's store when it was opened already (``host_store``)."""
+    from torch.distributed import PrefixStore, TCPStore
+
+    if store is None:
+        store = TCPStore(address, port, world_size, is_master=rank == 0,
+                         timeout=datetime.timedelta(seconds=timeout_s))
+    return backend.new_weight_group(PrefixStore(STORE_PREFIX, store), rank, world_size, timeout_s)
+
+
+def host_store(address: str, port: int, world_size: int, timeout_s: float):
+    """Rank 0's store, listening before the other members are told where to meet (returns at once)."""
+    from torch.distributed import TCPStore
+
+    return TCPStore(address, port, world_size, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _broadcast(weight_group, tensor: torch.Tensor) -> None:
+    from torch.distributed import BroadcastOptions
+
+    options = BroadcastOptions()  # torch 2.13's ProcessGroupGloo.broadcast takes options, not a bare root rank
+    options.rootRank, options.rootTensor = 0, 0
+    weight_group.group.broadcast([tensor], options).wait()
+
+
+def send(groups: list, name: str, tensor: torch.Tensor) -> None:
+    """Broadcast one named tensor from rank 0 to every group in ``groups`` (``WeightGroup``s, one per server)."""
+    if tensor.dim() > MAX_DIMS or tensor.dtype not in DTYPES:
+        raise ValueError(f"weight {name!r} ({tensor.dtype}, {tensor.dim()} dimensions) cannot be sent: up to "
+                         f"{MAX_DIMS} dimensions of {', '.join(str(d) for d in DTYPES)}")
+    encoded = torch.tensor(list(name.encode()), dtype=torch.uint8)
+    header = torch.zeros(HEADER, dtype=torch.int64)
+    header[:4] = torch.tensor([TENSOR, DTYPES.index(tensor.dtype), tensor.dim(), encoded.numel()])
+    header[4:4 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+    for weight_group in groups:
+        payload = tensor.detach().to(weight_group.device).contiguous().reshape(-1).view(torch.uint8)
+        _broadcast(weight_group, header.to(weight_group.device))
+        _broadcast(weight_group, encoded.to(weight_group.device))
+        if payload.numel():
+            _broadcast(weight_group, payload)
+
+
+def send_end(groups: list) -> None:
+    """Close the push on every group: the receivers' loops end."""
+    for weight_group in groups:
+        _broadcast(weight_group, torch.zeros(HEADER, dtype=torch.int64, device=weight_group.device))
+
+
+def receive(weight_group) -> Iterator[tuple[str, torch.Tensor]]:
+    """On a member of rank > 0: every ``(name, tensor)`` of one push, until its END header, on the group's
+    device (each tensor is a new buffer: the caller may keep it)."""
+    device = weight_group.device
+    while True:
+        header = torch.zeros(HEADER, dtype=torch.int64, device=device)
+        _broadcast(weight_group, header)
+        kind, dtype_index, ndim, name_bytes, *dims = header.tolist()
+        if kind == END:
+            return
+        encoded = torch.zeros(name_bytes, dtype=torch.uint8, device=device)
+        _broadcast(weight_group, encoded)
+        tensor = torch.empty(dims[:ndim], dtype=DTYPES[dtype_index], device=device)
+        payload = tensor.reshape(-1).view(torch.uint8)
+        if payload.numel():
+            _broadcast(weight_group, payload)
+        yield bytes(encoded.tolist()).decode(), tensor
+
+
+def backend_named(name: str):
+    """The device backend ``name`` in this process (inside a vLLM server: the one the trainer named, so that both
+    halves build the same library's group); a server that lacks it says so in one line."""
+    from accel_backends import AccelBackendError, get_backend
+
+    try:
+        return get_backend(name)
+    except AccelBackendError as exc:
+        raise ValueError(f"this server cannot build the trainer's weight group: {exc}") from None
