@@ -1,6 +1,7 @@
 """``sum_over_ranks`` on 3 ranks under the strict device (it refuses float64 reductions): two all-reduces issued
 together (int64, float32) when the keys agree, two more beyond the inline slots, and the same ``MetricKeysMismatch``
-on every rank whenever any rank's keys differ (never a hang, never a mixed sum); ``max_over_ranks`` likewise."""
+on every rank whenever any rank's keys differ (never a hang, never a mixed sum); ``max_over_ranks`` likewise; the
+strict device's refusal of a float64 reduction."""
 
 import pytest
 from distributed import run_ranks
@@ -49,6 +50,17 @@ def _reduce_cases(rank):
         reduce.max_over_ranks({"max": 1.0, **({"extra": 2.0} if rank == 1 else {})}, device)
     except reduce.MetricKeysMismatch as error:
         out["maxima_mismatch"] = str(error)
+    # The strict device refuses what HCCL refuses: a float64 reduction, in each spelling, before any rank waits.
+    from accel_backends.testing.strict_group import ReductionDtypeRefused
+
+    out["refused"] = []
+    for reduction in (lambda: dist.all_reduce(torch.zeros(3, dtype=torch.float64)),
+                      lambda: dist.reduce_scatter_tensor(torch.zeros(1, dtype=torch.float64),
+                                                         torch.zeros(3, dtype=torch.float64))):
+        try:
+            reduction()
+        except ReductionDtypeRefused as error:
+            out["refused"].append(str(error))
     return out
 
 
@@ -72,3 +84,4 @@ def test_sums_and_key_checks_agree_on_every_rank():
         assert out["maxima"]["max"] == {"staleness_max": 2.0, "tiny": 1e-300 * 3, "negative": -1.5}
         assert out["maxima"]["calls"] == [(PACKED_SLOTS, "int64")]
         assert "rank 0 lacks 'extra'; rank 2 lacks 'extra'" in out["maxima_mismatch"]
+        assert [e.split(" (")[0] for e in out["refused"]] == ["backend 'strict' does not reduce float64"] * 2

@@ -10,15 +10,15 @@ the rules of a device:
   when the stream is waited for. Device-side work is stream-ordered after it: ``to_device`` and blocking copies
   land the pending copies first. A move always makes a new tensor, never the tensor itself.
 * ``supports_pinned_memory``: True, so callers take the non-blocking path they take on a GPU or NPU.
-* ``collective_reduce_dtypes``: HCCL's set by default (no float64); its process group refuses any other reduction
-  (``strict_group.py``), in a group of one too.
+* ``collective_reduce_dtypes``: HCCL's set by default (no float64); every reduction of a process that joined its
+  group (gloo underneath) refuses any other dtype (``strict_group.py``), in a group of one too.
 * its own memory statistics: every figure a device reports (``reserved`` and ``free`` included) from the process's
   resident memory within ``memory_capacity`` bytes (default: the host's memory).
 
 Select it by name (``ACCEL_BACKEND=strict``, ``accel-backends certify strict``); auto-detection never picks it.
 It comes from this package's ``accel_backends`` entry point, or ``ACCEL_BACKENDS_PLUGINS=accel_backends.testing.
 strict`` in a checkout that is not installed. A plugin author may subclass it to declare another dtype set (with
-its own ``name`` and ``dist_backend``).
+its own ``name``).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ class StrictBackend(CPUBackend):
     """The CPU with a device's rules (see the module docstring); every rule is a class attribute."""
 
     name = "strict"
-    dist_backend = "strict"
+    dist_backend = "gloo"  # the dtype check wraps torch.distributed's reductions (strict_group.py)
     priority = -10  # only by name: never chosen by auto-detection
     supports_pinned_memory = True
     collective_reduce_dtypes = HCCL_REDUCE_DTYPES
@@ -104,7 +104,7 @@ class StrictBackend(CPUBackend):
     # -- distributed --------------------------------------------------------------------------------------------
 
     def init_distributed(self, timeout: float | datetime.timedelta = DEFAULT_DIST_TIMEOUT_S) -> DistributedInfo:
-        strict_group.register(self.dist_backend, self.collective_reduce_dtypes)  # before any group is made
+        strict_group.install(self.name, self.collective_reduce_dtypes)
         return super().init_distributed(timeout)
 
     def describe(self) -> dict:

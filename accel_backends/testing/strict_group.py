@@ -1,21 +1,32 @@
-"""The strict stand-in's process group: gloo underneath, refusing to reduce a dtype its backend did not declare.
+"""The strict stand-in's collectives: gloo, except that a reduction of a dtype its backend did not declare is refused.
 
 A real device's collective library reduces only some dtypes (HCCL: no float64 before Ascend950, even in a group
 of one), while gloo reduces every dtype, so code that all-reduces float64 passes every CPU test and stops at its
-first step on the device. This group is a ``torch.distributed.ProcessGroup`` written in Python with a gloo backend
-registered under it: moves of data (all-gather, broadcast, send...) go straight to gloo; every reduction
-(all-reduce, reduce, reduce-scatter, in each of torch's spellings, functional collectives included) first checks
-the dtypes of what it reduces. It is registered with ``torch.distributed`` under the backend's ``dist_backend``
-name, so ``init_process_group``, ``new_group`` and device meshes all make it.
+first step on the device. ``install`` wraps, in this process, every function of ``torch.distributed`` that reduces
+(all-reduce, reduce, reduce-scatter, in each of torch's spellings) and the functional collectives DTensor uses, so
+that each first checks the dtypes of what it reduces; moves of data (all-gather, broadcast, send...) are untouched.
+FSDP1, FSDP2 and the engine call these functions by their module attribute at call time, so their reductions are
+checked too (the C++ side of torch, which calls the group directly, is not). The group itself is plain gloo: a
+``ProcessGroup`` subclass written in Python in front of gloo, tried first, hung now and then on a loaded machine
+(two ranks waiting in the same all-reduce), and plain gloo does not.
 """
 
 from __future__ import annotations
 
-import datetime
+import functools
 from collections.abc import Iterable
 
 import torch
-import torch.distributed as dist
+
+# What reduces, by the module that offers it: torch.distributed's functions and DTensor's functional collectives.
+# Names a torch version lacks are skipped (torch 2.10 has no reduce_scatter_single).
+REDUCING = {
+    "torch.distributed": ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+                          "reduce_scatter_single", "_reduce_scatter_base"),
+    "torch.distributed._functional_collectives": ("all_reduce", "all_reduce_coalesced", "all_reduce_inplace",
+                                                  "all_reduce_coalesced_inplace", "reduce_scatter_tensor",
+                                                  "reduce_scatter_tensor_coalesced"),
+}
 
 
 class ReductionDtypeRefused(TypeError):
@@ -30,70 +41,50 @@ def _tensors(argument) -> Iterable[torch.Tensor]:
             yield from _tensors(item)
 
 
-class StrictProcessGroup(dist.ProcessGroup):
-    """gloo, except that reductions of a dtype outside ``allowed`` (``None``: every dtype) raise
-    ``ReductionDtypeRefused``."""
-
-    def __init__(self, store, rank: int, size: int, timeout: datetime.timedelta, allowed: frozenset | None,
-                 name: str):
-        super().__init__(rank, size)
-        self.allowed, self.backend_name = allowed, name
-        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout=timeout)
-        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._gloo)
-        self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
-
-    def check(self, method: str, reduced) -> None:
-        for tensor in _tensors(reduced):
-            if self.allowed is not None and tensor.dtype not in self.allowed:
-                names = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.allowed))
-                raise ReductionDtypeRefused(
-                    f"backend '{self.backend_name}' does not reduce {str(tensor.dtype).removeprefix('torch.')} "
-                    f"({method} of a tensor of shape {tuple(tensor.shape)}): its collectives reduce {names}; "
-                    "reduce in one of those (or declare the dtype if the device reduces it)")
-
-    def getBackendName(self) -> str:  # noqa: N802 - the name torch's ProcessGroup calls
-        return self.backend_name
-
-    # Every method of ProcessGroup that reduces, its first argument what is reduced into. Each is written out:
-    # torch's C++ side calls these through pybind11, which tells a call from an override by the method's own name
-    # (a generated wrapper would recurse). torch 2.10 lacks the *_single spellings; defining them is harmless.
-    def allreduce(self, reduced, *args):
-        self.check("allreduce", reduced)
-        return super().allreduce(reduced, *args)
-
-    def allreduce_coalesced(self, reduced, *args):
-        self.check("allreduce_coalesced", reduced)
-        return super().allreduce_coalesced(reduced, *args)
-
-    def reduce(self, reduced, *args):
-        self.check("reduce", reduced)
-        return super().reduce(reduced, *args)
-
-    def reduce_scatter(self, reduced, *args):
-        self.check("reduce_scatter", reduced)
-        return super().reduce_scatter(reduced, *args)
-
-    def _reduce_scatter_base(self, reduced, *args):
-        self.check("_reduce_scatter_base", reduced)
-        return super()._reduce_scatter_base(reduced, *args)
-
-    def reduce_scatter_single(self, reduced, *args):
-        self.check("reduce_scatter_single", reduced)
-        return super().reduce_scatter_single(reduced, *args)
-
-    def reduce_scatter_tensor_coalesced(self, reduced, *args):
-        self.check("reduce_scatter_tensor_coalesced", reduced)
-        return super().reduce_scatter_tensor_coalesced(reduced, *args)
-
-    def reduce_scatter_single_coalesced(self, reduced, *args):
-        self.check("reduce_scatter_single_coalesced", reduced)
-        return super().reduce_scatter_single_coalesced(reduced, *args)
+def check(backend_name: str, allowed: frozenset | None, method: str, arguments) -> None:
+    """Raise ``ReductionDtypeRefused`` when a tensor among ``arguments`` has a dtype outside ``allowed``."""
+    if allowed is None:
+        return
+    for tensor in _tensors(arguments):
+        if tensor.dtype not in allowed:
+            names = ", ".join(sorted(str(d).removeprefix("torch.") for d in allowed))
+            raise ReductionDtypeRefused(
+                f"backend '{backend_name}' does not reduce {str(tensor.dtype).removeprefix('torch.')} ({method} of "
+                f"a tensor of shape {tuple(tensor.shape)}): its collectives reduce {names}; reduce in one of those "
+                "(or declare the dtype if the device reduces it)")
 
 
-def register(name: str, allowed: frozenset | None) -> None:
-    """Make ``init_process_group(backend=name)`` (and ``new_group``) build a ``StrictProcessGroup``."""
+def _checked(function, backend_name: str, allowed: frozenset | None):
+    @functools.wraps(function)
+    def reduce_checked(*args, **kwargs):
+        check(backend_name, allowed, function.__name__, [*args, *kwargs.values()])
+        return function(*args, **kwargs)
 
-    def create(store, rank, size, timeout):
-        return StrictProcessGroup(store, rank, size, timeout, allowed, name)
+    reduce_checked.strict_original = function
+    return reduce_checked
 
-    dist.Backend.register_backend(name, create, devices=["cpu"])
+
+def install(backend_name: str, allowed: frozenset | None) -> None:
+    """Check every reduction of this process against ``allowed`` (again: the new set replaces the old one)."""
+    import importlib
+
+    for module_name, names in REDUCING.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            function = getattr(module, name, None)
+            if function is None:
+                continue
+            original = getattr(function, "strict_original", function)
+            setattr(module, name, _checked(original, backend_name, allowed))
+
+
+def uninstall() -> None:
+    """Put torch's own functions back (tests that install in their own process need not)."""
+    import importlib
+
+    for module_name, names in REDUCING.items():
+        module = importlib.import_module(module_name)
+        for name in names:
+            original = getattr(getattr(module, name, None), "strict_original", None)
+            if original is not None:
+                setattr(module, name, original)
