@@ -103,6 +103,9 @@ class DeviceBackend:
     priority: ClassVar[int] = 0
     visible_devices_env: ClassVar[str | None] = None
     supports_pinned_memory: ClassVar[bool] = False
+    # Whether the trainer's compute runs on host CPU threads (the CPU backend and its subclasses): then idle local
+    # inference servers' cores are worth borrowing (rollout.vllm.borrow_threads=auto). A device computes on itself.
+    computes_on_host_threads: ClassVar[bool] = False
     preferred_param_dtype: ClassVar[torch.dtype] = torch.float32  # what mixed precision "auto" computes in
     # False for a device whose allocator does not implement torch's accelerator contract (torch_npu): its
     # statistics then come from the device module even where torch.accelerator names the device.

@@ -92,9 +92,11 @@ def make_tiny_model(directory, *, hidden_size: int = 64, layers: int = 2, vocab_
     how far each EOS logit stands above the others (0.5: both EOS ids together about 4% per token; 0: no boost).
     """
     import torch
+    from transformers.utils import logging
 
     from .tiny_model import tiny_qwen2
 
+    logging.disable_progress_bar()  # a "Writing model shards" bar for a file of a few MiB is noise
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     tokenizer = build_tokenizer(vocab_size)

@@ -1,15 +1,26 @@
 """The one loader of ``"package.module:attribute"`` names given in a config (reward functions, tools, environments,
 rollout engines named by a plugin), so that every such failure reads the same way: which key, the value, what went
-wrong, what to do; one line, before any worker starts."""
+wrong, what to do; one line, before any worker starts. The working directory is importable, as under ``python -m``."""
 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Callable
 
 
 class ObjectLoadError(ValueError):
     """A ``module:attribute`` name that cannot be loaded (one line naming the key, the value and the fix)."""
+
+
+def working_directory_importable() -> None:
+    """A user's ``my_rewards.py`` in the directory the command runs in imports, as under ``python -m`` (console
+    scripts do not put that directory on ``sys.path``). Added last: it never shadows an installed module; spawned
+    workers start in the same directory and inherit ``sys.path``."""
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.append(here)
 
 
 def load_object(spec: str, *, what: str, key: str, accept: Callable[[object], bool] | None = None,
@@ -28,6 +39,7 @@ def load_object(spec: str, *, what: str, key: str, accept: Callable[[object], bo
     module_name, _, attribute = str(spec).partition(":")
     if not module_name or not attribute:
         raise fail(f"must look like 'package.module:{what}'", f"name the module, a colon, then the {what}")
+    working_directory_importable()
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - the user's module may fail in any way

@@ -94,8 +94,14 @@ def test_fsdp1_run_exports_fp32_and_bf16_with_the_trained_logits(trained, tmp_pa
     assert next(model.parameters()).dtype == torch.float32
     fp32_diff = (logits_of(model) - want["fsdp1"]).abs().max().item()
     assert fp32_diff < 1e-6
-    for name in ("tokenizer.json", "chat_template.jinja", "generation_config.json"):  # as the trained model had them
+    for name in ("tokenizer.json", "chat_template.jinja"):  # as the trained model had them
         assert (tmp_path / "fp32" / name).read_bytes() == (model_dir / name).read_bytes(), name
+    # The model's generation config, with the response limit the run trained with (transformers' generate reads it)
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert json.loads((tmp_path / "fp32" / "generation_config.json").read_text()) == {**generation,
+                                                                                       "max_new_tokens": 4}
+    assert json.loads((tmp_path / "fp32" / "accel_prompting.json").read_text()) == {"chat_template": "auto",
+                                                                                    "max_new_tokens": 4}
     text = AutoTokenizer.from_pretrained(model_dir).apply_chat_template([{"role": "user", "content": "a x2:"}],
                                                                        tokenize=False)
     assert AutoTokenizer.from_pretrained(tmp_path / "fp32").apply_chat_template(

@@ -3,7 +3,6 @@
 given or when named; --print-config says which preset applied and why; eval of a model directory sizes the prompt
 limit (and so vLLM's context) from the validation data it reads."""
 
-import argparse
 import json
 
 import pytest
@@ -70,16 +69,16 @@ def test_grpo_eval_of_a_model_directory_sizes_the_prompt_limit_from_its_validati
     from transformers import AutoTokenizer
 
     from engine.recipes.grpo.config import max_sequence_tokens
-    from engine.recipes.grpo.evaluate import configure, load_inputs
+    from engine.train.eval_config import eval_config
+    from engine.train.registry import get_recipe
 
     question = "Tom has " + " and ".join(f"{k} {WORDS[k % len(WORDS)]}" for k in range(20)) + ": how many?"
     val = write_jsonl(tmp_path / "val.jsonl", [{"question": question, "answer": "#### 20"},
                                                {"question": "1 + 1?", "answer": "#### 2"}])
-    args = argparse.Namespace(source=str(model_dir), preset=None, step=None, config=None,
-                              overrides=[f"data.val_path={val}"])
-    config, target = configure(args)
+    recipe = get_recipe("grpo")
+    config, target, _ = eval_config(recipe, str(model_dir), overrides=[f"data.val_path={val}"])
     assert target == {"model": str(model_dir)} and config.preset == "default" and config.data.task == "gsm8k"
-    assert load_inputs(config) == 2
+    assert recipe.eval_inputs(config)["prompts"] == 2
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     longest = max(len(tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False,
                                                     add_generation_prompt=True)) for q in (question,))

@@ -82,18 +82,31 @@ def test_run_writes_metrics_checkpoints_and_curves(files, straight):
     assert "val/loss" in rows[-1] and rows[-1]["val/loss"] > 0
     run = files["root"] / "runs" / "straight"
     assert (run / "curves.png").stat().st_size > 10_000
+    assert not (run / "samples.jsonl").exists()  # SFT logs no samples: no empty file
+    # Not on a terminal: one progress line every few steps, no bar redrawn with carriage returns.
+    assert "\r" not in straight.stderr and "sft: step 4/4 (100%" in straight.stderr
     assert json.loads((run / "config.json").read_text())["derived"]["total_steps"] == 4
     for step in (2, 4):
         assert (run / "checkpoints" / f"step_{step:06d}" / "engine_meta.json").exists()
 
 
-def test_resume_repeats_the_same_steps_exactly(files, straight):
+def test_resume_repeats_the_same_steps_exactly(files, straight, capsys):
     runs = files["root"] / "runs"
     shutil.copytree(runs / "straight", runs / "resumed")
     shutil.rmtree(runs / "resumed" / "checkpoints" / "step_000004")
-    result = sft(files, "train.steps=4", "run.save_every=2", "run.name=resumed", f"data.val_path={files['val']}",
-                 "engine.gradient_checkpointing=true", *LORA, "--resume")
+    before = (runs / "resumed" / "config.json").read_bytes()
+    # A change to what the run means is refused in one line naming the recorded value; the record stays as it was.
+    code = main(["--resume", "run.name=resumed", f"run.output_dir={runs}", "data.max_length=64"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and "\n" not in err and "data.max_length=64 would change the run's data (the run recorded " \
+        "data.max_length=128)" in err, err
+    assert (runs / "resumed" / "config.json").read_bytes() == before
+    # The README's form: the run's own record (the user's model directory, data, LoRA), nothing else given.
+    result = command("engine.sft.cli", "--resume", "run.name=resumed", f"run.output_dir={runs}")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "resuming from step 2 (step_000002) with the run's recorded config" in result.stdout, result.stdout
+    recorded, now = json.loads(before), json.loads((runs / "resumed" / "config.json").read_bytes())
+    assert now["run"].pop("name") == "resumed" and recorded["run"].pop("name") == "straight" and now == recorded
     want, got = metrics(files, "straight"), metrics(files, "resumed")
     assert [r["step"] for r in got] == [1, 2, 3, 4]
     for a, b in zip(got[2:], want[2:], strict=True):
@@ -103,19 +116,34 @@ def test_resume_repeats_the_same_steps_exactly(files, straight):
 
 
 def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
-    # One process reads the checkpoint two ranks wrote: the same weights, the same loss.
-    evaluated = command("engine.sft.cli", "eval", str(files["root"] / "runs" / "straight"), "--nproc", "1")
+    # One process reads the checkpoint two ranks wrote: the same weights, the same loss. The frame's eval: the
+    # results' JSON on stdout and in results.json (--json: also there); no samples, no samples.jsonl.
+    run = files["root"] / "runs" / "straight"
+    evaluated = command("engine.sft.cli", "eval", str(run), "--nproc", "1", "--json", str(files["root"] / "v.json"))
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     figures = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
     assert figures["val/loss"] == pytest.approx(metrics(files, "straight")[-1]["val/loss"], rel=1e-5)
-    assert figures["checkpoint"].endswith("step_000004")
+    assert figures["checkpoint"].endswith("step_000004") and figures["examples"] == 8
+    assert json.loads((run / "eval" / "step_000004" / "results.json").read_text()) == figures
+    assert json.loads((files["root"] / "v.json").read_text()) == figures
+    assert not (run / "eval" / "step_000004" / "samples.jsonl").exists() and not (run / "samples.jsonl").exists()
 
     out = files["root"] / "exported"
-    exported = command("engine.sft.cli", "export", str(files["root"] / "runs" / "straight"), str(out))
+    exported = command("engine.sft.cli", "export", str(run), str(out))
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
-    wrong = command("engine.grpo.cli", "export", str(files["root"] / "runs" / "straight"), str(files["root"] / "x"))
+    wrong = command("engine.grpo.cli", "export", str(run), str(files["root"] / "x"))
     assert wrong.returncode == 2 and "is an accel-sft run: use accel-sft export" in wrong.stderr
+    # The export remembers how the run prompted the model: the system message of every training conversation as
+    # the chat template's default, the longest trained response as max_new_tokens (transformers honours both).
+    from transformers import AutoTokenizer, GenerationConfig
+
+    remembered = json.loads((out / "accel_prompting.json").read_text())
+    assert remembered["system_prompt"] == "Answer briefly." and 4 <= remembered["max_new_tokens"] < 128
+    assert GenerationConfig.from_pretrained(out).max_new_tokens == remembered["max_new_tokens"]
+    chat = AutoTokenizer.from_pretrained(out).apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert "Answer briefly." in chat and "Answer briefly." not in AutoTokenizer.from_pretrained(
+        files["model"]).apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
 
     prompts = write_jsonl(files["root"] / "gsm8k.jsonl", [{"question": f"what is {a} + 1", "answer": f"#### {a + 1}"}
                                                           for a in range(8)])
@@ -124,8 +152,14 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
                    "run.progress=false", f"run.output_dir={files['root'] / 'grpo-runs'}", "run.name=rl", "--nproc", "1")
     assert grpo.returncode == 0, grpo.stderr[-3000:]
     rl = files["root"] / "grpo-runs" / "rl"
-    assert json.loads((rl / "config.json").read_text())["model"]["path"] == str(out)
+    config = json.loads((rl / "config.json").read_text())
+    assert config["model"]["path"] == str(out)
     assert (rl / "checkpoints" / "step_000001" / "engine_meta.json").exists()
+    # GRPO after SFT prompts as SFT trained (max_new_tokens given here wins over the remembered one).
+    assert config["data"]["system_prompt"] == "Answer briefly." and config["rollout"]["max_new_tokens"] == 4
+    assert "remembers how it was trained to be prompted" in grpo.stderr
+    sample = json.loads((rl / "samples.jsonl").read_text().splitlines()[0])
+    assert "Answer briefly." in sample["prompt"]
 
 
 def test_lora_run_exports_its_adapter_alone(files, straight):

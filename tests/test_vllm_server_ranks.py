@@ -238,9 +238,13 @@ def test_the_demo_learns_on_two_ranks_with_a_server_it_starts_and_stops_on_ctrl_
 
 def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_dir):
     """With a sampler thread running ahead (max_staleness 1): whichever notices first, the thread's request or
-    the trainer's push, the run ends with one line naming the server."""
+    the trainer's push, the run ends with one line naming the server. Its server, started by the run, runs on the
+    core that rollout.vllm.borrow_threads=auto gave it, every process of it."""
+    import psutil
+
     from accel_backends.spawn import free_port
     from engine.rollout.vllm_server.client import ServerClient
+    from engine.runtime import usable_cores
 
     port = free_port()
     trainer = _start_run(tmp_path, model_dir, port, 1, "killed", "rollout.max_staleness=1")
@@ -248,7 +252,17 @@ def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_
         _rows_after(trainer, tmp_path / "killed" / "metrics.jsonl", 1)
         assert ServerClient(f"http://127.0.0.1:{port}").healthy()
         (guard,) = [pid for pid in _processes_with(f"--port {port}") if "vllm_server.guard" in
-                    " ".join(__import__("psutil").Process(pid).cmdline())]
+                    " ".join(psutil.Process(pid).cmdline())]
+        # rollout.vllm.borrow_threads=auto (the default) with a server this run starts on the CPU: on 2 cores or
+        # more the server gets the last core and the trainer borrows it while it idles; on 1, nothing is borrowed.
+        chosen = json.loads((tmp_path / "killed" / "config.json").read_text())["derived"]["borrow_threads"]
+        server = [psutil.Process(guard), *psutil.Process(guard).children(recursive=True)]
+        if usable_cores() >= 2:
+            last = max(psutil.Process().cpu_affinity())
+            assert chosen["threads"] == 1 and chosen["server_cores"] == [[last]], chosen
+            assert {tuple(p.cpu_affinity()) for p in server} == {(last,)}, chosen  # API server, engine, worker
+        else:
+            assert chosen["threads"] == 0 and "cannot give each" in chosen["why"], chosen
         killed = time.monotonic()
         os.killpg(guard, signal.SIGKILL)  # the whole server: API server, engine core, worker, guard
         _, stderr = trainer.communicate(timeout=120)

@@ -19,6 +19,7 @@ class CPUBackend(DeviceBackend):
     name = "cpu"
     device_type = "cpu"
     dist_backend = "gloo"
+    computes_on_host_threads = True  # the trainer's intra-op threads are its compute
     priority = 0
     collective_reduce_dtypes = None  # gloo reduces every dtype
 

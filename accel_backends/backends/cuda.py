@@ -21,6 +21,7 @@ class CUDABackend(DeviceBackend):
     device_type = "cuda"
     dist_backend = "nccl"  # on ROCm builds torch maps this name to RCCL
     priority = 100
+    computes_on_host_threads = False  # kernels run on the GPU; host threads only launch them
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16

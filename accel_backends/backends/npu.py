@@ -32,6 +32,7 @@ class NPUBackend(DeviceBackend):
     device_type = "npu"
     dist_backend = "hccl"
     priority = 90
+    computes_on_host_threads = False  # kernels run on the NPU; host threads only launch them
     visible_devices_env = "ASCEND_RT_VISIBLE_DEVICES"
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16

@@ -62,6 +62,8 @@ def check_attributes(backend: DeviceBackend) -> str:
             f"`visible_devices_env` must be None or a variable name, got {backend.visible_devices_env!r}")
     require(isinstance(backend.supports_pinned_memory, bool),
             f"`supports_pinned_memory` must be a bool, got {backend.supports_pinned_memory!r}")
+    require(isinstance(backend.computes_on_host_threads, bool),
+            f"`computes_on_host_threads` must be a bool, got {backend.computes_on_host_threads!r}")
     require(isinstance(backend.preferred_param_dtype, torch.dtype) and backend.preferred_param_dtype.is_floating_point,
             f"`preferred_param_dtype` must be a floating torch.dtype, got {backend.preferred_param_dtype!r}")
     try:

@@ -12,10 +12,16 @@ achieved ((sampling time + training time) / step time, sampling time = ``rollout
 training time = step - ``time/trainer_wait_s``; 1.0 when nothing overlaps) and the step time over the slower
 side's.
 
-Bindings (``--async-bindings``): ``unbound`` (the OS places the server's and the trainer's threads), ``split``
-(the server's processes and threads on the last allowed core, the trainer on the others) and ``lend`` (the server
-on the last core, the trainer on every core with ``rollout.vllm.borrow_threads`` = the server's cores: it computes
-on them while the server idles). The colocated variant is never bound (two ranks over the cores).
+Bindings (``--async-bindings``), each setting named: ``unbound`` (the OS places the server's and the trainer's
+threads), ``split`` (the server's processes and threads on the last allowed core, the trainer on the others) and
+``lend`` (the server on the last core, the trainer on every core with ``rollout.vllm.borrow_threads`` = the
+server's cores: it computes on them while the server idles); these start one server that every server run of the
+binding uses (``rollout.vllm.server_urls``), with ``--async-threads`` threads per process. And the defaults:
+``auto``, where each server run starts its own server with nothing set but ``rollout.vllm.mode=server
+rollout.vllm.servers=1 rollout.max_staleness=k`` (``borrow_threads=auto`` places both sides and borrows; no
+``OMP_NUM_THREADS`` for any run), and ``auto-lend`` / ``auto-split``, the same with ``auto``'s binding chosen
+(``ACCEL_BORROW_BINDING``), to measure one against the other. What ``auto`` chose is recorded per run (its
+``config.json``). The colocated variant is never bound (two ranks over the cores).
 """
 
 from __future__ import annotations
@@ -30,12 +36,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from ..rollout.vllm_server.cores import BINDING_ENV
+
 VARIANTS = {"server_k0": 0, "server_k1": 1, "server_k2": 2, "colocated_2_ranks": None}
 MID_MODEL = {"hidden_size": 512, "layers": 8, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
 # --async-case: prompts per step and the response limit (mid: the issue's mid-size geometry; long: 4x longer
 # responses, a quarter of the prompts, so about as many response tokens a step).
 CASES = {"mid": {"prompts": 16, "max_new_tokens": 128}, "long": {"prompts": 4, "max_new_tokens": 512}}
 PROMPT_ROOM = 128  # an echo prompt's tokens, at most
+BINDINGS = ("unbound", "split", "lend", "auto", "auto-lend", "auto-split")
 
 
 def work(case: str) -> list[str]:
@@ -48,26 +57,6 @@ def work(case: str) -> list[str]:
 
 def max_model_len(case: str) -> int:
     return PROMPT_ROOM + CASES[case]["max_new_tokens"]
-
-
-def _threads_of(pid: int) -> list[int]:
-    """The thread ids of ``pid`` and of every process under it."""
-    import psutil
-
-    processes = [psutil.Process(pid)]
-    processes += processes[0].children(recursive=True)
-    return [int(tid) for p in processes for tid in os.listdir(f"/proc/{p.pid}/task")]
-
-
-def bind_tree(pid: int, cores: set[int]) -> int:
-    """Every thread of ``pid``'s process tree on ``cores`` (threads keep their own affinity, so each is set);
-    returns how many were bound."""
-    bound = 0
-    for tid in _threads_of(pid):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.sched_setaffinity(tid, cores)
-            bound += 1
-    return bound
 
 
 @contextlib.contextmanager
@@ -86,42 +75,57 @@ def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Pat
     specs = server_specs(settings, facts, None, server_options(settings, facts, "float32", "auto", context),
                          free_port)
     specs[0].env["OMP_NUM_THREADS"] = str(threads)
+    specs[0].cores = sorted(cores or [])  # its guard binds every process and thread it starts
     manager = ServerManager(model, specs, log_dir)
     (url,) = manager.start()
     try:
-        if cores is not None:
-            bind_tree(manager.processes[0].pid, cores)
         yield url
     finally:
         manager.stop()
 
 
-def one_run(model: Path, variant: str, url: str, options: dict, out_dir: Path, threads: int,
-            cores: set[int] | None, borrow: int = 0) -> dict:
-    """One ``accel-grpo`` run of ``variant`` (on ``cores`` when given, borrowing ``borrow`` threads from the idle
-    server); its figures after the warm-up steps."""
+def launch(variant: str, binding: str, url: str | None, options: dict, threads: int, borrow: int) -> tuple:
+    """``(nproc, overrides, environment)`` of one run beyond the work: the settings named (bound bindings) or the
+    defaults only (``auto*``)."""
     bound = VARIANTS[variant]
-    name = f"{variant}-{len(list(out_dir.glob(variant + '-*')))}"
-    overrides = [*work(options["async_case"]), f"model.path={model}", f"train.steps={options['async_steps']}",
-                 f"run.output_dir={out_dir}", f"run.name={name}"]
-    if bound is None:
-        nproc, overrides = 2, overrides + ["rollout.vllm.mode=colocate"]
+    env = dict(os.environ)
+    if binding.startswith("auto"):
+        env.pop("OMP_NUM_THREADS", None)
+        env.pop(BINDING_ENV, None)
+        if binding != "auto":
+            env[BINDING_ENV] = binding.removeprefix("auto-")
     else:
-        nproc = 1
-        overrides += ["rollout.vllm.mode=server", f"rollout.vllm.server_urls=[{url}]",
-                      f"rollout.max_staleness={bound}", f"rollout.partial={str(options['async_partial']).lower()}",
-                      f"rollout.vllm.borrow_threads={borrow}"]
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+        env["OMP_NUM_THREADS"] = str(threads)
+    partial = [f"rollout.partial={str(options['async_partial']).lower()}"] if options["async_partial"] else []
+    if bound is None:
+        return 2, ["rollout.vllm.mode=colocate"], env
+    if binding.startswith("auto"):
+        return 1, ["rollout.vllm.mode=server", "rollout.vllm.servers=1", f"rollout.max_staleness={bound}",
+                   *partial], env
+    return 1, ["rollout.vllm.mode=server", f"rollout.vllm.server_urls=[{url}]", f"rollout.max_staleness={bound}",
+               *partial, f"rollout.vllm.borrow_threads={borrow}"], env
+
+
+def one_run(model: Path, variant: str, url: str | None, options: dict, out_dir: Path, threads: int,
+            cores: set[int] | None, borrow: int = 0, binding: str = "split") -> dict:
+    """One ``accel-grpo`` run of ``variant`` under ``binding`` (on ``cores`` when given, borrowing ``borrow``
+    threads from the idle server); its figures after the warm-up steps, and what ``auto`` chose."""
+    name = f"{variant}-{len(list(out_dir.glob(variant + '-*')))}"
+    nproc, settings, env = launch(variant, binding, url, options, threads, borrow)
+    overrides = [*work(options["async_case"]), f"model.path={model}", f"train.steps={options['async_steps']}",
+                 f"run.output_dir={out_dir}", f"run.name={name}", *settings]
     started = time.perf_counter()
+    pinned = cores and VARIANTS[variant] is not None
     result = subprocess.run([sys.executable, "-m", "engine.grpo.cli", "--nproc", str(nproc), *overrides], env=env,
                             capture_output=True, text=True,
-                            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if cores and bound is not None
-                            else None)
+                            preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if pinned else None)
     if result.returncode != 0:
         raise RuntimeError(f"async_rollout: the {variant} run failed: {result.stderr.strip()[-2000:]}")
     rows = [json.loads(line) for line in (out_dir / name / "metrics.jsonl").read_text().splitlines()]
+    chosen = json.loads((out_dir / name / "config.json").read_text())["derived"].get("borrow_threads")
     # The last step is left out too: a thread ahead has nothing left to sample then (the pipeline drains).
-    return {"run_s": time.perf_counter() - started, **figures(rows[options["async_warmup"]:-1])}
+    return {"run_s": time.perf_counter() - started, **figures(rows[options["async_warmup"]:-1]),
+            **({"borrowing": chosen} if chosen else {})}
 
 
 def figures(rows: list[dict]) -> dict:
@@ -165,14 +169,20 @@ def run(options: dict) -> dict:
             trainer_cores = None if not server_cores else set(allowed) if binding == "lend" else set(allowed[:-1])
             borrow = len(server_cores) if server_cores and binding == "lend" else 0
             runs: dict[str, list[dict]] = {name: [] for name in options["async_variants"]}
-            with local_server(model, threads, server_cores, scratch / f"logs-{binding}",
-                              max_model_len(options["async_case"])) as url:
+            server = contextlib.nullcontext() if binding.startswith("auto") else local_server(
+                model, threads, server_cores, scratch / f"logs-{binding}", max_model_len(options["async_case"]))
+            with server as url:
                 for _ in range(options["async_rounds"]):
                     for name in runs:
                         runs[name].append(one_run(model, name, url, options, scratch / "runs", threads,
-                                                  trainer_cores, borrow))
+                                                  trainer_cores, borrow, binding))
             row = {"runs": runs, "server_cores": sorted(server_cores or []),
                    "trainer_cores": sorted(trainer_cores or []), "borrow_threads": borrow}
+            chosen = [run["borrowing"] for name in runs for run in runs[name] if "borrowing" in run]
+            if binding.startswith("auto") and chosen:
+                row.update(borrow_threads=chosen[0]["threads"], auto=chosen[0],
+                           server_cores=(chosen[0].get("server_cores") or [[]])[0],
+                           trainer_cores=chosen[0].get("trainer_cores", []))
             for k in (1, 2):
                 row[f"k{k}_over_k0"] = _ratios(runs, f"server_k{k}", "server_k0")
                 row[f"k{k}_over_colocated"] = _ratios(runs, f"server_k{k}", "colocated_2_ranks")

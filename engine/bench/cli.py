@@ -119,8 +119,8 @@ def _scenarios(text: str) -> list[str]:
 
 def _bindings(text: str) -> list[str]:
     names = [part.strip() for part in text.split(",") if part.strip()]
-    if not names or any(n not in ("unbound", "split", "lend") for n in names):
-        raise argparse.ArgumentTypeError(f"bindings are unbound, split and lend, got {text!r}")
+    if not names or any(n not in async_rollout.BINDINGS for n in names):
+        raise argparse.ArgumentTypeError(f"bindings are {', '.join(async_rollout.BINDINGS)}, got {text!r}")
     return names
 
 
@@ -194,7 +194,9 @@ def build_parser() -> argparse.ArgumentParser:
     ahead.add_argument("--async-bindings", type=_bindings, default=["unbound", "split"],
                        help="unbound, split (server on the last core, trainer on the others), lend (server on "
                             "the last core, the trainer on every core, borrowing the server's while it idles: "
-                            "rollout.vllm.borrow_threads), comma-separated")
+                            "rollout.vllm.borrow_threads), auto (the defaults only: each run starts its own "
+                            "server, borrow_threads=auto places both), auto-lend, auto-split (auto with that "
+                            "binding), comma-separated")
     ahead.add_argument("--async-threads", type=_positive, default=1, help="OMP threads of the server and trainer")
     ahead.add_argument("--async-variants", type=_variants, default=list(async_rollout.VARIANTS),
                        help=f"among {', '.join(async_rollout.VARIANTS)}")
@@ -286,14 +288,16 @@ def _launcher_only() -> dict:
 
 def _check_grpo_settings(parser, args) -> None:
     """Preset and overrides are checked here, before any worker starts."""
-    from ..recipes.grpo.config import check, load_config
+    from ..train.cli import load
+    from ..train.registry import get_recipe
 
+    recipe = get_recipe("grpo")
     try:
-        config, notices = load_config(args.grpo_preset, None, args.grpo_overrides)
+        config, notices, _ = load(recipe, args.grpo_preset, None, args.grpo_overrides)  # training's pipeline
     except (ValueError, FileNotFoundError) as exc:
         parser.error(f"grpo: {exc}")
     for notice in notices:
         print(f"accel-bench: notice: grpo: {notice}", file=sys.stderr)
-    problems = check(config, args.nproc)
+    problems = recipe.check(config, args.nproc)
     if problems:
         parser.error("grpo: " + "; ".join(problems))

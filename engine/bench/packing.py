@@ -130,14 +130,16 @@ def _timed_update(trainer, run) -> tuple[float, float]:
 def run(options, backend, rank) -> dict:
     import torch.distributed as dist
 
-    from ..recipes.grpo.config import check, load_config
     from ..recipes.grpo.trainer import GRPOTrainer
     from ..rl import batches
+    from ..train.cli import load
+    from ..train.registry import get_recipe
 
     overrides = ["run.progress=false", *options["grpo_overrides"]]
-    config, _ = load_config(options["grpo_preset"], None, overrides)  # accel-bench printed its notices
+    recipe = get_recipe("grpo")
+    config, _, _ = load(recipe, options["grpo_preset"], None, overrides)  # accel-bench printed its notices
     world_size = dist.get_world_size()
-    problems = check(config, world_size)
+    problems = recipe.check(config, world_size)
     if problems:
         raise ValueError("the packing benchmark's settings are invalid: " + "; ".join(problems))
     trainer = GRPOTrainer(config)

@@ -185,8 +185,11 @@ def print_async_rollout(s: dict) -> None:
         print(f"case {s['case']}: {s['prompts']} prompts x 8 responses of up to {s['max_new_tokens']} tokens")
     for binding, row in s["bindings"].items():
         borrowing = f", borrowing {row['borrow_threads']} thread(s) while it idles" if row.get("borrow_threads") else ""
-        print(f"{binding}: server on cores {row['server_cores'] or 'any'}, trainer on {row['trainer_cores'] or 'any'}"
-              f"{borrowing}")
+        if "auto" in row:
+            print(f"{binding}: the defaults only; borrow_threads {row['auto']['why']}")
+        else:
+            print(f"{binding}: server on cores {row['server_cores'] or 'any'}, trainer on "
+                  f"{row['trainer_cores'] or 'any'}{borrowing}")
         print(f"  {'variant':18} {'tokens/s':>9} {'step s':>7} {'sampling s':>10} {'training s':>10} "
               f"{'wait s':>7} {'overlap':>8} {'step/slower':>11} {'stale max':>9}")
         for name, runs in row["runs"].items():

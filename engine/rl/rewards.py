@@ -89,15 +89,39 @@ def _number(value: Any, reward: Reward, sample: Sample, response: str) -> float:
             raise ValueError(f"reward function {reward.name} returned a dict without a 'score' key "
                              f"({sorted(value)}) for row {sample.where}")
         value = value["score"]
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise ValueError(f"reward function {reward.name} returned {value!r} for prompt {sample.prompt!r}: it must "
-                         "return a number") from None
+    number = real_number(value)
+    if number is None:
+        raise ValueError(f"reward function {reward.name} returned {value!r} ({type(value).__name__}) for "
+                         f"{_where(sample)}: it must return a real number (int, float, bool, a numpy or torch "
+                         "scalar), not text or a container") from None
     if not math.isfinite(number):
-        raise ValueError(f"reward function {reward.name} returned {number} for prompt {sample.prompt!r} and "
-                         f"response {response!r}: rewards must be finite")
+        raise ValueError(f"reward function {reward.name} returned {number} for {_where(sample)} and response "
+                         f"{response!r}: rewards must be finite")
     return number
+
+
+def real_number(value: Any) -> float | None:
+    """``value`` as a float when it is a real number (bool, int, float, a numpy or torch scalar), else None: text
+    such as ``"1.0"`` is not a reward."""
+    import numbers
+
+    if isinstance(value, numbers.Real):  # bool and int too; numpy's scalars register here
+        return float(value)
+    shape = getattr(value, "shape", None)
+    dtype = str(getattr(value, "dtype", ""))
+    if shape is not None and tuple(shape) == () and hasattr(value, "item") and not any(
+            kind in dtype for kind in ("str", "complex", "object", "<U", "|S")):
+        item = value.item()  # a 0-d numpy array or torch tensor
+        return float(item) if isinstance(item, numbers.Real) else None
+    return None
+
+
+def _where(sample: Sample) -> str:
+    """Which prompt, once: its row in the data file, or (built-in tasks) the prompt as given."""
+    if sample.where:
+        return f"row {sample.where}"
+    shown = sample.raw_prompt if sample.raw_prompt is not None else sample.prompt
+    return f"prompt {shown!r}"
 
 
 def _completion(sample: Sample, response: str) -> Any:
@@ -127,8 +151,10 @@ def _call(reward: Reward, samples: list[Sample], responses: list[str], completio
             columns["environments"] = environments
         values = reward.fn(prompts=prompts, completions=completions, **columns)
         if not isinstance(values, (list, tuple)) or len(values) != len(samples):
+            got = f"a {type(values).__name__} of {len(values)}" if isinstance(values, (list, tuple)) else \
+                type(values).__name__
             raise ValueError(f"reward function {reward.name} (TRL style) must return a list of {len(samples)} "
-                             f"numbers, got {type(values).__name__}")
+                             f"numbers, one per completion, got {got} (for {len(samples)} completions)")
         return list(values)
     values = []
     for sample, response in zip(samples, responses, strict=True):

@@ -8,11 +8,16 @@ in the backward pass, when each module output's gradient arrives: a switch waits
 whole micro-batch's.
 
 torch's thread count belongs to the thread that sets it (OpenMP's setting is per thread), so only the thread that
-started the borrowing switches; a hook that fires on another thread leaves the pool as it is.
+started the borrowing switches; a hook that fires on another thread leaves the pool as it is. With ``cores`` the
+switch also binds every thread of the process: to its own cores while the servers compute, to its own and the
+servers' while they idle (the ``split`` binding of ``rollout.vllm.borrow_threads=auto``;
+engine/rollout/vllm_server/cores.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable
 
@@ -31,13 +36,19 @@ def borrowing_problem(extra: int, base: int, cores: int, key: str) -> str | None
 
 class BorrowedThreads:
     """While active, the starting thread's intra-op pool has ``base + extra`` threads when ``busy()`` is false and
-    ``base`` (its size at start) when true. ``switches`` counts the changes (for tests and logs)."""
+    ``base`` when true (``base``: its size at start unless given). ``cores``: the cores this process's threads run
+    on while the servers compute and while they idle, as a pair (None: the affinity is left alone). ``stop()``
+    puts back the pool size and the affinity found at start. ``switches`` counts the pool's changes (tests, logs)."""
 
-    def __init__(self, busy: Callable[[], bool], extra: int) -> None:
+    def __init__(self, busy: Callable[[], bool], extra: int, base: int | None = None,
+                 cores: tuple[set[int], set[int]] | None = None) -> None:
         if extra < 0:
             raise ValueError(f"extra threads must be >= 0, got {extra}")
-        self.busy, self.extra = busy, extra
-        self.base = self.current = torch.get_num_threads()
+        self.busy, self.extra, self.cores = busy, extra, cores
+        self.found = self.current = torch.get_num_threads()
+        self.base = self.found if base is None else base
+        self.found_cores = process_cores() if cores else None
+        self.idle: bool | None = None  # what the servers did at the last check
         self.owner: int | None = None
         self.switches = 0
         self._handles: list = []
@@ -50,13 +61,16 @@ class BorrowedThreads:
         return self
 
     def stop(self) -> None:
-        """Hooks removed, the pool back at its size at start (on the starting thread; else at its next forward)."""
+        """Hooks removed, the pool and the affinity as found at start (on the starting thread; else the pool at its
+        next forward)."""
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        if threading.get_ident() == self.owner and self.current != self.base:
-            torch.set_num_threads(self.base)
-            self.current = self.base
+        if threading.get_ident() == self.owner and self.current != self.found:
+            torch.set_num_threads(self.found)
+            self.current = self.found
+        if self.found_cores:
+            bind_process(self.found_cores)
 
     def __enter__(self) -> BorrowedThreads:
         return self.start()
@@ -65,14 +79,18 @@ class BorrowedThreads:
         self.stop()
 
     def check(self) -> None:
-        """Size the pool for what the servers do now (on the starting thread only)."""
+        """Size the pool (and bind the threads) for what the servers do now (on the starting thread only)."""
         if threading.get_ident() != self.owner:
             return
-        wanted = self.base if self.busy() else self.base + self.extra
+        idle = not self.busy()
+        wanted = self.base + self.extra if idle else self.base
         if wanted != self.current:
             torch.set_num_threads(wanted)
             self.current = wanted
             self.switches += 1
+        if self.cores and idle != self.idle:
+            bind_process(self.cores[idle])
+        self.idle = idle
 
     def _before_forward(self, module, args) -> None:
         self.check()
@@ -84,3 +102,22 @@ class BorrowedThreads:
 
     def _on_gradient(self, grad: torch.Tensor) -> None:
         self.check()
+
+
+def process_cores() -> set[int] | None:
+    try:
+        return set(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux: no binding
+        return None
+
+
+def bind_process(cores: set[int]) -> None:
+    """Every thread of this process on ``cores`` (a thread keeps its own affinity: each is set; one that ended
+    meanwhile is skipped). Linux only: elsewhere nothing changes."""
+    try:
+        threads = os.listdir("/proc/self/task")
+    except OSError:
+        return
+    for tid in threads:
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            os.sched_setaffinity(int(tid), cores)

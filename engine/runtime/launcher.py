@@ -9,9 +9,10 @@ What the launcher guarantees (``docs/engine.md``, "When something fails"):
 
 * a worker that raises writes its rank, phase (``phase_labels.py``) and error to a file (``accel_backends.spawn``
   starts and watches the workers); the launcher polls them every 0.1 s, kills the others at once (they may be
-  blocked in a collective) and raises ``WorkerFailed`` whose message names the rank that failed first, its phase
-  and its error. A worker killed by a signal (SIGKILL,
-  the out-of-memory killer) is reported the same way;
+  blocked in a collective) and raises ``WorkerFailed`` whose message is one uncut line naming the rank that
+  failed first, its phase and its error (what followed and the tracebacks are its details, which the commands
+  write to a file in the run directory). A worker killed by a signal (SIGKILL, the out-of-memory killer) is
+  reported the same way;
 * SIGINT / SIGTERM to the launcher are forwarded once to every worker; workers stop (at the next safe point when
   the training loop asked for that with ``stop_at_safe_point()``), the launcher waits up to ``grace_s`` and then
   kills what is left, and raises ``Interrupted`` (exit status 128 + signal number: 130, 143);
@@ -40,16 +41,26 @@ DEFAULT_GRACE_S = 60.0  # how long workers get to reach a safe point (and save) 
 
 
 class WorkerFailed(RuntimeError):
-    """A worker process raised or died; the message carries its rank, phase and error, ``tracebacks`` the details."""
+    """A worker process raised or died. The message is one line: the rank that failed first, its phase and its
+    error, uncut; ``then`` the failures that followed (mostly its echo on the other ranks), ``tracebacks`` the
+    failing ranks' tracebacks."""
 
-    def __init__(self, message: str, tracebacks: dict[int, str] | None = None) -> None:
-        super().__init__(message)
+    def __init__(self, message: str, tracebacks: dict[int, str] | None = None, then: list[str] | None = None) -> None:
+        super().__init__(one_line(message))
         self.tracebacks = tracebacks or {}
+        self.then = then or []
 
     def details(self) -> str:
-        """Every failing rank's traceback, labelled (empty when there is none): printed before the message."""
-        return "\n".join(f"--- rank {rank} ---\n{trace.rstrip()}" for rank, trace in self.tracebacks.items()
-                         if trace)
+        """What followed the first failure and every failing rank's traceback, labelled (empty when there is
+        none): for a file, or printed before the message with ``--traceback``."""
+        parts = [f"then {line}" for line in self.then]
+        parts += [f"--- rank {rank} ---\n{trace.rstrip()}" for rank, trace in self.tracebacks.items() if trace]
+        return "\n".join(parts)
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line (an error message over several lines joined with spaces), nothing cut."""
+    return " ".join(str(text).split())
 
 
 class Interrupted(Exception):
@@ -61,16 +72,28 @@ class Interrupted(Exception):
         super().__init__(f"stopped by {signal.Signals(signum).name}")
 
 
-def report_early_end(prog: str, exc: WorkerFailed | Interrupted, then: str = "") -> int:
-    """What a command line prints when ``run`` ended early, and its exit status: the failing ranks' tracebacks
-    and ``PROG: error: ...`` (status 1), or ``PROG: <how it was interrupted>`` (the interruption's status);
-    ``then`` (what the user can do next) follows the message."""
+def report_early_end(prog: str, exc: WorkerFailed | Interrupted, then: str = "", *,
+                     traceback_file: str | os.PathLike | None = None) -> int:
+    """What a command line prints when ``run`` ended early, and its exit status: ``PROG: <how it was
+    interrupted>`` (the interruption's status), or, for a failure (status 1), ``then`` (what the user can do
+    next) and last one uncut line ``PROG: error: rank R failed in phase P: <error>``. The details (what followed,
+    the tracebacks) go to ``traceback_file`` when given, its path in that line; else they are printed first."""
     if isinstance(exc, Interrupted):
         print(f"{prog}: {exc}" + (f"; {then}" if then else ""), file=sys.stderr)
         return exc.exit_code
-    if exc.details():
-        print(exc.details(), file=sys.stderr)
-    print(f"{prog}: error: {exc}" + (f"\n{then}" if then else ""), file=sys.stderr)
+    details, where = exc.details(), ""
+    if details and traceback_file is not None:
+        try:
+            with open(traceback_file, "w") as handle:
+                handle.write(f"{exc}\n{details}\n")
+            where = f" (tracebacks: {traceback_file}; --traceback prints them)"
+        except OSError:
+            traceback_file = None
+    if details and traceback_file is None:
+        print(details, file=sys.stderr)
+    if then:
+        print(then, file=sys.stderr)
+    print(f"{prog}: error: {exc}{where}", file=sys.stderr)
     return 1
 
 
@@ -229,24 +252,23 @@ def _phase_details(exc: BaseException) -> dict:
     return {"phase": phase_of(exc), "one_line": isinstance(exc, OneLineError)}
 
 
-def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str]]:
-    """One line that puts the first failure first: a rank killed by a signal, else the earliest reported error."""
+def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str], list[str]]:
+    """The first failure (a rank killed by a signal, else one that exited without an exception, else the
+    earliest reported error), the failing ranks' tracebacks, and the failures that followed."""
     raised = sorted((o for o in outcomes if o.error is not None), key=lambda o: o.raised_at)
     killed = [rank for rank, code in enumerate(exitcodes) if code is not None and code < 0
               and outcomes[rank].error is None]
     lines = [f"rank {rank} failed: killed by {signal.Signals(-exitcodes[rank]).name} (out of memory, or killed "
              "from outside)" for rank in killed]
-    for outcome in raised:
-        phase = outcome.details.get("phase")
-        where = f" in phase {phase}" if phase else ""
-        error = outcome.error
-        if lines and len(error) > 160:  # what follows the first failure is mostly its echo (connection reset ...)
-            error = error[:160] + " ..."
-        lines.append(f"rank {outcome.rank} failed{where}: {error}")
+    # A rank gone without a word is the likelier cause than the others' errors (mostly: their peer went away).
     for rank, code in enumerate(exitcodes):
         if code not in (None, 0) and outcomes[rank].error is None and rank not in killed:
             lines.append(f"rank {rank} failed: exited with status {code} without a Python exception (a hard exit "
                          "or a crash in native code: see its output above)")
-    if len(lines) > 1:
-        lines[1:] = ["then " + line for line in lines[1:]]
-    return "; ".join(lines), {o.rank: o.traceback for o in raised if not o.details.get("one_line")}
+    for outcome in raised:
+        phase = outcome.details.get("phase")
+        where = f" in phase {phase}" if phase else ""
+        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.error)}")
+    # The first failure is the message; what followed is mostly its echo (connection reset ...): details.
+    lines = lines or ["a worker failed without saying how"]
+    return lines[0], {o.rank: o.traceback for o in raised if not o.details.get("one_line")}, lines[1:]

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from .workers import parse_nproc, world_size
+from .pipeline import load  # noqa: F401  (the one config pipeline, by its usual name)
+from .run_dir import TRACEBACKS
+from .workers import is_rank0, parse_nproc, world_size
 
 
 def parse_run_args(argv: list[str], tool: str, description: str, presets, *, sections: str, print_config: str,
@@ -26,8 +27,12 @@ def parse_run_args(argv: list[str], tool: str, description: str, presets, *, sec
     parser.add_argument("--config", help=f"a YAML file of sections ({sections})")
     parser.add_argument("--nproc", type=parse_nproc,
                         help="worker processes on this node, or auto: one per visible device (default: the preset's)")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue run.name from its latest checkpoint, with its recorded config.json and only "
+                             "the options given now")
     parser.add_argument("--print-config", action="store_true", help=print_config)
+    parser.add_argument("--traceback", action="store_true",
+                        help="print the workers' tracebacks when one fails (default: a file in the run directory)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help=f"e.g. {example}")
     return parser.parse_intermixed_args(argv)
 
@@ -44,11 +49,6 @@ def run_subcommand(argv: list[str], package: str, commands: dict[str, str | Call
     return command(argv[1:])
 
 
-def is_rank0() -> bool:
-    """Under torchrun every rank runs the CLI; only rank 0 speaks."""
-    return os.environ.get("RANK", "0") == "0"
-
-
 def input_error(tool: str, exc: Exception) -> int:
     """Bad input found before any worker starts: one line, exit status 2."""
     print(f"{tool}: error: {exc}", file=sys.stderr)
@@ -56,19 +56,22 @@ def input_error(tool: str, exc: Exception) -> int:
 
 
 def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
-                steps: int, args: tuple = ()) -> int | None:
-    """Say what runs where (rank 0), run ``worker`` on every rank and wait: the exit status of a run that ended
-    early (a failed rank, an interrupt: with how to resume), None when it finished."""
+                steps: int, args: tuple = (), resumed: str = "", traceback: bool = False) -> int | None:
+    """Say what runs where (rank 0; ``resumed``: from which step, what changed), run ``worker`` on every rank and
+    wait: the exit status of a run that ended early (a failed rank, an interrupt: with how to resume), None when it
+    finished. A failure ends with one line; the tracebacks go to the run directory unless ``traceback``."""
     from ..runtime import Interrupted, WorkerFailed, report_early_end, run
     from .run_dir import resume_hint
 
     if is_rank0():
         print(f"{tool}: preset {config.preset}, backend {backend.name} ({backend.dist_backend}), {workers} "
-              f"process(es), {steps} steps; run directory {directory}", flush=True)
+              f"process(es), {steps} steps; run directory {directory}" + (f"; {resumed}" if resumed else ""),
+              flush=True)
     try:
         run(worker, workers, *(args or (config.to_dict(),)), str(directory), resume)
     except (WorkerFailed, Interrupted) as exc:
-        return report_early_end(tool, exc, resume_hint(directory, tool))
+        return report_early_end(tool, exc, resume_hint(directory, tool),
+                                traceback_file=None if traceback else directory / TRACEBACKS)
     return None
 
 
@@ -77,28 +80,6 @@ def print_outputs(directory: Path) -> None:
     curves = directory / "curves.png"
     drawn = curves if curves.exists() else "not drawn (matplotlib is not installed)"
     print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {drawn}\ncheckpoints: {directory / 'checkpoints'}")
-
-
-def load(recipe, preset: str | None, config_file: str | None, overrides: list[str], *, base=None):
-    """The one config pipeline: ``base`` (a run's config, a model directory's preset) or the preset chosen by
-    ``choose_preset``, then the YAML file, then the overrides, then the recipe's migrations. Returns
-    ``(config, notices, why)``: the migrations' notices and why that preset applies."""
-    import copy
-
-    from .config import apply, build_config, choose_preset, parse_override, read_config_file
-
-    file_data = read_config_file(config_file) if config_file else {}
-    if base is None:
-        name, why = choose_preset(recipe.presets, preset, file_data, overrides)
-        config = build_config(recipe.schema, recipe.presets, name, None, [])
-    else:
-        if preset:
-            raise ValueError("--preset is for a new config: this one starts from an existing configuration")
-        config, why = copy.deepcopy(base), "the run's own configuration"
-    apply(config, file_data)
-    for override in overrides:
-        apply(config, parse_override(override))
-    return config, recipe.migrate(config), why
 
 
 def main(recipe, argv: list[str]) -> int:
@@ -110,9 +91,10 @@ def main(recipe, argv: list[str]) -> int:
     from .config import require_valid
     from .loop import worker
     from .report import read_metrics
+    from .resume import find_run, resumed_config, resumed_from
     from .run_dir import run_dir
 
-    status = run_subcommand(argv, __package__, {**recipe.commands, "export": lambda rest: export_main(recipe, rest)})
+    status = run_subcommand(argv, __package__, {**recipe.commands, **frame_commands(recipe)})
     if status is not None:
         return status
     args = parse_run_args(argv, recipe.tool, recipe.help, recipe.presets, sections=recipe.sections,
@@ -122,10 +104,18 @@ def main(recipe, argv: list[str]) -> int:
 
     tool = recipe.tool
     try:
-        config, notices, why = load(recipe, args.preset, args.config, args.overrides)
+        directory, changed = None, {}
+        if args.resume:  # the run's record, and only what is given now (refused in one line when it may not change)
+            directory = find_run(recipe, args.preset, args.config, args.overrides)
+            config, notices, changed = resumed_config(recipe, directory, args.preset, args.config, args.overrides)
+            why = "the run's own configuration"
+        else:
+            config, notices, why = load(recipe, args.preset, args.config, args.overrides)
         for notice in notices if is_rank0() else ():
             print(f"{tool}: notice: {notice}", file=sys.stderr)
         if args.nproc is not None:
+            if args.resume and args.nproc != config.nproc:
+                changed["nproc"] = (config.nproc, args.nproc)
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
         require_valid(recipe.check(config, workers))
@@ -135,19 +125,14 @@ def main(recipe, argv: list[str]) -> int:
             print(json.dumps(recipe.resolved(plan), indent=2))  # stdout stays valid JSON
             return 0
         backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
-        directory = run_dir(config, args.resume, recipe.name)
-        if args.resume:
-            from .. import checkpoint
-
-            if checkpoint.latest_complete(directory / "checkpoints") is None:
-                raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
-        directory.mkdir(parents=True, exist_ok=True)
-        (directory / "config.json").write_text(json.dumps(recipe.resolved(plan), indent=2))
+        directory = directory or run_dir(config, False, recipe.name)
+        directory.mkdir(parents=True, exist_ok=True)  # config.json: the loop writes it once the start is settled
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         return input_error(tool, exc)
     started = time.perf_counter()
     status = run_workers(tool, worker, config, workers, directory, args.resume, backend=backend,
-                         steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers))
+                         steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers),
+                         resumed=resumed_from(directory, changed) if args.resume else "", traceback=args.traceback)
     if status is not None or not is_rank0():
         return status or 0
     line = recipe.done_line(read_metrics(directory / "metrics.jsonl"), time.perf_counter() - started)
@@ -157,12 +142,24 @@ def main(recipe, argv: list[str]) -> int:
     return 0
 
 
+def frame_commands(recipe) -> dict[str, Callable[[list[str]], int]]:
+    """The frame's sub-commands of every recipe: ``export``, and ``eval`` where the recipe scores (``evaluate``)."""
+    from .recipe import Recipe
+
+    commands = {"export": lambda rest: export_main(recipe, rest)}
+    if type(recipe).evaluate is not Recipe.evaluate:
+        from .evaluate import main as eval_main
+
+        commands["eval"] = lambda rest: eval_main(recipe, rest)
+    return commands
+
+
 def export_main(recipe, argv: list[str]) -> int:
     """``<tool> export RUN_DIR|CHECKPOINT OUT``: the run's config read with the recipe's schema, its model built by
     the recipe (``Recipe.run_model``), the rest shared (``export.py``)."""
     from . import export
 
-    return export.main(argv, lambda run_dir: recipe.run_model(export.read_run_config(run_dir, recipe)), recipe.tool)
+    return export.main(argv, export.run_loader(recipe), recipe.tool)
 
 
 def generic_main(argv: list[str] | None = None) -> int:
@@ -173,7 +170,8 @@ def generic_main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: accel-train TRAINER [--preset NAME] [--config FILE] [--nproc N] [--resume] [--print-config] "
-              f"[key=value ...]\n       accel-train TRAINER export|eval ...\n\ntrainers: {', '.join(recipe_names())}",
+              "[--traceback] [key=value ...]\n       accel-train TRAINER export|eval ...\n\ntrainers: "
+              f"{', '.join(recipe_names())}",
               file=sys.stdout if argv else sys.stderr)
         return 0 if argv else 2
     try:

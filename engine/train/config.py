@@ -6,6 +6,7 @@ commands run the pipeline through ``cli.load``."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -161,6 +162,20 @@ def build_config(schema: type, presets: dict[str, dict], preset: str | None, con
     for override in overrides:
         apply(config, parse_override(override))
     return config
+
+
+def resolve_paths(config, keys) -> None:
+    """Every path option in ``keys`` (``model.path``) made absolute against the directory the command runs in, so
+    that workers and servers started elsewhere read the same files; built-in names (``builtin:...``), nulls and
+    keys the schema lacks are left alone."""
+    for key in keys:
+        *sections, name = key.split(".")
+        holder = config
+        for section in sections:
+            holder = getattr(holder, section, None)
+        value = getattr(holder, name, None) if holder is not None else None
+        if isinstance(value, str) and value and not value.startswith("builtin:"):
+            setattr(holder, name, os.path.abspath(os.path.expanduser(value)))
 
 
 def dist_timeout_s(config) -> float:

@@ -1,6 +1,7 @@
 """How every trainer's ``eval`` makes its config, once: a run (or one of its checkpoints) is evaluated with the
 run's own ``config.json``; a model directory with a preset (the library defaults unless ``--preset`` names one)
-and ``model.path`` set to it; then ``--config`` and the overrides, then the recipe's migrations, as training does."""
+and ``model.path`` set to it, whose remembered prompt settings then apply (``prompting.py``); then ``--config`` and
+the overrides, then the recipe's migrations, as training does."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def eval_config(recipe, source, *, step: int | None = None, preset: str | None =
                 config_file: str | None = None, overrides=()) -> tuple[object, dict, list[str]]:
     """``(config, target, notices)``: ``target`` says what is evaluated (``run``, ``checkpoint``, ``step``, or
     ``model``) for the results."""
-    from .cli import load
+    from .pipeline import load
 
     source = Path(source)
     if is_run(source):
@@ -37,5 +38,6 @@ def eval_config(recipe, source, *, step: int | None = None, preset: str | None =
         base = build_config(recipe.schema, recipe.presets, preset or DEFAULT_PRESET, None, [])
         base.model.path = str(source)
         target = {"model": str(source)}
-    config, notices, _ = load(recipe, None, config_file, list(overrides), base=base)
+    # A model directory's remembered prompt settings (an export's) apply; a run has its own record.
+    config, notices, _ = load(recipe, None, config_file, list(overrides), base=base, remember="model" in target)
     return config, target, notices

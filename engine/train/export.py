@@ -5,8 +5,10 @@
 The checkpoint's weights are read in full by this one process (``engine.checkpoint.read_model_state``: no process
 group, whatever world size wrote them, optimizer state left alone), put into the run's model built on the meta
 device, and saved with ``save_pretrained``: ``config.json``, safetensors weights, and the tokenizer files, chat
-template and ``generation_config.json`` of the model the run trained (copied as they are). LoRA runs are merged into
-the base weights (``--lora merged``, the default) or written as a PEFT adapter directory (``--lora adapter``).
+template and ``generation_config.json`` of the model the run trained (copied as they are), then how the run prompted
+it (``prompting.py``: the system prompt as the template's default, ``max_new_tokens``, ``accel_prompting.json``).
+LoRA runs are merged into the base weights (``--lora merged``, the default) or written as a PEFT adapter directory
+(``--lora adapter``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import torch
 
 from .. import EngineConfig, apply_lora, checkpoint
 from ..checkpoint import META_FILE, STEP_DIRECTORY
+from . import prompting
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # Files of a model directory that describe how to talk to the model, copied verbatim into an export.
@@ -42,6 +45,8 @@ class RunModel:
     model_path: str | None  # the local model directory it trained; None: a model built in code
     engine: EngineConfig
     build: Callable[[], tuple[Any, Any]]  # () -> (tokenizer, a model factory or a model directory)
+    loader: str = "AutoModelForCausalLM"  # the transformers class that loads the export (its last line says so)
+    prompt: dict = dataclasses.field(default_factory=dict)  # how the run prompted it (``Recipe.prompt_settings``)
 
 
 LEGACY_TRAINER = "grpo"  # a run from before config.json named its trainer was a GRPO run
@@ -62,6 +67,19 @@ def read_run_config(run_dir: Path, recipe):
         return recipe.schema.from_dict(data)
     except (ValueError, TypeError) as exc:
         raise ExportError(f"{run_dir / 'config.json'} is not a readable {recipe.tool} config: {exc}") from exc
+
+
+def run_loader(recipe) -> Callable[[Path], RunModel]:
+    """``run_dir -> RunModel``: the run's model as ``recipe`` builds it, with how the run prompted it (from its
+    recorded config and ``derived`` section), for an export to remember."""
+    def load_run(run_dir: Path) -> RunModel:
+        config = read_run_config(run_dir, recipe)
+        run = recipe.run_model(config)
+        derived = json.loads((run_dir / "config.json").read_text()).get("derived") or {}
+        run.prompt = recipe.prompt_settings(config, derived)
+        return run
+
+    return load_run
 
 
 def locate(source, step: int | None = None) -> tuple[Path, Path]:
@@ -183,6 +201,7 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
                 for file in Path(model_path).glob(pattern):
                     if file.is_file():
                         shutil.copy2(file, partial / file.name)
+        prompting.write(partial, run.prompt)  # the system prompt, template choice and length it trained with
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
@@ -191,11 +210,13 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
     partial.rename(out)
     return {"checkpoint": str(found), "step": checkpoint.step_of(found), "output": str(out), "dtype": dtype,
             "lora": lora if lora_rank else None, "files": sorted(p.name for p in out.iterdir()),
-            "builtin_model": model_path is None}
+            "builtin_model": model_path is None, "loader": run.loader}
 
 
 EXPORT_HELP = """Write a run's checkpoint as a Hugging Face model directory: config.json, safetensors weights, and the
-tokenizer files, chat template and generation config of the model the run trained. This one process reads the
+tokenizer files, chat template and generation config of the model the run trained, with how the run prompted it
+(its system prompt as the chat template's default, max_new_tokens in generation_config.json, accel_prompting.json:
+eval and a run started from the directory use them unless told otherwise). This one process reads the
 checkpoint whatever number of processes wrote it. A LoRA run is merged into the base weights (--lora merged, the
 default) or written as a PEFT adapter directory (--lora adapter)."""
 
@@ -223,7 +244,7 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
         return 2
     kind = {"adapter": "a PEFT adapter", "merged": "LoRA merged"}.get(summary["lora"], "full model")
     loader = "PeftModel.from_pretrained(base, OUT)" if summary["lora"] == "adapter" else \
-        "AutoModelForCausalLM.from_pretrained(OUT)"
+        f"{summary['loader']}.from_pretrained(OUT)"
     if summary["builtin_model"]:
         # transformers 5 gives every qwen2 model its Qwen2Tokenizer in AutoTokenizer, which cannot read a
         # character vocabulary; the tokenizer class the file names reads it as trained.

@@ -181,7 +181,8 @@ class Loggers:
     def __init__(self, names: list[str], run_dir: Path, resume_step: int, config: dict | None = None,
                  project: str = "accel-grpo") -> None:
         self.loggers = [MetricsLog(run_dir / "metrics.jsonl", resume_step)]
-        self.samples = MetricsLog(run_dir / "samples.jsonl", resume_step)  # run.log_samples prompts per step
+        # run.log_samples prompts per step; no file for a run that logs none (SFT)
+        self.samples = MetricsLog(run_dir / "samples.jsonl", resume_step, create=False)
         config = config or {}
         if "tensorboard" in names:
             self.loggers.append(TensorBoardLogger(run_dir / "tensorboard", resume_step))

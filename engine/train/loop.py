@@ -1,4 +1,5 @@
-"""The one training loop, run by every rank for every trainer: resume, then per step the recipe's step, its
+"""The one training loop, run by every rank for every trainer: resume (rank 0 writes the run's ``config.json`` only
+once the checkpoint loaded: ``resume.record``), then per step the recipe's step, its
 figures reduced over ranks once (sums in one all-reduce, maxima in one more), validation when due, rank 0's
 loggers and progress bar, a checkpoint when due (with retention), and a stop at a safe point (Ctrl-C / SIGTERM:
 the step finishes, is saved, and every rank stops at the same step). Only this loop writes a run's outputs."""
@@ -15,6 +16,7 @@ from .loggers import Loggers
 from .progress import progress_bar
 from .recipe import Plan, Recipe, StepResult
 from .report import plot_curves
+from .resume import record
 from .steps import advance, finish, save_if_due
 
 
@@ -45,6 +47,8 @@ def run_parts(recipe: Recipe, plan: Plan, parts, run_dir: Path, resume: bool) ->
     if resume:
         loaded = checkpoint.load_latest(parts.engine, run_dir / "checkpoints", run.resume_fallback)
         start = checkpoint.step_of(loaded)
+    if parts.engine.rank == 0:  # only now: a resume that failed to load leaves the run's record as it was
+        record(run_dir, recipe.resolved(plan))
     recipe.ready(parts, start)
     try:
         return _steps(recipe, plan, parts, run_dir, start)
@@ -81,7 +85,8 @@ def _steps(recipe: Recipe, plan: Plan, parts, run_dir: Path, start: int) -> dict
                     tool=recipe.tool)
         if stopping:
             break
-    finish(progress, loggers, lambda: plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", recipe.curves))
+    curves = recipe.curves_for(plan.config)
+    finish(progress, loggers, lambda: plot_curves(run_dir / "metrics.jsonl", run_dir / "curves.png", curves))
     return last
 
 

@@ -29,6 +29,20 @@ class StepResult:
 
 
 @dataclasses.dataclass
+class Evaluation:
+    """What one rank's ``Recipe.evaluate`` hands back to the frame's ``eval`` command.
+
+    ``metrics`` are the scores, already the same on every rank (reduced over ranks), written to ``results.json``;
+    ``samples`` this rank's scored records (rank 0 writes every rank's to ``samples.jsonl``, sorted by ``index``
+    when each has one; none: no file); ``results`` other fields of ``results.json`` (counts, the settings used).
+    """
+
+    metrics: dict[str, float]
+    samples: list[dict] = dataclasses.field(default_factory=list)
+    results: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
 class Plan:
     """A run's sizes, derived once from the config and the world size (and, for some recipes, the data)."""
 
@@ -51,8 +65,19 @@ class Recipe:
     sections: str = "model, data, train, run, engine"  # the YAML file's sections, for --help
     example: str = "train.steps=10"  # a pair of overrides, for --help
     commands: dict[str, Callable[[list[str]], int]] = {}  # sub-commands of the recipe's own (export/eval: frame's)
+    # Options whose value is a path: resolved against the directory the command ran in, before any worker starts.
+    path_keys: tuple[str, ...] = ("model.path", "data.path", "data.val_path")
+    # ``--resume`` refuses to change these (a key, or a section and everything in it), with why, in one line.
+    resume_fixed: dict[str, str] = {"trainer": "the trainer", "model": "the model the checkpoint holds",
+                                    "engine.lora_rank": "the LoRA adapters the checkpoint holds",
+                                    "engine.lora_alpha": "the LoRA adapters the checkpoint holds",
+                                    "engine.lora_target_modules": "the LoRA adapters the checkpoint holds"}
+    eval_help: str = ""  # what ``eval`` scores, one paragraph for ``<tool> eval --help``
+    # eval of a run: its checkpoint exported as a model directory (LoRA merged, fp32) for ``evaluate``; False: the
+    # checkpoint directory itself (the recipe loads it into an engine of the run's model, any world size)
+    eval_exports: bool = True
 
-    # -- the config pipeline (``pipeline.py`` calls these in order) --------------------------------------------
+    # -- the config pipeline (``cli.load`` and ``cli.main`` call these in order) ------------------------------
 
     def migrate(self, config) -> list[str]:
         """Move deprecated keys to their new names and fill keys other keys decide; notices for the user."""
@@ -97,3 +122,42 @@ class Recipe:
     def done_line(self, rows: list[dict], seconds: float) -> str | None:
         """The line printed when a run finished, from its metrics rows."""
         return None
+
+    def curves_for(self, config) -> tuple[tuple[str, str], ...]:
+        """The (metric, title) panels of this run's curves.png: ``curves`` unless the titles follow the options."""
+        return self.curves
+
+    def derived_engine_options(self, config, derived: dict) -> dict:
+        """``engine.*`` values this recipe derived from other options when they were not given (the seed, the
+        schedule's length), as a run's record holds them (``derived``: its ``derived`` section): ``--resume``
+        derives them again from the resumed config."""
+        return {}
+
+    def prompt_settings(self, config, derived: dict) -> dict:
+        """How the run prompted its model, for ``export`` to write into the model directory
+        (``engine/train/prompting.py``): any of ``system_prompt``, ``chat_template`` (auto / none),
+        ``max_new_tokens``; ``derived`` is the record's ``derived`` section. {}: nothing to remember."""
+        return {}
+
+    def prompt_keys(self) -> dict[str, str]:
+        """The options a model directory's remembered prompt settings fill (``{"max_new_tokens":
+        "rollout.max_new_tokens"}``) when a run or eval starts from it and does not set them."""
+        return {}
+
+    # -- eval (the frame's ``eval`` command; offered when ``evaluate`` is implemented) ---------------------------
+
+    def eval_problems(self, config, target: dict, world_size: int) -> list[str]:
+        """What would stop an evaluation, one sentence each, before any worker starts (``target``: ``run``,
+        ``checkpoint``, ``step`` for a run, ``model`` for a model directory); training-only checks do not apply."""
+        return []
+
+    def eval_inputs(self, config) -> dict:
+        """Read the evaluation data in the launching process (bad rows fail here), sizing the config from it where
+        needed; returns fields for ``results.json`` (e.g. ``{"prompts": 8}``)."""
+        return {}
+
+    def evaluate(self, config, weights: str | None, backend) -> Evaluation:
+        """Score on this rank (the process group exists). ``weights``, for a run: a model directory with its
+        checkpoint exported by the frame (LoRA merged, fp32), or with ``eval_exports = False`` the checkpoint
+        directory; None: ``config.model.path`` as it is."""
+        raise NotImplementedError

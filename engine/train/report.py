@@ -9,15 +9,20 @@ from pathlib import Path
 
 
 class MetricsLog:
-    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone)."""
+    """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone).
+    ``create=False`` (``samples.jsonl``): the file appears with its first line, so a run that logs none leaves
+    no empty file."""
 
-    def __init__(self, path: Path, resume_step: int) -> None:
+    def __init__(self, path: Path, resume_step: int, create: bool = True) -> None:
         self.path = path
         kept = []
         if resume_step and path.exists():
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] <= resume_step]
-        path.write_text("".join(line + "\n" for line in kept))
+        if kept or create:
+            path.write_text("".join(line + "\n" for line in kept))
+        else:
+            path.unlink(missing_ok=True)
 
     def write(self, metrics: dict) -> None:
         with self.path.open("a") as handle:
@@ -26,6 +31,17 @@ class MetricsLog:
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def first_and_last(values: list[float], window: int = 10) -> str:
+    """The end summary's comparison: the mean over the first and over the last ``window`` steps, windows that
+    never overlap (a short run compares its first and last halves; one step is said as it is)."""
+    if len(values) == 1:
+        return f"at its only step {values[0]:.3f}"
+    size = max(1, min(window, len(values) // 2))
+    first, last = values[:size], values[-size:]
+    steps = "step" if size == 1 else f"{size} steps"
+    return f"over the first {steps} {sum(first) / size:.3f}, over the last {steps} {sum(last) / size:.3f}"
 
 
 def panels(rows: list[dict], curves) -> list[tuple[str, str]]:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 from .. import checkpoint
 
+TRACEBACKS = "tracebacks.txt"  # in the run (or eval) directory: the workers' tracebacks when one failed
+
 
 def run_dir(config, resume: bool, trainer: str | None = None) -> Path:
     """``trainer`` prefixes a run's generated name (``grpo-cpu-demo-...``) so that trainers' runs differ; --resume
@@ -58,4 +60,4 @@ def resume_hint(run_dir: Path, tool: str = "accel-grpo") -> str:
         return "no checkpoint was written yet: start the run again"
     where = "" if run_dir.parent == Path("runs") else f" run.output_dir={run_dir.parent}"
     return (f"latest complete checkpoint {latest}; continue with: {tool} --resume run.name={run_dir.name}"
-            f"{where} (and the same --preset/--config/overrides)")
+            f"{where} (the run keeps its recorded config; add only what should change, e.g. train.steps=N)")

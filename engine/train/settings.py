@@ -15,18 +15,18 @@ from .config import ConfigRoot
 class ModelConfig:
     path: str | None = None  # a local Hugging Face model directory (or a recipe's built-in demo model)
     hidden_size: int = 64  # the built-in demo model's size (ignored for a directory)
-    layers: int = 2
+    layers: int = 2  # the built-in demo model's layers (ignored for a directory)
 
 
 @dataclasses.dataclass
 class RunConfig:
     name: str | None = None  # default: <trainer>-<preset>-<date>-<time>
-    output_dir: str = "runs"
+    output_dir: str = "runs"  # where run directories go
     save_every: int = 0  # checkpoint every N steps (0: only at the end)
     keep_checkpoints: int | None = None  # keep only the newest N complete checkpoints (null: keep every one)
     val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
     loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard, wandb, mlflow
-    progress: bool = True
+    progress: bool = True  # rank 0's progress on stderr: a bar on a terminal, a line every few steps in a log
     resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
     save_on_interrupt: bool = True  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
 
@@ -36,7 +36,7 @@ class TrainerConfig(ConfigRoot):
     """The first fields of every trainer's config root, written once; a recipe's root adds its own sections (and
     ``run``, ``engine`` and ``trainer``, which stay last in config.json) after these."""
 
-    preset: str = "default"
+    preset: str = "default"  # the preset applied first (--preset)
     nproc: int | str = "auto"  # worker processes on this node; auto: one per visible accelerator (2 on the CPU)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
 

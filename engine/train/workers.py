@@ -34,3 +34,8 @@ def world_size(config, nproc_arg: int | str | None = None) -> int:
     if isinstance(nproc, bool) or not isinstance(nproc, int) or nproc < 1:
         raise ValueError(f"nproc must be a positive integer or 'auto', got {nproc!r}")
     return nproc
+
+
+def is_rank0() -> bool:
+    """Under torchrun every rank runs the CLI; only rank 0 speaks."""
+    return os.environ.get("RANK", "0") == "0"

@@ -41,3 +41,22 @@ def test_too_few_steps_are_refused_before_anything_starts(capsys):
         main(["--scenarios", "async_rollout", "--async-steps", "3", "--async-warmup", "2"])
     assert ended.value.code == 2
     assert "--async-steps 3 leaves no timed step after --async-warmup 2" in capsys.readouterr().err
+
+
+def test_the_defaults_run_with_nothing_set_but_the_three_keys(monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    monkeypatch.setenv(async_rollout.BINDING_ENV, "split")
+    args = build_parser().parse_args(["--scenarios", "async_rollout", "--async-bindings", "auto,auto-split,lend",
+                                      "--async-variants", "server_k1,colocated_2_ranks"])
+    assert args.async_bindings == ["auto", "auto-split", "lend"]
+    options = {"async_partial": False}
+    nproc, overrides, env = async_rollout.launch("server_k1", "auto", None, options, 1, 0)
+    assert (nproc, overrides) == (1, ["rollout.vllm.mode=server", "rollout.vllm.servers=1", "rollout.max_staleness=1"])
+    assert "OMP_NUM_THREADS" not in env and async_rollout.BINDING_ENV not in env  # the library's own choices
+    assert async_rollout.launch("server_k1", "auto-split", None, options, 1, 0)[2][async_rollout.BINDING_ENV] == \
+        "split"
+    assert async_rollout.launch("colocated_2_ranks", "auto", None, options, 1, 0)[:2] == (
+        2, ["rollout.vllm.mode=colocate"])
+    nproc, overrides, env = async_rollout.launch("server_k2", "lend", "http://127.0.0.1:9", options, 1, 1)
+    assert overrides == ["rollout.vllm.mode=server", "rollout.vllm.server_urls=[http://127.0.0.1:9]",
+                         "rollout.max_staleness=2", "rollout.vllm.borrow_threads=1"] and env["OMP_NUM_THREADS"] == "1"

@@ -233,18 +233,23 @@ def test_a_token_budget_needs_a_prompt_limit_for_data_files(tmp_path):
 
 def test_train_eval_and_bench_go_through_one_config_pipeline(tmp_path, capsys):
     """Deprecated keys are migrated identically (same notices, same resolved algorithm) and a misspelt key is
-    refused with the same message, whichever command reads the config."""
+    refused with the same message, whichever command reads the config: all go through engine.train.cli.load
+    (GRPO keeps no loader of its own)."""
     import argparse
     import dataclasses
     import json
 
+    import engine.recipes.grpo.config as grpo_config
     from engine.bench.cli import _check_grpo_settings
     from engine.grpo import cli
-    from engine.recipes.grpo import evaluate
-    from engine.recipes.grpo.config import load_config
+    from engine.train.cli import load
+    from engine.train.eval_config import eval_config
+    from engine.train.registry import get_recipe
 
+    assert not hasattr(grpo_config, "load_config")  # one pipeline: the bench's second loader is gone
+    recipe = get_recipe("grpo")
     deprecated = ["algorithm.kl_coef=0.05", "algorithm.norm_by_std=false"]
-    expected, notices = load_config(None, None, deprecated)
+    expected, notices, _ = load(recipe, None, None, deprecated)
     assert len(notices) == 2 and (expected.algorithm.kl_loss_coef, expected.algorithm.kl_coef) == (0.05, None)
 
     assert cli.main(["--print-config", *deprecated]) == 0
@@ -253,11 +258,9 @@ def test_train_eval_and_bench_go_through_one_config_pipeline(tmp_path, capsys):
     assert all(f"accel-grpo: notice: {n}" in train.err for n in notices), train.err
 
     model = str(tmp_path / "model")
-    eval_args = argparse.Namespace(source=model, preset=None, step=None, config=None, overrides=deprecated)
-    config, target = evaluate.configure(eval_args)
+    config, target, eval_notices = eval_config(recipe, model, overrides=deprecated)
     assert config.algorithm == expected.algorithm and config.model.path == model and target == {"model": model}
-    err = capsys.readouterr().err
-    assert all(f"accel-grpo eval: notice: {n}" in err for n in notices), err
+    assert eval_notices == notices
 
     parser = argparse.ArgumentParser(prog="accel-bench")
     _check_grpo_settings(parser, argparse.Namespace(grpo_preset=None, grpo_overrides=deprecated, nproc=2))
@@ -268,21 +271,24 @@ def test_train_eval_and_bench_go_through_one_config_pipeline(tmp_path, capsys):
     assert cli.main(["train.stepz=3"]) == 2
     assert f"accel-grpo: error: {message}" in capsys.readouterr().err
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)").replace("?", r"\?")):
-        evaluate.configure(argparse.Namespace(**{**vars(eval_args), "overrides": ["train.stepz=3"]}))
+        eval_config(recipe, model, overrides=["train.stepz=3"])
     with pytest.raises(SystemExit):
         _check_grpo_settings(parser, argparse.Namespace(grpo_preset=None, grpo_overrides=["train.stepz=3"], nproc=2))
     assert f"grpo: {message}" in capsys.readouterr().err
 
 
 def test_a_run_config_is_migrated_by_the_same_pipeline_and_the_preset_is_refused_on_it(tmp_path):
-    from engine.recipes.grpo.config import build_config, load_config
+    from engine.recipes.grpo.config import build_config
+    from engine.train.cli import load
+    from engine.train.registry import get_recipe
 
+    recipe = get_recipe("grpo")
     old = build_config(None, None, ["algorithm.kl_coef=0.2"])  # as an older run's config.json holds it
     config_file = tmp_path / "eval.yaml"
     config_file.write_text("rollout:\n  val_n: 3\n")
-    config, notices = load_config(None, str(config_file), ["rollout.max_new_tokens=6"], base=old)
+    config, notices, _ = load(recipe, None, str(config_file), ["rollout.max_new_tokens=6"], base=old)
     assert (config.algorithm.kl_loss_coef, config.algorithm.kl_coef) == (0.2, None)
     assert (config.rollout.val_n, config.rollout.max_new_tokens) == (3, 6) and len(notices) == 1
     assert old.algorithm.kl_coef == 0.2  # the base is not changed
     with pytest.raises(ValueError, match="--preset is for a new config"):
-        load_config("h100", None, [], base=old)
+        load(recipe, "h100", None, [], base=old)

@@ -35,15 +35,20 @@ def test_wandb_dir_of_the_user_wins(monkeypatch, tmp_path, user_dir):
 
 
 def test_progress_bar_uses_a_thread_lock():
+    import io
     import threading
 
     from tqdm import tqdm
 
     from engine.train.progress import progress_bar
 
-    bar = progress_bar(3, 0, "x")
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    bar = progress_bar(3, 0, "x", stream=Terminal())  # on a terminal: tqdm's bar
     try:
-        assert isinstance(tqdm.get_lock(), type(threading.RLock()))
+        assert isinstance(bar, tqdm) and isinstance(tqdm.get_lock(), type(threading.RLock()))
     finally:
         bar.close()
 

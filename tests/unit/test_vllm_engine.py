@@ -73,7 +73,7 @@ def test_vllm_is_a_built_in_engine_and_its_settings_are_in_the_resolved_config()
                      "max_model_len": None, "enforce_eager": True, "dtype": None, "llm_args": {},
                      "mode": "colocate", "servers": None, "server_urls": [], "server_port": 0, "server_devices": [],
                      "server_args": {}, "server_start_timeout_s": 600.0, "weight_transfer_address": None,
-                     "weight_transfer": None, "borrow_threads": 0}
+                     "weight_transfer": None, "borrow_threads": "auto"}
     config = _vllm_config("rollout.vllm.llm_args.max_num_seqs=64", "rollout.vllm.tensor_parallel_size=2")
     assert config.rollout.vllm.llm_args == {"max_num_seqs": 64} and config.rollout.vllm.tensor_parallel_size == 2
 
@@ -223,3 +223,68 @@ def test_responses_from_vllm_outputs():
     assert responses.token_ids.tolist() == [[3, 4, 2], [5, 0, 0]]  # completions in their index order
     assert responses.mask.tolist() == [[1, 1, 1], [1, 0, 0]] and responses.tokens_computed == 4
     assert responses.log_probs.tolist() == [[-1.0, -2.0, -3.0], [-0.5, 0.0, 0.0]]
+
+
+# -- settings that would do nothing (issue 39) ---------------------------------------------------------------------
+
+
+def test_settings_that_would_do_nothing_are_refused_saying_what_they_need():
+    """Bugs: rollout.vllm.mode=server without rollout.engine=vllm trained with HF decoding; the typo
+    rollout.vllm.mode=sever was checked only with the vLLM engine; rollout.partial=true with max_staleness=0 and
+    rollout.vllm.gpu_memory_utilization on the CPU (never passed to vLLM there) were accepted."""
+    from engine.rollout.engines.vllm_settings import VLLMConfig, check_settings, inert_problems
+
+    def problems(*overrides):
+        return check(build_config("cpu-demo", None, list(overrides)), 2)
+
+    assert problems("rollout.vllm.mode=server", "rollout.vllm.servers=2") == [
+        "rollout.vllm.mode=server, rollout.vllm.servers=2: rollout.vllm.* applies only with rollout.engine=vllm "
+        "(this run has rollout.engine=hf-continuous): add rollout.engine=vllm, or remove them"]
+    assert problems("rollout.vllm.mode=sever") == [
+        "rollout.vllm.mode must be one of colocate, server, got 'sever' (did you mean rollout.vllm.mode=server?)"]
+    assert problems("rollout.partial=true") == [
+        "rollout.partial=true lets requests in flight go on across a weight push, which happens only when sampling "
+        "runs ahead: it needs rollout.max_staleness >= 1 (vLLM servers); set rollout.max_staleness or remove "
+        "rollout.partial"]
+    cpu, gpu = CPUBackend().inference_engine_facts(), CUDABackend().inference_engine_facts()
+    rollout = RolloutConfig(engine="vllm", vllm=VLLMConfig(gpu_memory_utilization=0.5))
+    assert inert_problems(rollout, cpu) == [
+        "rollout.vllm.gpu_memory_utilization does not apply on this device (vLLM's memory here is not a share of a "
+        "device): set rollout.vllm.kv_cache_gib (on this device vLLM's memory is its KV cache, in GiB) instead"]
+    assert inert_problems(rollout, gpu) == []
+    rollout = RolloutConfig(engine="vllm", vllm=VLLMConfig(kv_cache_gib=2.0))
+    assert inert_problems(rollout, cpu) == [] and "set rollout.vllm.gpu_memory_utilization instead" in \
+        inert_problems(rollout, gpu)[0]
+    # The pass-through's refusal names the setting that works on this device (it named a dead end on the CPU).
+    managed = VLLMConfig(llm_args={"gpu_memory_utilization": 0.9})
+    assert check_settings(managed, 1, None, cpu) == [
+        "rollout.vllm.llm_args.gpu_memory_utilization is set by the engine itself: use rollout.vllm.kv_cache_gib "
+        "(on this device vLLM's memory is its KV cache, in GiB)"]
+    assert check_settings(managed, 1, None, gpu) == [
+        "rollout.vllm.llm_args.gpu_memory_utilization is set by the engine itself: use "
+        "rollout.vllm.gpu_memory_utilization"]
+
+
+def test_vllms_memory_refusal_is_one_line_naming_the_setting_that_sizes_it():
+    """Bug: on the CPU vLLM refused to start unless 92% of RAM was free, and nothing said which setting sizes it."""
+    refusal = ("Free memory on device cpu (3.1/15.6 GiB) on startup is less than desired GPU memory utilization "
+               "(0.92, 14.4 GiB). Decrease GPU memory utilization or reduce GPU memory used by other processes.")
+
+    def refuse(arguments):
+        raise ValueError(refusal)
+
+    model = tiny_qwen2(seed=0, vocab_size=32, hidden_size=16, layers=1)
+    policy = types.SimpleNamespace(backend=FactsBackend(CPUBackend().inference_engine_facts()), rank=0,
+                                   world_size=1, module=model, compute_dtype=torch.float32)
+    context = RolloutContext(policy, None, lambda: model, RolloutConfig(), max_sequence_tokens=40)
+    with pytest.raises(RolloutEngineError) as caught:
+        VLLMRolloutEngine(context, build_llm=refuse)
+    assert str(caught.value) == (f"vLLM refused to start for lack of memory ({refusal}): size it with "
+                                 "rollout.vllm.kv_cache_gib (on this device vLLM's memory is its KV cache, in GiB), "
+                                 "e.g. rollout.vllm.kv_cache_gib=1")
+
+    def other(arguments):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):
+        VLLMRolloutEngine(context, build_llm=other)

@@ -69,8 +69,11 @@ def test_server_settings_are_checked_as_one_line_each():
     assert borrow.startswith("rollout.vllm.borrow_threads=1 borrows the cores of idle vLLM servers: it needs "
                              "rollout.vllm.mode=server")
     (negative,) = server_problems(_server(borrow_threads=-1), GLOO)
-    assert negative == "rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got -1"
+    assert negative == "rollout.vllm.borrow_threads must be auto or an integer >= 0 (0: never borrow), got -1"
+    (word,) = server_problems(_server(borrow_threads="many"), GLOO)
+    assert word.startswith("rollout.vllm.borrow_threads must be auto or an integer") and word.endswith("'many'")
     assert server_problems(_server(borrow_threads=1), GLOO) == []
+    assert server_problems(VLLMConfig(borrow_threads="auto"), GLOO) == []  # auto colocated: 0, nothing to refuse
     # This package's engine needs nothing of vLLM in the trainer, on any device; vLLM's nccl, when chosen, has its
     # trainer side in vLLM: without vLLM in the trainer's Python, one line.
     assert server_problems(_server(), CUDABackend().inference_engine_facts()) == []

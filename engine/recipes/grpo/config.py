@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from collections.abc import Sequence
 from pathlib import Path
 
 from accel_backends.names import did_you_mean
@@ -39,25 +37,6 @@ from .schema import (  # noqa: F401  (the config's sections, by their usual name
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> GRPOConfig:
     """Preset, then the YAML file, then the overrides, in that order (``engine.train.config``)."""
     return train_config.build_config(GRPOConfig, PRESETS, preset, config_file, overrides)
-
-
-def load_config(preset: str | None = None, config_file: str | None = None, overrides: Sequence[str] = (), *,
-                base: GRPOConfig | None = None) -> tuple[GRPOConfig, list[str]]:
-    """The one way training, eval and bench make a GRPO config: ``base`` (a run's ``config.json``, a model
-    directory's preset) or the preset, then the YAML file, then the ``key=value`` overrides, then the migrations of
-    renamed keys (``apply_loss_type``, applied here and nowhere else). Returns the config and the migrations'
-    notices; ``require_valid`` (or eval's own rules) checks it next."""
-    if base is None:
-        config = build_config(preset, config_file, list(overrides))
-    else:
-        if preset:
-            raise ValueError("--preset is for a new config: this one starts from an existing configuration")
-        config = copy.deepcopy(base)
-        if config_file:
-            apply(config, train_config.read_config_file(config_file))
-        for override in overrides:
-            apply(config, parse_override(override))
-    return config, apply_loss_type(config)
 
 
 def require_valid(config: GRPOConfig, world_size: int) -> None:
@@ -181,7 +160,11 @@ def deprecation_notices(config: GRPOConfig, world_size: int) -> list[str]:
 
 
 def derived(config: GRPOConfig, world_size: int) -> dict:
-    """The values that follow from the options and the world size (``--print-config``, ``config.json``)."""
+    """The values that follow from the options and the world size (``--print-config``, ``config.json``); with
+    vLLM servers, what ``rollout.vllm.borrow_threads`` comes to on this host (``borrow_threads``)."""
+    from ...rollout.borrowing import shown_borrowing
+
+    borrowing = shown_borrowing(config.rollout, world_size)
     return {
         "world_size": world_size,
         "prompts_per_rank": prompts_per_rank(config, world_size),
@@ -191,6 +174,7 @@ def derived(config: GRPOConfig, world_size: int) -> dict:
         "micro_batch_size_per_rank": None if config.train.micro_batch_tokens else config.train.micro_batch_size,
         "optimizer_steps_per_step": updates_per_step(config, world_size),
         "total_optimizer_steps": config.train.steps * updates_per_step(config, world_size),
+        **({"borrow_threads": borrowing} if borrowing else {}),
     }
 
 
@@ -215,17 +199,22 @@ def engine_config(config: GRPOConfig, world_size: int, frozen: bool = False) -> 
     return train_config.engine_options(options, {})
 
 
-def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
-    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
+def engine_facts():
+    """The backend's ``inference_engine_facts()`` (the defaults when the backend is unusable: its own problem is
+    reported when the workers start)."""
     import accel_backends
 
+    try:
+        return accel_backends.get_backend().inference_engine_facts()
+    except Exception:  # noqa: BLE001
+        return accel_backends.InferenceEngineFacts()
+
+
+def vllm_check(config: GRPOConfig, world_size: int) -> list[str]:
+    """``rollout.engine=vllm``'s problems (vLLM missing: the package this device needs; ``rollout.vllm.*``)."""
     from ...rollout.engines.vllm_settings import vllm_problems
 
-    try:
-        facts = accel_backends.get_backend().inference_engine_facts()
-    except Exception:  # noqa: BLE001 - the backend's own problem is reported when the workers start
-        facts = accel_backends.InferenceEngineFacts()
-    return vllm_problems(config, world_size, max_sequence_tokens(config), facts)
+    return vllm_problems(config, world_size, max_sequence_tokens(config), engine_facts())
 
 
 def sequence_parallel_problems(config: GRPOConfig, sp, world_size: int) -> list[str]:
@@ -328,8 +317,9 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append(f"train.padding_free must be true or false, got {t.padding_free!r}")
     problems += _check_algorithm(config)
     from ...rl.ahead import staleness_problems
+    from ...rollout.engines.vllm_settings import inert_problems
 
-    problems += staleness_problems(config)
+    problems += staleness_problems(config) + inert_problems(config.rollout, engine_facts())
     if problems:
         return problems
     problems += _batch_problems(config, world_size)

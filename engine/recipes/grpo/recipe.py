@@ -7,7 +7,8 @@ from __future__ import annotations
 from ...train import export as export_module
 from ...train.recipe import Plan, Recipe
 from . import config as grpo_config
-from .report import CURVES
+from .evaluate import HELP as EVAL_HELP
+from .report import CURVES, curves_for
 
 HELP = """GRPO post-training of a causal language model on prompts with a reward (GSM8K-style data and your own
 reward functions; multi-turn rollouts with tools).
@@ -38,12 +39,18 @@ class GRPORecipe(Recipe):
     schema, presets, curves = grpo_config.GRPOConfig, grpo_config.PRESETS, CURVES
     sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
 
+    # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
+    resume_fixed = {**Recipe.resume_fixed, "rollout.n": "the group size", "algorithm.loss_type": "the loss",
+                    **{f"data.{key}": "the run's data" for key in (
+                        "task", "path", "val_fraction", "prompt_key", "answer_key", "reward", "reward_weights",
+                        "reward_style", "chat_template", "system_prompt")}}
+    eval_help = EVAL_HELP
+
     @property
     def commands(self):
-        from . import evaluate
         from .tiny_model_command import main as make_tiny_model_main
 
-        return {"make-tiny-model": make_tiny_model_main, "eval": evaluate.main}
+        return {"make-tiny-model": make_tiny_model_main}
 
     def migrate(self, config):
         return grpo_config.apply_loss_type(config)
@@ -90,9 +97,43 @@ class GRPORecipe(Recipe):
                                       build=lambda: build_model(config.model))
 
     def done_line(self, rows, seconds):
+        from ...train.report import first_and_last
+
         rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
         if not rewards:
             return None
-        first, final = rewards[:10], rewards[-10:]
-        return (f"{self.tool}: done in {seconds:.0f} s; reward mean over the first {len(first)} steps "
-                f"{sum(first) / len(first):.3f}, over the last {len(final)} steps {sum(final) / len(final):.3f}")
+        return f"{self.tool}: done in {seconds:.0f} s; reward mean {first_and_last(rewards, 10)}"
+
+    def curves_for(self, config):
+        return curves_for(config.algorithm)
+
+    def derived_engine_options(self, config, derived):
+        return {"seed": config.train.seed, "total_steps": derived.get("total_optimizer_steps")}
+
+    def prompt_settings(self, config, derived):
+        return {"system_prompt": config.data.system_prompt, "chat_template": config.data.chat_template,
+                "max_new_tokens": config.rollout.max_new_tokens}
+
+    def prompt_keys(self):
+        return PROMPT_KEYS
+
+    # -- eval: held-out prompts scored with the run's rewards (engine/train/evaluate.py does the rest) ---------
+
+    def eval_problems(self, config, target, world_size):
+        from .evaluate import problems
+
+        return problems(config, target, world_size)
+
+    def eval_inputs(self, config):
+        from .evaluate import load_inputs
+
+        return load_inputs(config)
+
+    def evaluate(self, config, model_dir, backend):
+        from .evaluate import evaluate
+
+        return evaluate(config, model_dir, backend)
+
+
+PROMPT_KEYS = {"system_prompt": "data.system_prompt", "chat_template": "data.chat_template",
+               "max_new_tokens": "rollout.max_new_tokens"}

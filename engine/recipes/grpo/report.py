@@ -13,6 +13,15 @@ CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accurac
           ("step_time_s", "step time (s)"))
 
 
+def curves_for(algorithm) -> tuple[tuple[str, str], ...]:
+    """``CURVES`` with the loss panel titled by the terms the run's loss has (the KL and entropy terms only when
+    their coefficients are set) and the KL panel only when there is a KL term."""
+    terms = ["policy"] + ["KL"] * bool(algorithm.kl_loss_coef) + ["entropy bonus"] * bool(algorithm.entropy_coeff)
+    title = f"loss ({' + '.join(terms)})"
+    return tuple((key, title if key == "loss" else name) for key, name in CURVES
+                 if key != "kl" or algorithm.kl_loss_coef)
+
+
 def panels(rows: list[dict]) -> list[tuple[str, str]]:
     return report.panels(rows, CURVES)
 

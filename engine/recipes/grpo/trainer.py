@@ -44,8 +44,9 @@ from ...rollout import (
     sampling_configs,
     sync_weights,
 )
+from ...rollout.borrowing import borrow_idle_cores
 from ...rollout.staleness import synchronous_figures
-from ...runtime import BorrowedThreads, borrowing_problem, phase, sum_over_ranks, usable_cores
+from ...runtime import BorrowedThreads, phase, sum_over_ranks
 from ...train.config import dist_timeout_s
 from ...train.recipe import StepResult
 from . import dynamic_sampling
@@ -346,17 +347,10 @@ class GRPOTrainer:
         self.borrowing = self._borrow_server_cores()
 
     def _borrow_server_cores(self) -> BorrowedThreads | None:
-        """``rollout.vllm.borrow_threads`` > 0 (servers on this host's cores): this thread's compute takes that
-        many more threads while no request is in flight (synchronously: whenever it computes)."""
-        roll = self.config.rollout
-        extra = roll.vllm.borrow_threads if roll.engine == "vllm" and roll.vllm.mode == "server" else 0
-        if not extra:
-            return None
-        problem = borrowing_problem(extra, torch.get_num_threads(), usable_cores(), "rollout.vllm.borrow_threads")
-        if problem:
-            raise ValueError(problem)
+        """``rollout.vllm.borrow_threads`` (servers on this host's cores): this thread's compute takes more threads
+        while no request is in flight (synchronously: whenever it computes); the server engine's plan says how."""
         ahead = self.ahead
-        return BorrowedThreads(lambda: ahead is not None and ahead.sampling(), extra).start()
+        return borrow_idle_cores(self.rollout_engine, lambda: ahead is not None and ahead.sampling())
 
     def close(self) -> None:
         """The run ended (done, stopped or failed): the sampler thread stops, borrowed threads go back."""

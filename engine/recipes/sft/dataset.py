@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from ...rl.offline.masks import Tokenized, fit_length, tokenize_example
 from .data import Columns, DataError, Example, load_examples
-from .masks import Tokenized, fit_length, resolve_loss_on, tokenize_example
 
 DEMO_VAL_FRACTION = 0.03  # the demo task's held-out share (data.val_fraction overrides it)
 _DEMO_ITEMS = "apples oranges books pencils cookies marbles cars trees friends students dollars boxes".split()
@@ -29,6 +29,12 @@ def demo_examples(count: int, seed: int = 0) -> list[Example]:
     return examples
 
 
+def resolve_loss_on(loss_on: str, fmt: str) -> str:
+    if loss_on != "auto":
+        return loss_on
+    return {"messages": "assistant", "prompt_completion": "completion", "text": "all"}[fmt]
+
+
 @dataclasses.dataclass
 class SFTData:
     train: list[Tokenized]
@@ -38,6 +44,7 @@ class SFTData:
     dropped_long: int = 0
     dropped_empty: int = 0
     truncated: int = 0
+    system_prompt: str | None = None  # the system message every training conversation begins with, if they share one
 
     def summary(self) -> str:
         parts = [f"{len(self.train)} training examples", f"{len(self.val)} validation",
@@ -69,6 +76,19 @@ def _tokenize_all(examples: list[Example], tokenizer, loss_on: str, d, data: SFT
     return kept
 
 
+def shared_system_prompt(examples: list[Example]) -> str | None:
+    """The system message every conversation begins with, when they all begin with the same one."""
+    found = set()
+    for example in examples:
+        messages = example.messages if example.messages is not None else example.prompt
+        if not isinstance(messages, list) or not messages or messages[0].get("role") != "system":
+            return None
+        found.add(str(messages[0].get("content")))
+        if len(found) > 1:
+            return None
+    return found.pop() if found else None
+
+
 def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
     d, columns = data_config, Columns.of(data_config)
     fraction = d.val_fraction
@@ -87,7 +107,7 @@ def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
         val_examples = [e for i, e in enumerate(examples) if i in held]
         examples = [e for i, e in enumerate(examples) if i not in held]
     resolved = resolve_loss_on(loss_on, fmt)
-    data = SFTData([], [], fmt, resolved)
+    data = SFTData([], [], fmt, resolved, system_prompt=shared_system_prompt(examples))
     data.train = _tokenize_all(examples, tokenizer, resolved, d, data)
     data.val = _tokenize_all(val_examples, tokenizer, resolved, d, data)
     if not data.train:

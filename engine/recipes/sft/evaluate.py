@@ -1,23 +1,22 @@
-"""``accel-sft eval RUN_DIR|CHECKPOINT|MODEL_DIR key=value...``: loss and token accuracy on a validation set, summed
-over its supervised tokens on every rank (the same figures as a run's ``val/loss`` and ``val/mean_token_accuracy``).
+"""What ``accel-sft eval`` scores (the frame's eval command, ``engine/train/evaluate.py``, does the rest): loss and
+token accuracy on a validation set, summed over its supervised tokens on every rank (the same figures as a run's
+``val/loss`` and ``val/mean_token_accuracy``).
 
 The validation set is ``data.val_path``, else the run's own (its ``data.val_path`` or ``data.val_fraction``, or the
-demo task's held-out share). A run
-is evaluated at its newest complete checkpoint (or ``--step N``); a model directory as it is.
+demo task's held-out share). And what an SFT run remembers in an export (``prompt_settings``): the system message
+every training conversation began with, and its longest trained response as the generation limit.
 """
 
 from __future__ import annotations
 
-import argparse
-import json
-import sys
-from pathlib import Path
-
-from ...train.config import dist_timeout_s
-from ...train.eval_config import eval_config
-from ...train.export import ExportError
-from ...train.workers import parse_nproc, world_size
+from ...train.recipe import Evaluation
 from .config import check
+
+HELP = """accel-sft eval scores a validation set: val/loss and val/mean_token_accuracy over its supervised tokens (as
+a run's validation), val/num_tokens.
+
+example:
+  accel-sft eval runs/NAME data.val_path=val.jsonl --json val.json"""
 
 
 def evaluation_set(config, tokenizer):
@@ -34,25 +33,42 @@ def evaluation_set(config, tokenizer):
     return build_data(d, config.train.loss_on, tokenizer, config.train.seed).val
 
 
-def worker(config_dict: dict, weights: str | None) -> dict:
+def problems(config, target: dict, world_size: int) -> list[str]:
+    """A model directory needs ``data.val_path``; a run its own validation set or one given; the options as a run
+    checks them."""
+    if "model" in target and not config.data.val_path:
+        return ["evaluating a model directory needs data.val_path=FILE"]
+    if "run" in target and config.data.path and not (config.data.val_path or config.data.val_fraction):
+        return [f"run {target['run']} has no validation set: pass data.val_path=FILE"]
+    return check(config, world_size)
+
+
+def load_inputs(config) -> dict:
+    """Every validation row read and tokenized here, so that a bad one fails before any worker starts."""
+    from ...rl.offline.model_files import load_tokenizer
+
+    examples = evaluation_set(config, load_tokenizer(config.model.path))
+    if not examples:
+        raise ValueError("the validation set is empty")
+    return {"examples": len(examples)}
+
+
+def evaluate(config, checkpoint: str | None, backend) -> Evaluation:
+    """This rank's micro-batches of the validation set, forward only (``checkpoint``: a run's, loaded into the run's
+    model whatever world size wrote it); the figures are the global sums' ratios."""
     import torch
 
-    import accel_backends
-
     from ... import FSDPEngine
+    from ...rl.offline.model_files import load_tokenizer
+    from ...rl.offline.run_config import engine_config
     from .batches import rank_micro_batches
-    from .config import SFTConfig, engine_config
-    from .model import load_tokenizer
     from .trainer import token_loss
 
-    config = SFTConfig.from_dict(config_dict)
-    backend = accel_backends.get_backend()
-    backend.init_distributed(timeout=dist_timeout_s(config))
     tokenizer = load_tokenizer(config.model.path)
     items = evaluation_set(config, tokenizer)
     engine = FSDPEngine(config.model.path, engine_config(config, 1), backend)
-    if weights:
-        engine.load_checkpoint(weights)
+    if checkpoint:
+        engine.load_checkpoint(checkpoint)
     packed = config.train.padding_free and engine.packed_input_supported()
     sp = engine.sequence_parallel  # a run trained with sequence parallelism evaluates on slices, as it validated
     micro, _ = rank_micro_batches(items, sp.data_parallel_rank, sp.data_parallel_size, packed=packed,
@@ -62,70 +78,31 @@ def worker(config_dict: dict, weights: str | None) -> dict:
     with engine.eval_mode(), torch.no_grad():
         result = engine.forward_backward_batch(micro, lambda module, m: token_loss(module, m, device, sp),
                                                forward_only=True)
-    return {"val/loss": result["loss"], "val/mean_token_accuracy": result["mean_token_accuracy"],
-            "val/num_tokens": result["weight"], "examples": len(items)}
+    return Evaluation(metrics={"val/loss": result["loss"], "val/mean_token_accuracy": result["mean_token_accuracy"],
+                               "val/num_tokens": result["weight"]})
 
 
-def configure(source: str, step: int | None, overrides: list[str]):
-    """``(config, checkpoint or None)`` for a run, a checkpoint or a model directory, overrides applied (the
-    frame's ``eval_config``: a model directory gets the library defaults)."""
-    from ...train.registry import get_recipe
-
-    config, target, _ = eval_config(get_recipe("sft"), source, step=step, overrides=overrides)
-    if config.data.val_path:
-        config.data.val_fraction = 0.0
-    if "model" in target:
-        config.data.val_fraction = 0.0
-        if not config.data.val_path:
-            raise ExportError("evaluating a model directory needs data.val_path=FILE")
-        return config, None
-    if config.data.path and not (config.data.val_path or config.data.val_fraction):  # the demo task holds one out
-        raise ExportError(f"run {target['run']} has no validation set: pass data.val_path=FILE")
-    return config, target["checkpoint"]
-
-
-HELP = """Loss and token accuracy of a model on a validation set, summed over its supervised tokens: the same
-figures as a run's val/loss and val/mean_token_accuracy.
-
-The validation set is data.val_path, else the run's own. A run is evaluated at its newest complete checkpoint (or
---step N); a model directory as it is, with the library defaults.
-
-example:
-  accel-sft eval runs/NAME data.val_path=val.jsonl --json val.json"""
-
-
-def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="accel-sft eval", description=HELP,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", metavar="RUN_DIR|CHECKPOINT|MODEL_DIR")
-    parser.add_argument("--step", type=int, help="the checkpoint of this step (with a run directory)")
-    parser.add_argument("--nproc", type=parse_nproc, help="worker processes (default: the config's)")
-    parser.add_argument("--json", metavar="PATH", help="also write the figures to this file")
-    parser.add_argument("overrides", nargs="*", metavar="key=value")
-    args = parser.parse_intermixed_args(argv)
-    from ...runtime import Interrupted, WorkerFailed, run
-    from .dataset import build_data  # noqa: F401  (imported here: a broken install fails before the workers)
-    from .model import load_tokenizer
+def prompt_settings(config) -> dict:
+    """How the run's data prompted the model: the system message every training conversation began with (none
+    when they differ) and the longest supervised span trained, in tokens, as ``max_new_tokens``. {} when the data
+    cannot be read any more."""
+    from ...rl.offline.model_files import load_tokenizer
+    from .data import DataError
+    from .dataset import build_data
 
     try:
-        config, weights = configure(args.source, args.step, args.overrides)
-        workers = world_size(config, args.nproc)
-        problems = check(config, workers)
-        if problems:
-            raise ValueError("invalid configuration: " + "; ".join(problems))
-        examples = evaluation_set(config, load_tokenizer(config.model.path))  # bad rows fail here
-        if not examples:
-            raise ValueError("the validation set is empty")
-    except (ValueError, FileNotFoundError) as exc:
-        print(f"accel-sft eval: error: {exc}", file=sys.stderr)
-        return 2
-    try:
-        figures = run(worker, workers, config.to_dict(), weights)  # rank 0's
-    except (WorkerFailed, Interrupted) as exc:
-        print(f"accel-sft eval: error: {exc}", file=sys.stderr)
-        return 1
-    text = json.dumps({"source": args.source, "checkpoint": weights, **figures}, indent=2)
-    if args.json:
-        Path(args.json).write_text(text + "\n")
-    print(text)
-    return 0
+        data = build_data(config.data, config.train.loss_on, load_tokenizer(config.model.path), config.train.seed)
+    except (DataError, OSError, ValueError):
+        return {}
+    if data.format == "text":
+        return {}  # plain text: no prompt, no response
+    longest = max((_longest_span(item.mask) for item in data.train), default=0)
+    return {"system_prompt": data.system_prompt, "max_new_tokens": longest or None}
+
+
+def _longest_span(mask: list[int]) -> int:
+    best = run = 0
+    for value in mask:
+        run = run + 1 if value else 0
+        best = max(best, run)
+    return best

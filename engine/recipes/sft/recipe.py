@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 
+from ...rl.offline.run_config import resolved
 from ...train import export as export_module
 from ...train.recipe import Plan, Recipe
-from . import trainer
-from .config import PRESETS, SFTConfig, check, resolved
+from . import evaluate, trainer
+from .config import PRESETS, SFTConfig, check
 
 HELP = """Supervised fine-tuning of a causal language model on chat, prompt-completion or plain-text data.
 
@@ -35,20 +36,23 @@ class SFTRecipe(Recipe):
     schema, presets, curves = SFTConfig, PRESETS, trainer.CURVES
     sections, example = "model, data, train, run, engine", "train.batch_size=32"
 
-    @property
-    def commands(self):
-        from . import evaluate
-
-        return {"eval": evaluate.main}
+    # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
+    resume_fixed = {**Recipe.resume_fixed, "train.loss_on": "which tokens are trained",
+                    "train.batch_size": "the run's batches", "train.batch_tokens": "the run's batches",
+                    "train.seed": "the run's batches",
+                    **{f"data.{key}": "the run's data" for key in (
+                        "path", "format", "text_key", "messages_key", "prompt_key", "completion_key", "tools_key",
+                        "max_length", "truncation", "empty_mask", "val_fraction", "demo_examples")}}
+    eval_help, eval_exports = evaluate.HELP, False  # eval loads a run's checkpoint into the run's model itself
 
     def check(self, config, world_size):
         return check(config, world_size)
 
     def plan(self, config, world_size, *, verbose):
+        from ...rl.offline.epochs import schedule
+        from ...rl.offline.model_files import load_tokenizer, resolve_model_path
         from ...train.loggers import require_loggers
-        from .batches import schedule
         from .dataset import build_data
-        from .model import load_tokenizer, resolve_model_path
 
         require_loggers(config.run.loggers)
         resolve_model_path(config)  # the demo model's directory: config.json records the real path
@@ -76,21 +80,35 @@ class SFTRecipe(Recipe):
         return trainer.validate(parts, index, baseline)
 
     def run_model(self, config) -> export_module.RunModel:
-        from .config import engine_config
-        from .model import load_tokenizer
+        from ...rl.offline.model_files import load_tokenizer
+        from ...rl.offline.run_config import engine_config
 
         path = config.model.path
         return export_module.RunModel(model_path=path, engine=engine_config(config, 1),
                                       build=lambda: (load_tokenizer(path), path))
 
+    def derived_engine_options(self, config, derived):
+        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
+
+    def prompt_settings(self, config, derived):
+        return evaluate.prompt_settings(config)
+
+    def eval_problems(self, config, target, world_size):
+        return evaluate.problems(config, target, world_size)
+
+    def eval_inputs(self, config):
+        return evaluate.load_inputs(config)
+
+    def evaluate(self, config, weights, backend):
+        return evaluate.evaluate(config, weights, backend)
+
     def done_line(self, rows, seconds):
+        from ...train.report import first_and_last
+
         rows = [row for row in rows if "loss" in row]
         if not rows:
             return None
-        first, final = rows[:5], rows[-5:]
-        line = (f"{self.tool}: done in {seconds:.0f} s; loss over the first {len(first)} steps "
-                f"{sum(r['loss'] for r in first) / len(first):.3f}, over the last {len(final)} "
-                f"{sum(r['loss'] for r in final) / len(final):.3f}")
+        line = f"{self.tool}: done in {seconds:.0f} s; loss {first_and_last([r['loss'] for r in rows], 5)}"
         vals = [row for row in rows if "val/loss" in row]
         if vals:
             line += (f"; validation loss {vals[-1]['val/loss']:.3f}, token accuracy "

@@ -33,7 +33,7 @@ import torch
 
 from .base import Responses, RolloutEngine, SamplingConfig
 from .registry import RolloutEngineError
-from .vllm_settings import VLLMConfig, missing_vllm_message, quiet_vllm_logging
+from .vllm_settings import VLLMConfig, memory_refusal, missing_vllm_message, quiet_vllm_logging
 
 DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 _SEED_RANGE = 2**31 - 1
@@ -168,7 +168,13 @@ class VLLMRolloutEngine(RolloutEngine):
 
             _remove(_shared_memory())
             dist.barrier()
-        self.llm = build_llm(arguments) if build_llm else _build_llm(arguments, self.facts.package)
+        try:
+            self.llm = build_llm(arguments) if build_llm else _build_llm(arguments, self.facts.package)
+        except Exception as exc:
+            refusal = memory_refusal(exc, arguments)  # one line naming the setting that sizes vLLM's memory
+            if refusal is None:
+                raise
+            raise RolloutEngineError(refusal) from None
 
     # -- start --------------------------------------------------------------------------------------------------
 

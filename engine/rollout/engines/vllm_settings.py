@@ -3,7 +3,9 @@
 The config check runs in the launching process before any worker starts: a missing vLLM is named there with the
 package this device needs (the backend's ``inference_engine_facts().package``), and so are a tensor-parallel
 size that does not divide the ranks, a context shorter than the longest sequence, an architecture vLLM cannot
-load and ``LLM(...)`` arguments that the engine sets itself.
+load and ``LLM(...)`` arguments that the engine sets itself; and settings that would do nothing under the chosen
+engine, mode or device (``inert_problems``). vLLM's refusal to start for lack of memory becomes one line naming
+the setting that sizes it (``memory_refusal``).
 """
 
 from __future__ import annotations
@@ -50,8 +52,10 @@ class VLLMConfig:
     # another name: an engine whose trainer half vLLM ships (vLLM's "nccl" on NVIDIA GPUs).
     weight_transfer: str | None = None
     # Servers on the trainer's own CPU cores idle between batches: intra-op threads each trainer process adds then
-    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). 0: never.
-    borrow_threads: int = 0
+    # (and gives back while a request is in flight; engine/runtime/borrowed_threads.py). auto: the servers' cores
+    # where this run starts them on the trainer's host and the trainer computes on host threads, the two bound
+    # apart (engine/rollout/vllm_server/cores.py); else 0. A number: that many, no binding. 0: never.
+    borrow_threads: int | str = "auto"
 
 
 def quiet_vllm_logging() -> None:
@@ -74,7 +78,73 @@ def missing_vllm_message(package: str) -> str:
             "rollout.engine=hf-continuous")
 
 
-def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int | None) -> list[str]:
+KV_CACHE_INSTEAD = "rollout.vllm.kv_cache_gib (on this device vLLM's memory is its KV cache, in GiB)"
+
+
+def enumeration_problems(settings: VLLMConfig) -> list[str]:
+    """``rollout.vllm.mode`` and ``rollout.vllm.dtype`` outside their choices, whatever the rollout engine."""
+    from accel_backends.names import did_you_mean
+
+    from ..vllm_server.settings import MODES
+
+    problems = []
+    if settings.mode not in MODES:
+        problems.append(f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"
+                        f"{did_you_mean(str(settings.mode), MODES, 'rollout.vllm.mode=')}")
+    if settings.dtype is not None and settings.dtype not in DTYPES:
+        problems.append(f"rollout.vllm.dtype must be one of {', '.join(DTYPES)} or null (the trainer's compute "
+                        f"dtype), got {settings.dtype!r}")
+    return problems
+
+
+def inert_problems(rollout, facts) -> list[str]:
+    """Rollout settings that would do nothing under the chosen engine, mode or device, each refused in one line
+    saying what it needs: ``rollout.vllm.*`` without ``rollout.engine=vllm``, ``rollout.partial`` without
+    staleness, a vLLM memory setting this device does not size vLLM by (``facts``: the backend's
+    ``inference_engine_facts()``)."""
+    settings, problems = rollout.vllm, []
+    if rollout.engine != "vllm":
+        problems += enumeration_problems(settings)  # a typo is named as a typo, whatever the engine
+        defaults, named = VLLMConfig(), {p.split()[0] for p in problems}
+        changed = [f"rollout.vllm.{f.name}={_value(getattr(settings, f.name))}" for f in dataclasses.fields(VLLMConfig)
+                   if getattr(settings, f.name) != getattr(defaults, f.name) and f"rollout.vllm.{f.name}" not in named]
+        if changed:
+            problems.append(f"{', '.join(changed)}: rollout.vllm.* applies only with rollout.engine=vllm (this run "
+                            f"has rollout.engine={rollout.engine}): add rollout.engine=vllm, or remove "
+                            + ("it" if len(changed) == 1 else "them"))
+    else:
+        if not facts.memory_fraction and settings.gpu_memory_utilization != VLLMConfig.gpu_memory_utilization:
+            problems.append("rollout.vllm.gpu_memory_utilization does not apply on this device (vLLM's memory here "
+                            f"is not a share of a device): set {KV_CACHE_INSTEAD} instead")
+        if facts.kv_cache_env is None and settings.kv_cache_gib is not None:
+            problems.append("rollout.vllm.kv_cache_gib does not apply on this device (vLLM takes a share of the "
+                            "device's memory): set rollout.vllm.gpu_memory_utilization instead")
+    if rollout.partial is True and rollout.max_staleness == 0:
+        problems.append("rollout.partial=true lets requests in flight go on across a weight push, which happens "
+                        "only when sampling runs ahead: it needs rollout.max_staleness >= 1 (vLLM servers); set "
+                        "rollout.max_staleness or remove rollout.partial")
+    return problems
+
+
+def _value(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def memory_refusal(exc: BaseException, arguments: dict) -> str | None:
+    """vLLM's refusal to start for lack of memory as one line naming the setting that sizes it, or None for any
+    other error (``arguments``: the ``LLM(...)`` arguments it was given)."""
+    text = " ".join(str(exc).split())
+    if "memory" not in text.lower() or "utilization" not in text.lower():
+        return None
+    if "gpu_memory_utilization" in arguments:
+        fix = (f"lower rollout.vllm.gpu_memory_utilization (now {arguments['gpu_memory_utilization']}) or free "
+               "device memory")
+    else:
+        fix = f"size it with {KV_CACHE_INSTEAD}, e.g. rollout.vllm.kv_cache_gib=1"
+    return f"vLLM refused to start for lack of memory ({text}): {fix}"
+
+
+def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int | None, facts=None) -> list[str]:
     """Problems with ``rollout.vllm.*`` (types included), as sentences. ``longest_sequence``: the prompt limit +
     ``rollout.max_new_tokens`` when the prompt limit is known before any data is read."""
     problems = []
@@ -97,9 +167,7 @@ def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int 
             problems.append(f"rollout.vllm.max_model_len={length} is shorter than the longest sequence, "
                             f"{longest_sequence} tokens (prompt limit + rollout.max_new_tokens): raise it to at "
                             f"least {longest_sequence} or leave it null")
-    if settings.dtype is not None and settings.dtype not in DTYPES:
-        problems.append(f"rollout.vllm.dtype must be one of {', '.join(DTYPES)} or null (the trainer's compute "
-                        f"dtype), got {settings.dtype!r}")
+    problems += [p for p in enumeration_problems(settings) if p.startswith("rollout.vllm.dtype")]
     if not isinstance(settings.enforce_eager, bool):
         problems.append(f"rollout.vllm.enforce_eager must be true or false, got {settings.enforce_eager!r}")
     if not isinstance(settings.llm_args, dict):
@@ -107,6 +175,8 @@ def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int 
     else:
         for key in sorted(set(settings.llm_args) & set(MANAGED_ARGS)):
             instead = MANAGED_ARGS[key]
+            if key == "gpu_memory_utilization" and facts is not None and not facts.memory_fraction:
+                instead = KV_CACHE_INSTEAD
             problems.append(f"rollout.vllm.llm_args.{key} is set by the engine itself"
                             + (f": use {instead}" if instead else ": remove it"))
     return problems
@@ -167,7 +237,7 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
     from engine.rollout.vllm_server.settings import server_problems
 
     settings = config.rollout.vllm
-    problems = check_settings(settings, world_size, longest_sequence) + server_problems(settings, facts)
+    problems = check_settings(settings, world_size, longest_sequence, facts) + server_problems(settings, facts)
     problems += check_head_size(config.model, facts.min_head_size)
     if settings.mode == "server" and isinstance(settings.borrow_threads, int) and settings.borrow_threads > 0:
         from engine.runtime import borrowing_problem, threads_per_worker, usable_cores
@@ -175,6 +245,10 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
         base = int(os.environ.get("OMP_NUM_THREADS") or threads_per_worker(world_size))
         problems += [p for p in [borrowing_problem(settings.borrow_threads, base, usable_cores(),
                                                    "rollout.vllm.borrow_threads")] if p]
+    if settings.mode == "server" and settings.borrow_threads == "auto":
+        from engine.rollout.vllm_server.cores import binding_problem
+
+        problems += [p for p in [binding_problem()] if p]
     if settings.mode == "server" and settings.server_urls and not problems:
         from engine.rollout.vllm_server.settings import unreachable_servers
 

@@ -33,6 +33,7 @@ from engine.rollout.engines.vllm import (
 )
 
 from .client import ServerClient
+from .cores import this_host_plan
 from .manager import ServerManager
 from .model_signature import signature_of
 from .plan import server_options, server_specs
@@ -53,6 +54,8 @@ class VLLMServerRolloutEngine(RolloutEngine):
         self.facts = policy.backend.inference_engine_facts()
         self.rank, self.world_size = policy.rank, policy.world_size
         self.manager: ServerManager | None = None
+        # rollout.vllm.borrow_threads: the cores of the servers this run starts and the threads the trainer borrows
+        self.core_plan = this_host_plan(self.settings, policy.backend)
         model_dir, load_format = model_directory(context, self.rank)
         self.expected = expected_weights(model_dir)
         urls = None
@@ -81,7 +84,8 @@ class VLLMServerRolloutEngine(RolloutEngine):
         policy = self.context.policy
         dtype = DTYPE_NAMES.get(getattr(policy, "compute_dtype", torch.float32), "float32")
         options = server_options(self.settings, self.facts, dtype, load_format, self.context.max_sequence_tokens)
-        specs = server_specs(self.settings, self.facts, policy.backend.visible_devices_env, options, free_port)
+        specs = server_specs(self.settings, self.facts, policy.backend.visible_devices_env, options, free_port,
+                             self.core_plan)
         log_dir = tempfile.mkdtemp(prefix="accel-vllm-servers-")  # named in any error about a server
         self.manager = ServerManager(model_dir, specs, log_dir, self.settings.server_start_timeout_s,
                                      remove_logs=True)

@@ -1,5 +1,6 @@
-"""``python -m engine.rollout.vllm_server.guard PARENT_PID -- COMMAND...``: runs one vLLM server and makes sure
-none of its processes outlives the run.
+"""``python -m engine.rollout.vllm_server.guard PARENT_PID [--cores 2,3] -- COMMAND...``: runs one vLLM server and
+makes sure none of its processes outlives the run; with ``--cores``, on those CPU cores only (every process and
+thread the server starts inherits them).
 
 The manager starts this guard as the leader of a new process group; the server (API server, engine core, worker)
 runs inside that group. The guard ends the whole group when it is told to (SIGTERM/SIGINT), when the server exits
@@ -59,8 +60,10 @@ def _others_alive(group: int) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    parent, command = int(argv[0]), argv[argv.index("--") + 1:]
+    parent, options, command = int(argv[0]), argv[1:argv.index("--")], argv[argv.index("--") + 1:]
     _die_with_parent()
+    if options[:1] == ["--cores"] and hasattr(os, "sched_setaffinity"):  # Linux: CPU affinity
+        os.sched_setaffinity(0, {int(core) for core in options[1].split(",")})
     stop = []
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda received, frame: stop.append(received))

@@ -27,12 +27,14 @@ HEALTH_POLL_S = 0.5
 @dataclasses.dataclass
 class ServerSpec:
     """One server: its ``port``, ``tensor_parallel_size``, the variables that give it its device share (e.g. the
-    visible devices), its command-line ``arguments`` beyond the model and port, and its ``env``."""
+    visible devices), its command-line ``arguments`` beyond the model and port, and its ``env``; ``cores``: the CPU
+    cores all of its processes run on (empty: wherever the OS places them)."""
 
     port: int
     tensor_parallel_size: int = 1
     arguments: list[str] = dataclasses.field(default_factory=list)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
+    cores: list[int] = dataclasses.field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -65,8 +67,9 @@ class ServerManager:
         self.processes: list[subprocess.Popen] = []
 
     def command(self, spec: ServerSpec) -> list[str]:
-        return [self.python, "-m", "engine.rollout.vllm_server.guard", str(os.getpid()), "--", self.python, "-m",
-                "vllm.entrypoints.openai.api_server", "--model", self.model, "--port", str(spec.port),
+        bound = ["--cores", ",".join(map(str, spec.cores))] if spec.cores else []  # the guard binds the server
+        return [self.python, "-m", "engine.rollout.vllm_server.guard", str(os.getpid()), *bound, "--", self.python,
+                "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--port", str(spec.port),
                 "--tensor-parallel-size", str(spec.tensor_parallel_size), *spec.arguments]
 
     def log(self, index: int) -> Path:

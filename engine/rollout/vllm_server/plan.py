@@ -26,10 +26,11 @@ def server_options(settings, facts, dtype: str, load_format: str, max_model_len:
 
 
 def server_specs(settings, facts, visible_devices_env: str | None, options: dict,
-                 free_port: Callable[[], int]) -> list[ServerSpec]:
+                 free_port: Callable[[], int], cores=None) -> list[ServerSpec]:
     """One ``ServerSpec`` per local server: its port (``server_port`` + i, or a free one), tensor-parallel size,
     environment (the device's variables, the KV cache size where the device sizes it in GiB, and the server's
-    visible devices from ``server_devices``) and command line."""
+    visible devices from ``server_devices``) and command line; with ``cores`` (a ``cores.CorePlan`` that places
+    the servers), its cores and its workers' threads."""
     env = dict(facts.env)
     if facts.kv_cache_env and settings.kv_cache_gib is not None:
         env[facts.kv_cache_env] = f"{settings.kv_cache_gib:g}"
@@ -39,5 +40,8 @@ def server_specs(settings, facts, visible_devices_env: str | None, options: dict
         if settings.server_devices and visible_devices_env:
             server_env[visible_devices_env] = str(settings.server_devices[index])
         port = settings.server_port + index if settings.server_port else free_port()
-        specs.append(ServerSpec(port, settings.tensor_parallel_size, cli_arguments(options), server_env))
+        placed = list(cores.server_cores[index]) if cores is not None and cores.server_cores else []
+        if placed:
+            server_env["OMP_NUM_THREADS"] = str(cores.server_threads)
+        specs.append(ServerSpec(port, settings.tensor_parallel_size, cli_arguments(options), server_env, placed))
     return specs

@@ -24,16 +24,26 @@ def local_servers(settings) -> int:
     return 0 if settings.server_urls else 1
 
 
+AUTO = "auto"  # rollout.vllm.borrow_threads: the servers' cores where they pay (cores.py)
+
+
+def borrow_setting_problem(value) -> str | None:
+    if value == AUTO or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+        return None
+    return f"rollout.vllm.borrow_threads must be auto or an integer >= 0 (0: never borrow), got {value!r}"
+
+
 def server_problems(settings, facts) -> list[str]:
     """Problems with the server-mode keys, as sentences (none in colocate mode but a bad ``mode``)."""
     if settings.mode not in MODES:
         return [f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"]
     borrow = settings.borrow_threads
-    if not isinstance(borrow, int) or isinstance(borrow, bool) or borrow < 0:
-        return [f"rollout.vllm.borrow_threads must be an integer >= 0 (0: never borrow), got {borrow!r}"]
+    if borrow_setting_problem(borrow):
+        return [borrow_setting_problem(borrow)]
     if settings.mode != "server":
-        return [] if not borrow else [f"rollout.vllm.borrow_threads={borrow} borrows the cores of idle vLLM "
-                                      f"servers: it needs rollout.vllm.mode=server (this run colocates); set it to 0"]
+        return [] if borrow in (0, AUTO) else [
+            f"rollout.vllm.borrow_threads={borrow} borrows the cores of idle vLLM servers: it needs "
+            f"rollout.vllm.mode=server (this run colocates); set it to auto or 0"]
     problems = []
     servers, urls = settings.servers, settings.server_urls
     if servers is not None and (not isinstance(servers, int) or isinstance(servers, bool) or servers < 0):
