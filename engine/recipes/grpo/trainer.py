@@ -106,7 +106,8 @@ class GRPOTrainer:
         from .config import max_sequence_tokens
 
         self.rollout_engine = create_rollout_engine(config.rollout.engine, RolloutContext(
-            self.actor, self.tokenizer, factory, config.rollout, max_sequence_tokens(config)))
+            self.actor, self.tokenizer, factory, config.rollout, max_sequence_tokens(config),
+            decoded_tokens=self.prompts_per_rank * config.rollout.n * config.rollout.max_new_tokens))
         # The engine's log-probs, for the mismatch metrics and algorithm.rollout_correction, where they are cheap.
         self.sampling = dataclasses.replace(self.sampling, log_probs=self.rollout_engine.cheap_log_probs)
         # Single-turn, or multi-turn with tools or an environment (every rank's engine calls in step): chosen once.
@@ -375,7 +376,7 @@ class GRPOTrainer:
         self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
         update = self.update(data)
         synced = time.perf_counter()
-        sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
+        pushed = sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
         finished = time.perf_counter()
         if self.ahead is not None:
             waited += self.ahead.pushed(step + 1)
@@ -384,6 +385,7 @@ class GRPOTrainer:
         sums = {**stats, **self.pad_counts(data), **mismatch.sums(), **self.groups.once(staleness),
                 "sampler_busy_frac": busy / max(finished - started, 1e-9)}
         maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
+                  "weight_sync_bytes": float(pushed),
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
                  "weight_sync": finished - synced}
