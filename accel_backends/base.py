@@ -91,7 +91,10 @@ class DeviceBackend:
     Class attributes: ``name`` (what users select), ``device_type`` (the torch device type), ``dist_backend``
     (the ``torch.distributed`` backend), ``priority`` (auto-detection prefers higher), ``visible_devices_env``
     (the variable that restricts visible devices, if any), ``supports_pinned_memory``, ``preferred_param_dtype``
-    (the dtype the engine computes in when mixed precision is "auto"; gradients are always reduced in fp32).
+    (the dtype the engine computes in when mixed precision is "auto"; gradients are always reduced in fp32),
+    ``collective_reduce_dtypes`` (the dtypes the collectives reduce: all-reduce, reduce-scatter, reduce; ``None``:
+    every dtype). Nothing above the backend reduces a dtype it did not declare: the engine's own reductions use
+    int64 and float32 only (``engine/runtime/metric_reduce.py``).
     """
 
     name: ClassVar[str] = ""
@@ -107,6 +110,7 @@ class DeviceBackend:
     # False for a device whose allocator does not implement torch's accelerator contract (torch_npu): its
     # statistics then come from the device module even where torch.accelerator names the device.
     accelerator_api: ClassVar[bool] = True
+    collective_reduce_dtypes: ClassVar[frozenset[torch.dtype] | None] = None  # None: every dtype reduces
 
     # -- availability -------------------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """``accel-backends``: what is registered, what can run here, and why not; ``smoke`` checks a torchrun job's
-collectives across ranks and nodes (``accel_backends/smoke.py``).
+collectives across ranks and nodes (``accel_backends/smoke.py``); ``certify`` prints the report card for on-policy
+RL on a backend (``accel_backends/testing/certify.py``).
 
 It runs where ``import torch`` itself fails in torch's device-backend autoload (a vendor package that cannot load):
 it then runs again with that autoload off (``accel_backends.torch_import``) and starts its report with what broke
@@ -227,13 +228,25 @@ def main(argv: list[str] | None = None) -> int:
     smoke_parser = sub.add_parser("smoke", help="under torchrun on every node: all-reduce checks, bus bandwidth, "
                                                 "hosts and devices of every rank")
     smoke.add_arguments(smoke_parser)
+    certify_parser = sub.add_parser("certify", help="the report card for on-policy RL on a backend: each property "
+                                                    "RL depends on, with its figure and verdict")
+    certify_parser.add_argument("name", help="the registered backend to certify (see `accel-backends list`)")
+    certify_parser.add_argument("--nproc", type=int, default=2, help="processes of the job (default 2)")
+    certify_parser.add_argument("--json", default=None, metavar="PATH", help="also write the card as JSON")
+    certify_parser.add_argument("--timeout", type=float, default=600.0, help="seconds the job may take (default 600)")
     args = parser.parse_args(argv)
+    if args.command == "certify" and args.nproc < 1:
+        parser.error(f"--nproc must be at least 1, got {args.nproc}")
 
     # Load failures are part of the output here; keep the warning text out of it.
     warnings.simplefilter("ignore", PluginLoadWarning)
     try:
         if args.command == "smoke":
             return smoke.run(args)
+        if args.command == "certify":
+            from .testing import certify
+
+            return certify.main(args)
         if args.command == "list":
             doc = collect()
             if args.json:

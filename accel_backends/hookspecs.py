@@ -35,3 +35,15 @@ def register_conformance_rules(register):
     the backend's attention keeps packed sequences apart) come from the engine's ``accel_backends.conformance``
     entry point. Such plugins load only when the kit runs.
     """
+
+
+@hookspec
+def register_certify_properties(register):
+    """Call ``register(prop)`` once per ``accel_backends.testing.certify.Property`` of the report card for
+    on-policy RL (``accel-backends certify NAME``), in the order the card lists them.
+
+    The engine's properties (reductions, offload on uneven shards, gradients against a float64 reference, packed
+    against padded, deferred against every-micro-batch sync, checkpoints, weight pushes and the log-prob gap, the
+    same seed twice) come from ``engine/certify.py`` through the same ``accel_backends.conformance`` entry point as
+    its conformance rules, loaded only when a card is made.
+    """

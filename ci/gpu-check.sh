@@ -9,4 +9,4 @@ set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-exec timeout 600 "${PYTHON:-python3}" ci/gpu_check.py "$@"
+exec timeout 900 "${PYTHON:-python3}" ci/gpu_check.py "$@"

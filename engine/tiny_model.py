@@ -3,6 +3,10 @@ conformance rules, the CPU demo's model and ``accel-grpo make-tiny-model`` share
 
 from __future__ import annotations
 
+# Dims that neither 2 nor 3 ranks divide (97, 35, 71; and 32, 16 on 3): FSDP2 pads the last rank's shards. The model
+# of the conformance kit's engine rules and of the report card (``accel-backends certify``).
+UNEVEN = {"vocab_size": 97, "hidden_size": 35, "heads": 4, "kv_heads": 2, "head_dim": 8, "intermediate_size": 71}
+
 
 def tiny_qwen2_config(*, vocab_size: int, hidden_size: int = 64, layers: int = 2, intermediate_size: int | None = None,
                       heads: int = 4, kv_heads: int = 2, max_positions: int = 128, **extra):

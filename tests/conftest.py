@@ -67,6 +67,14 @@ def plugin_site(tmp_path_factory):
     return str(target)
 
 
+def without_module(folder: Path, name: str) -> str:
+    """A folder for the front of PYTHONPATH in which ``import name`` fails as where the package is not installed
+    (a GPU image without matplotlib, say)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.py").write_text(f"raise ModuleNotFoundError(\"No module named '{name}'\", name='{name}')\n")
+    return str(folder)
+
+
 def run_python(code_or_args, env=None, timeout=180, check=False):
     """Run a fresh interpreter (so entry points and environment variables are read anew)."""
     env = dict(env or {})

@@ -2,15 +2,16 @@
 
 import torch
 
-from accel_backends.backends.cpu import CPUBackend
+from accel_backends.testing.strict import StrictBackend
 
 VOCAB = 96
 LENGTHS = [([12, 9, 15], [5, 3, 11]), ([19, 7], [9, 2])]  # per micro-batch: sequence lengths, first scored token
 ONE_SEQUENCE = [([37], [4])]  # one row, positions never restart: plain causal attention after the exchange
 
 
-class CountingBackend(CPUBackend):
-    """The CPU backend, counting the all-to-alls the exchange asks it for."""
+class CountingBackend(StrictBackend):
+    """The strict stand-in device (a device's rules on the CPU: no float64 reductions, host copies landing at
+    synchronize()), counting the all-to-alls the exchange asks it for."""
 
     exchanges = 0
 

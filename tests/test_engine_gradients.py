@@ -1,9 +1,11 @@
-"""Gradient parity and collective counts: real 2-rank FSDP on the CPU gloo backend, tiny Qwen2 models."""
+"""Gradient parity: real 2-rank FSDP under the strict stand-in device (accel_backends/testing/strict.py: host copies
+that land at synchronize(), no float64 reductions), tiny Qwen2 models."""
 
 import pytest
 from distributed import run_ranks
 
 pytestmark = pytest.mark.slow
+STRICT = {"ACCEL_BACKEND": "strict"}
 
 MODES = {
     "deferred": dict(grad_sync="deferred"),
@@ -55,10 +57,10 @@ def token_loss_count(batch):
 def test_gradients_match_single_process_reference(fsdp_version):
     modes = ["deferred", "every_micro_batch", "checkpointed", "bf16"]
     modes += ["kept_unsharded"] if fsdp_version == 2 else []
-    worst = run_ranks(_parity, fsdp_version, modes, False)
+    worst = run_ranks(_parity, fsdp_version, modes, False, env=STRICT)
     print(f"FSDP{fsdp_version} max |grad - reference|:", worst[0])
 
 
 def test_lora_gradients_match_single_process_reference():
-    worst = run_ranks(_parity, 2, ["deferred", "every_micro_batch", "kept_unsharded"], True)
+    worst = run_ranks(_parity, 2, ["deferred", "every_micro_batch", "kept_unsharded"], True, env=STRICT)
     print("LoRA+FSDP2 max |grad - reference|:", worst[0])

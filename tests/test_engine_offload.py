@@ -68,16 +68,21 @@ def test_no_offload_means_no_work_on_mode_switches(fsdp_version):
 
 
 def _offload(rank, fsdp_version):
-    from engine_checks import CopyingCPUBackend, assert_bitwise_equal, local_state
-    from tiny import make_micro_batches, tiny_qwen2, token_loss
+    from engine_checks import assert_bitwise_equal, local_state
+    from tiny import make_micro_batches, token_loss
+    from tiny import tiny_uneven_qwen2 as tiny_qwen2
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
 
-    backend = CopyingCPUBackend()
+    # The strict stand-in: host copies land only at synchronize(), as a DMA does; dims no world size divides.
+    backend = accel_backends.get_backend("strict")
+    reference = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version, lr=1e-3), backend=backend)
+    built = local_state(reference)
     config = EngineConfig(fsdp_version=fsdp_version, param_offload=True, optimizer_offload=True, lr=1e-3)
     engine = FSDPEngine(tiny_qwen2, config, backend=backend)
     assert engine.residency() == {"params": "cpu", "optimizer": "cpu"}
+    assert_bitwise_equal(built, local_state(engine))  # offloaded at construction: every shard as built
     assert engine.is_param_offload_enabled and engine.is_optimizer_offload_enabled
     recorder = _Recorder()
     accel_backends.register_plugin(recorder)
@@ -86,6 +91,7 @@ def _offload(rank, fsdp_version):
 
     with engine.train_mode():
         assert engine.residency() == {"params": "device", "optimizer": "device"}
+        assert_bitwise_equal(built, local_state(engine))
         with engine.train_mode(disable_auto_offload=True):  # an inner context leaves residency alone
             losses = [engine.forward_backward_batch(batches, token_loss)["loss"]]
             engine.optimizer_step()
@@ -108,7 +114,6 @@ def _offload(rank, fsdp_version):
     with engine.train_mode():
         losses.append(engine.forward_backward_batch(batches, token_loss)["loss"])
         engine.optimizer_step()
-    reference = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=fsdp_version, lr=1e-3), backend=backend)
     ref_losses = []
     for _ in range(2):
         with reference.train_mode():
@@ -119,9 +124,10 @@ def _offload(rank, fsdp_version):
     return report
 
 
-@pytest.mark.parametrize("fsdp_version", [1, 2])
-def test_offload_moves_exactly_the_offloaded_parts_once(fsdp_version):
-    for report in run_ranks(_offload, fsdp_version):
+@pytest.mark.parametrize(("fsdp_version", "world_size"), [(1, 2), (2, 2), (2, 3)])
+def test_offload_moves_exactly_the_offloaded_parts_once(fsdp_version, world_size):
+    """Under the strict device, on shards the world size does not divide: bitwise round trips, the same losses."""
+    for report in run_ranks(_offload, fsdp_version, world_size=world_size, env={"ACCEL_BACKEND": "strict"}):
         assert report["train_transfers"] == [
             ("params", "device"), ("optimizer", "device"), ("params", "cpu"), ("optimizer", "cpu")]
         assert report["eval_transfers"] == [("params", "device"), ("params", "cpu")]

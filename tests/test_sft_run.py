@@ -1,8 +1,8 @@
-"""accel-sft end to end on 2 CPU processes: one LoRA run on conversation data (a system message, a tool turn) with
-validation, gradient checkpointing and checkpoints; a resume from its middle checkpoint that repeats its last steps
-exactly; eval of the run giving the run's own validation loss; export (merged), whose model then trains further
-with accel-grpo (the SFT -> RL pipeline), and the adapters alone; bad input refused in one line before any worker
-starts. (Full fine-tuning: tests/test_sft_ranks.py and test_sft_models.py.)"""
+"""accel-sft end to end on 2 CPU processes under the strict stand-in device: one LoRA run on conversation data (a
+system message, a tool turn) with validation, gradient checkpointing and checkpoints; a resume from its middle
+checkpoint that repeats its last steps exactly; eval of the run giving the run's own validation loss; export
+(merged), whose model then trains further with accel-grpo (the SFT -> RL pipeline), and the adapters alone; bad input
+refused in one line before any worker starts. (Full fine-tuning: tests/test_sft_ranks.py and test_sft_models.py.)"""
 
 import json
 import shutil
@@ -15,7 +15,8 @@ from engine.sft.cli import main
 
 pytestmark = pytest.mark.slow
 
-ENV = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+# The strict stand-in device (accel_backends/testing/strict.py): a device's rules on the CPU.
+ENV = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "strict", "OMP_NUM_THREADS": "1"}
 LORA = ("engine.lora_rank=4", "engine.lr=1e-2")
 COMPARED = ("loss", "mean_token_accuracy", "num_tokens", "grad_norm", "lr")
 WORDS = "apples books pencils dollars minutes hours friends cookies marbles trees garden school".split()

@@ -3,10 +3,13 @@
 import torch
 import torch.nn.functional as F
 
+from engine.tiny_model import UNEVEN
+
 VOCAB = 96
 
 
 SIZE = {"vocab_size": VOCAB, "hidden_size": 64, "layers": 2, "max_positions": 64}
+UNEVEN_SIZE = {**UNEVEN, "layers": 2, "max_positions": 64}  # dims 2 and 3 ranks do not divide: padded shards
 
 
 def qwen2_config():
@@ -20,6 +23,13 @@ def tiny_qwen2():
     from engine.tiny_model import tiny_qwen2 as build
 
     return build(seed=1234, **SIZE)
+
+
+def tiny_uneven_qwen2():
+    """``tiny_qwen2`` with dims the world size does not divide (``UNEVEN_SIZE``)."""
+    from engine.tiny_model import tiny_qwen2 as build
+
+    return build(seed=1234, **UNEVEN_SIZE)
 
 
 def make_micro_batches(seed, count, batch=2, length=12):

@@ -21,6 +21,7 @@ class CPUBackend(DeviceBackend):
     dist_backend = "gloo"
     computes_on_host_threads = True  # the trainer's intra-op threads are its compute
     priority = 0
+    collective_reduce_dtypes = None  # gloo reduces every dtype
 
     def __init__(self) -> None:
         self._peak = None  # created on first use: constructing a backend must stay cheap

@@ -25,6 +25,7 @@ class CUDABackend(DeviceBackend):
     visible_devices_env = "CUDA_VISIBLE_DEVICES"
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16
+    collective_reduce_dtypes = None  # NCCL (and RCCL) reduce every dtype torch has, float64 included
 
     def inference_engine_facts(self) -> InferenceEngineFacts:
         """vLLM on NVIDIA/ROCm GPUs: sleep level 1 (weights to host memory, KV cache dropped) during the update;

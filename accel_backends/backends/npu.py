@@ -22,6 +22,8 @@ _SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 _CANN_HINT = f"install Ascend's CANN toolkit matching torch_npu and load its environment (source {_SET_ENV})"
 _DRIVER_VERSION_FILE = "/usr/local/Ascend/driver/version.info"
 HCCL_MIN_TIMEOUT_S = 1800
+HCCL_REDUCE_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
+                                torch.bfloat16})
 _NOT_PROBED = object()
 
 
@@ -35,6 +37,9 @@ class NPUBackend(DeviceBackend):
     supports_pinned_memory = True
     preferred_param_dtype = torch.bfloat16
     accelerator_api = False  # torch_npu's allocator does not implement torch.accelerator's memory API: torch.npu
+    # ProcessGroupHCCL's checkSupportedDataType (torch_npu/csrc/distributed/ProcessGroupHCCL.cpp): float64 reduces
+    # only from Ascend950 on, so a float64 all-reduce raises on a 910B, even in a group of one.
+    collective_reduce_dtypes = HCCL_REDUCE_DTYPES
 
     def __init__(self) -> None:
         self._import_failure = _NOT_PROBED  # None once torch_npu imported, else the reason it did not

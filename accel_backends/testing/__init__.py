@@ -4,9 +4,14 @@
     pytest -p accel_backends.testing --accel-backend NAME      # the same rules as pytest items
     results = accel_backends.testing.run_conformance("NAME")   # from Python
 
+``strict`` (``strict.py``) is a stand-in accelerator on the CPU that keeps a real device's rules (deferred host
+copies, pinned memory, declared reduction dtypes), for the project's tests and for a plugin author's.
+
 ``RULES`` and ``RULE_NAMES`` are the device rules followed by those plugins register (the engine's), found when
 first read. See ``docs/plugins.md`` for the rules and how to use the kit while writing a backend.
 """
+
+import sys
 
 from .kit import RuleResult, all_rules, rule_named, rule_names, run_conformance
 from .rules import DEVICE_RULES, Rule, RuleSkipped, raw_bytes, require
@@ -21,14 +26,17 @@ def __getattr__(name: str):
         return all_rules()
     if name == "RULE_NAMES":
         return rule_names()
+    if name == "BackendConformance":  # imported outside a pytest run (pytest is then imported here)
+        from .pytest_plugin import BackendConformance
+
+        return BackendConformance
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-try:  # the pytest plugin and BackendConformance exist where pytest does; the command line needs no pytest
-    import pytest  # noqa: F401
-except ImportError:
-    pass
-else:
+# The pytest plugin's hooks where pytest runs (``-p accel_backends.testing`` imports this module from pytest). Not
+# otherwise: the strict stand-in (``strict.py``) lives here and loads in every process, and importing pytest costs
+# a third of a second.
+if "pytest" in sys.modules:
     from .pytest_plugin import BackendConformance, pytest_addoption, pytest_collection_modifyitems  # noqa: F401
 
-    __all__ += ["BackendConformance"]
+__all__ += ["BackendConformance"]

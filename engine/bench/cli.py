@@ -291,8 +291,8 @@ def _run_and_report(args, options: dict) -> int:
     if args.plot:
         from .plot import plot_grad_accum
 
-        plot_grad_accum(result, args.plot)
-        print(f"plot written to {args.plot}")
+        if plot_grad_accum(result, args.plot, args.json):
+            print(f"plot written to {args.plot}")
     return 0
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..train.report import pyplot
 
-def plot_grad_accum(result: dict, path: Path) -> None:
-    import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def plot_grad_accum(result: dict, path: Path, figures: Path | None = None) -> bool:
+    """Whether it drew (not without matplotlib: a one-line note says so and where the figures are)."""
+    plt = pyplot("plot", figures or "the printed table")
+    if plt is None:
+        return False
     scenario = result["scenarios"]["grad_accum"]
     fig, (time_ax, gather_ax, scatter_ax) = plt.subplots(1, 3, figsize=(15, 4.5))
     for version in (k for k in scenario if k.startswith("fsdp")):
@@ -40,3 +41,4 @@ def plot_grad_accum(result: dict, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
+    return True

@@ -85,7 +85,10 @@ def unpack(result: Any, metrics_device: torch.device) -> tuple[torch.Tensor, tor
         loss = result
     if not (torch.is_tensor(loss) and loss.dim() == 0):
         raise TypeError(f"step_fn must return the micro-batch's mean loss as a scalar tensor, got {loss!r:.80}")
-    weight = torch.as_tensor(weight, dtype=torch.float32, device=metrics_device)
+    # A count (an int, an integer tensor) stays an integer, so token counts sum exactly at any size (float32 is
+    # exact only up to 2**24); any other weight is float32.
+    integral = isinstance(weight, int) or (torch.is_tensor(weight) and not weight.is_floating_point())
+    weight = torch.as_tensor(weight, dtype=torch.int64 if integral else torch.float32, device=metrics_device)
     return loss, weight, dict(extra or {})
 
 

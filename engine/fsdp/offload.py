@@ -2,8 +2,9 @@
 
 Every move goes through the backend (``to_host`` pins host memory where the device supports it) and is reported
 with its byte count and time. Where the backend pins host memory the copies are queued non-blocking, so they
-overlap each other and the host-side bookkeeping; the caller synchronises once per move (``FSDPEngine.to``).
-A part that is already where it is asked to go is not touched.
+overlap each other and the host-side bookkeeping; each move synchronises once, after its copies are queued (for
+FSDP2 before its shards are re-padded: ``_move_fsdp2``). A part that is already where it is asked to go is not
+touched.
 """
 
 from __future__ import annotations
@@ -28,9 +29,10 @@ def _nbytes(tensor: torch.Tensor) -> int:
     return shard.numel() * shard.element_size()
 
 
-def _mover(backend, destination: str):
+def _mover(backend, destination: str, non_blocking: bool | None = None):
     copy = backend.to_device if destination == DEVICE else backend.to_host
-    non_blocking = bool(backend.supports_pinned_memory)  # pinned host memory makes copies asynchronous
+    if non_blocking is None:
+        non_blocking = bool(backend.supports_pinned_memory)  # pinned host memory makes copies asynchronous
 
     def move(tensor: torch.Tensor) -> torch.Tensor:
         return copy(tensor, non_blocking=non_blocking)
@@ -58,19 +60,48 @@ def model_bytes(module: nn.Module, fsdp_version: int) -> tuple[int, int]:
 
 
 def move_model(module: nn.Module, fsdp_version: int, backend, destination: str) -> None:
-    """Move this rank's parameter shards, buffers and any gradients (a gradient lives with its parameter)."""
+    """Move this rank's parameter shards, buffers and any gradients (a gradient lives with its parameter); every
+    copy has landed when it returns (one ``synchronize``)."""
     apply = _mover(backend, destination)
     with torch.no_grad():
         if fsdp_version != 1:
-            # FSDP2 re-points its sharded parameters after Module._apply (FSDPModule._apply); an unwrapped model
-            # (one rank) has nothing to re-point.
-            module._apply(apply)
+            _move_fsdp2(module, backend, apply, _mover(backend, destination, non_blocking=False))
             return
         private_state.fsdp1_move_shards(module, apply)
         for sub in module.modules():
             for name, buffer in sub._buffers.items():
                 if buffer is not None:
                     sub._buffers[name] = apply(buffer)
+    backend.synchronize()
+
+
+def _move_fsdp2(module: nn.Module, backend, apply, apply_blocking) -> None:
+    """FSDP2 (or an unwrapped model) through ``Module._apply``, with every copy landed before FSDP2 re-pads.
+
+    FSDP2's ``FSDPModule._apply`` ends with ``reset_sharded_param()``, which re-pads a shard shorter than its padded
+    size (the last ranks' shards of a dim the world size does not divide) by an immediate copy of what the move
+    returned: a non-blocking device-to-host copy not landed yet would be copied as garbage. So every tensor
+    ``_apply`` visits is moved first, the copies land (the one ``synchronize``), and only then does ``_apply`` swap
+    them in; one it visits that was not moved ahead is moved blocking.
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    for sub in module.modules():
+        if isinstance(sub, FSDPModule):
+            sub.reshard()  # what _apply would do first: the sharded parameters are the registered ones
+    ahead: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for sub in module.modules():
+        for tensor in (*sub._parameters.values(), *sub._buffers.values()):
+            for visited in (tensor, getattr(tensor, "grad", None)):
+                if visited is not None and id(visited) not in ahead:
+                    ahead[id(visited)] = (visited, apply(visited))
+    backend.synchronize()
+
+    def landed(tensor: torch.Tensor) -> torch.Tensor:
+        source, moved = ahead.get(id(tensor), (None, None))
+        return moved if source is tensor else apply_blocking(tensor)
+
+    module._apply(landed)
 
 
 def drop_gradients(module: nn.Module, fsdp_version: int) -> None:
@@ -94,6 +125,8 @@ def optimizer_bytes(optimizer: torch.optim.Optimizer) -> int:
 
 
 def move_optimizer(optimizer: torch.optim.Optimizer, backend, destination: str) -> None:
+    """Move every per-parameter state tensor; every copy has landed when it returns (one ``synchronize``)."""
     apply = _mover(backend, destination)
     for state, key in list(optimizer_tensors(optimizer)):
         state[key] = apply(state[key])
+    backend.synchronize()

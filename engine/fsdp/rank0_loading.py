@@ -201,34 +201,40 @@ def _clean(name: str) -> str:
     return name.replace("_fsdp_wrapped_module.", "")
 
 
-def fingerprint(named_tensors, fsdp1_prefixes: bool = False) -> float:
-    """A sharding-independent checksum: summed over ranks' shards it equals the full model's (up to rounding)."""
-
-    total = 0.0
+def fingerprint(named_tensors, fsdp1_prefixes: bool = False) -> int:
+    """A sharding-independent checksum of the tensors' bits: summed over ranks' shards it equals the full model's,
+    exactly (integers: it travels as int64, and no float64 is computed on the device)."""
+    total = 0
     with torch.no_grad():
         for name, tensor in named_tensors:
             clean = _clean(name) if fsdp1_prefixes else name
             weight = 1 + sum(clean.encode()) % 7
-            total += weight * sum_float64(local(tensor))
+            total += weight * bits_checksum(local(tensor))
     return total
 
 
-def sum_float64(tensor: torch.Tensor, chunk: int = 1 << 16) -> float:
-    """The sum of ``tensor`` in float64, a chunk at a time: a float64 copy of a whole fp32 tensor is twice its size
-    (``sum(dtype=torch.float64)`` makes that copy too), and would be the peak of loading."""
-    total = torch.zeros((), dtype=torch.float64, device=tensor.device)
+def bits_checksum(tensor: torch.Tensor, chunk: int = 1 << 16) -> int:
+    """The sum of ``tensor``'s bits read as unsigned 16-bit pieces (bytes for a 1-byte dtype), in int64 on its
+    device, a chunk at a time: an int64 copy of the whole tensor would be the peak of loading. The same bits give
+    the same sum on every device, and any change of a piece changes it (exact for models below 2**40 elements)."""
+    total = torch.zeros((), dtype=torch.int64, device=tensor.device)
+    flat = tensor.detach().reshape(-1)
     with torch.no_grad():
-        for piece in tensor.reshape(-1).split(chunk):
-            total += piece.double().sum()  # nothing else stays allocated, so each chunk reuses the last one's memory
-    return total.item()
+        for piece in flat.split(chunk):
+            if piece.element_size() == 1:
+                units = piece.view(torch.uint8).to(torch.int32)
+            else:
+                units = piece.contiguous().view(torch.int16).to(torch.int32) & 0xFFFF
+            total += units.sum(dtype=torch.int64)  # each chunk reuses the last one's memory
+    return int(total.item())
 
 
-def check_received(module: nn.Module, fsdp_version: int, expected: float | None, device: torch.device) -> None:
+def check_received(module: nn.Module, fsdp_version: int, expected: int | None, device: torch.device) -> None:
     """Fail loudly if the shards do not add up to the weights rank 0 built (a broadcast that missed a tensor)."""
     mine = fingerprint(module.named_parameters(), fsdp1_prefixes=fsdp_version == 1)
-    packed = torch.tensor([mine, expected if expected is not None else 0.0], dtype=torch.float64, device=device)
+    packed = torch.tensor([mine, expected if expected is not None else 0], dtype=torch.int64).to(device)
     dist.all_reduce(packed)
     got, want = packed.tolist()
-    if abs(got - want) > 1e-6 * max(1.0, abs(want)):
+    if got != want:
         raise RuntimeError(f"rank-0 loading failed: the ranks' shards sum to {got!r}, rank 0 built {want!r}; "
                            "set EngineConfig.load_on_rank0=False to build the model on every rank")

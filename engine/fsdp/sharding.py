@@ -43,12 +43,15 @@ def layer_classes(model: nn.Module, names: tuple[str, ...] | None) -> set[type]:
 
 
 def check_same_weights(model: nn.Module, backend) -> None:
-    """Fail early if ranks built different weights (FSDP would silently train a mix of them)."""
+    """Fail early if ranks built different weights (FSDP would silently train a mix of them). The checksums travel
+    as int64 (every device reduces it) with their negations: the ranks agree when the maximum is minus the maximum of
+    the negations. One rank has nothing to compare (bf16 wraps it: no collective then)."""
     import torch.distributed as dist
 
-    fingerprint = torch.tensor(weights_fingerprint(model.state_dict().items()), dtype=torch.float64,
-                               device=backend.metrics_device())
-    extremes = torch.stack([fingerprint, -fingerprint])
+    if dist.get_world_size() == 1:
+        return
+    mine = weights_fingerprint(model.state_dict().items())
+    extremes = torch.tensor([mine, -mine], dtype=torch.int64).to(backend.metrics_device())
     dist.all_reduce(extremes, op=dist.ReduceOp.MAX)
     if extremes[0].item() != -extremes[1].item():
         raise ValueError("ranks built different model weights: load the same checkpoint on every rank, or build "

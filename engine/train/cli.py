@@ -77,8 +77,9 @@ def run_workers(tool: str, worker: Callable, config, workers: int, directory: Pa
 
 def print_outputs(directory: Path) -> None:
     """Where a finished run left its metrics, curves and checkpoints."""
-    print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {directory / 'curves.png'}\n"
-          f"checkpoints: {directory / 'checkpoints'}")
+    curves = directory / "curves.png"
+    drawn = curves if curves.exists() else "not drawn (matplotlib is not installed)"
+    print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {drawn}\ncheckpoints: {directory / 'checkpoints'}")
 
 
 def main(recipe, argv: list[str]) -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
 import torch.distributed as dist
 
 from .. import checkpoint, runtime
@@ -27,10 +26,7 @@ def reduce_step(result: StepResult, device) -> tuple[dict, bool]:
     stopping = totals.pop("stop_requested") > 0
     maxima = dict(result.maxima)
     if maxima and dist.is_initialized() and dist.get_world_size() > 1:
-        keys = sorted(maxima)
-        packed = torch.tensor([float(maxima[k]) for k in keys], dtype=torch.float64, device=device)
-        dist.all_reduce(packed, op=dist.ReduceOp.MAX)
-        maxima = dict(zip(keys, packed.tolist(), strict=True))
+        maxima = runtime.max_over_ranks(maxima, device)  # exact, in int64 (no float64 reduction on any device)
     return result.metrics(totals, maxima), stopping
 
 

@@ -4,6 +4,7 @@ curves)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 
@@ -48,16 +49,30 @@ def panels(rows: list[dict], curves) -> list[tuple[str, str]]:
     return [(key, title) for key, title in curves if any(key in row for row in rows)]
 
 
-def plot_curves(metrics_path: Path, png_path: Path, curves) -> None:
-    """One panel per curve of ``curves`` that has data, three to a row."""
-    import matplotlib
-
+def pyplot(what: str, where: Path):
+    """``matplotlib.pyplot`` on its file-only backend, or ``None`` after a one-line note on stderr: plots are
+    optional (a GPU image often lacks matplotlib, and nothing may be installable there), the figures never are."""
+    try:
+        import matplotlib
+    except ImportError:
+        print(f"{what} not drawn: matplotlib is not installed (pip install matplotlib); the figures are in {where}",
+              file=sys.stderr, flush=True)
+        return None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_curves(metrics_path: Path, png_path: Path, curves) -> bool:
+    """One panel per curve of ``curves`` that has data, three to a row; whether it drew them (not without
+    matplotlib, nor for a run without metrics)."""
     rows = read_metrics(metrics_path)
     if not rows:
-        return
+        return False
+    plt = pyplot("curves", metrics_path)
+    if plt is None:
+        return False
     shown = panels(rows, curves)
     grid_rows = -(-len(shown) // 3)
     figure, axes = plt.subplots(grid_rows, 3, figsize=(12, 3.2 * grid_rows), squeeze=False)
@@ -73,3 +88,4 @@ def plot_curves(metrics_path: Path, png_path: Path, curves) -> None:
     figure.tight_layout()
     figure.savefig(png_path, dpi=100)
     plt.close(figure)
+    return True

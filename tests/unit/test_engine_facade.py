@@ -49,7 +49,9 @@ def test_unpack_accepts_a_loss_a_pair_or_a_triple_and_names_anything_else():
     loss = torch.tensor(2.0)
     assert mini_batch.unpack(loss, CPU)[1].item() == 1.0  # the default weight
     _, weight, extra = mini_batch.unpack((loss, 3, {"acc": 0.5}), CPU)
-    assert weight.dtype == torch.float32 and weight.item() == 3.0 and extra == {"acc": 0.5}
+    assert weight.dtype == torch.int64 and weight.item() == 3 and extra == {"acc": 0.5}  # a count stays exact
+    assert mini_batch.unpack((loss, torch.tensor(2**24 + 1)), CPU)[1].item() == 2**24 + 1
+    assert mini_batch.unpack((loss, 2.5), CPU)[1].dtype == torch.float32
     with pytest.raises(TypeError, match="a tuple of 4"):
         mini_batch.unpack((loss, 1, {}, None), CPU)
     with pytest.raises(TypeError, match="scalar tensor"):

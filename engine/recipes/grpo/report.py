@@ -23,5 +23,5 @@ def panels(rows: list[dict]) -> list[tuple[str, str]]:
     return report.panels(rows, CURVES)
 
 
-def plot_curves(metrics_path: Path, png_path: Path) -> None:
-    report.plot_curves(metrics_path, png_path, CURVES)
+def plot_curves(metrics_path: Path, png_path: Path) -> bool:
+    return report.plot_curves(metrics_path, png_path, CURVES)
