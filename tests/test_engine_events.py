@@ -62,7 +62,7 @@ def test_the_device_layer_specifies_no_engine_events():
         "print(accel_backends.hook().on_transfer.spec.argnames)\n"
     )
     before, after = run_python(code, check=True).stdout.splitlines()
-    assert before == "['register_backends', 'register_conformance_rules'] False"
+    assert before == "['register_backends', 'register_certify_properties', 'register_conformance_rules'] False"
     assert after == "('engine', 'what', 'destination', 'num_bytes', 'seconds')"
 
 
