@@ -9,9 +9,9 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ...rl.offline.model_files import DEMO_MODEL
-from ...rl.offline.run_config import input_problems, positive, sizing_problems
+from ...rl.offline.run_config import input_problems, size_problems, sizing_problems
 from ...train import config as train_config
-from ...train.settings import RunConfig, TrainerConfig, run_problems
+from ...train.settings import RunConfig, TrainerConfig
 
 FORMATS = ("auto", "text", "messages", "prompt_completion")
 TRUNCATIONS = ("keep_start", "drop", "error")
@@ -87,7 +87,7 @@ def build_config(preset: str | None, config_file: str | None, overrides: list[st
 
 def check(config: SFTConfig, world_size: int) -> list[str]:
     """Every problem that can be found from the options alone, as sentences (the data is checked next)."""
-    d, t, r = config.data, config.train, config.run
+    d, t = config.data, config.train
     problems = input_problems(config)
     choices = (("data.format", d.format, FORMATS), ("data.truncation", d.truncation, TRUNCATIONS),
                ("data.empty_mask", d.empty_mask, ("error", "drop")), ("train.loss_on", t.loss_on, LOSS_ON))
@@ -95,15 +95,7 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
         if value not in allowed:
             problems.append(f"{key} must be one of {', '.join(allowed)}, got {value!r}"
                             f"{did_you_mean(str(value), allowed, key + '=')}")
-    for name, value in (("data.max_length", d.max_length), ("train.batch_size", t.batch_size),
-                        ("train.micro_batch_size", t.micro_batch_size), ("data.demo_examples", d.demo_examples)):
-        problems += positive(name, value)
-    for name, value in (("train.steps", t.steps), ("train.batch_tokens", t.batch_tokens),
-                        ("train.micro_batch_tokens", t.micro_batch_tokens)):
-        problems += positive(name, value, optional=True)
-    if not t.epochs > 0:
-        problems.append(f"train.epochs must be > 0, got {t.epochs}")
-    problems += run_problems(r)
+    problems += size_problems(config, "demo_examples")
     if problems:
         return problems
     return sizing_problems(config, world_size, unit_tokens=d.max_length, limit=f"data.max_length={d.max_length}",

@@ -9,9 +9,8 @@ import sys
 from accel_backends.names import did_you_mean
 
 from ...train.recipe import Plan, Recipe
-from ...train.settings import run_problems
 from .pair_data import TRUNCATIONS
-from .run_config import input_problems, positive, sizing_problems
+from .run_config import input_problems, size_problems, sizing_problems
 
 
 @dataclasses.dataclass
@@ -38,20 +37,12 @@ def pair_problems(config, world_size: int, extra_tokens: int = 0) -> list[str]:
     """The problems of the shared sections (``model``, ``data``, ``train``, ``run``, ``engine``) found from the
     options alone, one sentence each (the data is checked next, in ``plan_pairs``). ``extra_tokens``: what the
     trainer adds to each sequence of ``data.max_length`` tokens."""
-    d, t = config.data, config.train
+    d = config.data
     problems = input_problems(config)
     if d.truncation not in TRUNCATIONS:
         problems.append(f"data.truncation must be one of {', '.join(TRUNCATIONS)}, got {d.truncation!r}"
                         f"{did_you_mean(str(d.truncation), TRUNCATIONS, 'data.truncation=')}")
-    for name, value in (("data.max_length", d.max_length), ("data.demo_pairs", d.demo_pairs),
-                        ("train.batch_size", t.batch_size), ("train.micro_batch_size", t.micro_batch_size)):
-        problems += positive(name, value)
-    for name, value in (("train.steps", t.steps), ("train.batch_tokens", t.batch_tokens),
-                        ("train.micro_batch_tokens", t.micro_batch_tokens)):
-        problems += positive(name, value, optional=True)
-    if not t.epochs > 0:
-        problems.append(f"train.epochs must be > 0, got {t.epochs}")
-    problems += run_problems(config.run)
+    problems += size_problems(config, "demo_pairs")
     if problems:
         return problems
     tokens = 2 * (d.max_length + extra_tokens)

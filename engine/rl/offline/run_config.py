@@ -10,7 +10,7 @@ from typing import Any
 from ...config import EngineConfig
 from ...sequence_parallel import config_problems
 from ...train import config as train_config
-from ...train.settings import missing_model
+from ...train.settings import missing_model, run_problems
 from .model_files import DEMO_MODEL
 
 
@@ -55,6 +55,23 @@ def input_problems(config) -> list[str]:
     if not 0 <= config.data.val_fraction < 1:
         problems.append(f"data.val_fraction must be in [0, 1), got {config.data.val_fraction}")
     return problems
+
+
+def size_problems(config, demo_key: str) -> list[str]:
+    """The shared ``data`` and ``train`` sizes and the ``run`` section, one sentence each: positive integers (the
+    token budgets and ``train.steps`` may be null), ``train.epochs`` above 0. ``demo_key``: the ``data`` key that
+    sizes the built-in demo set (``demo_examples``, ``demo_pairs``)."""
+    d, t = config.data, config.train
+    problems = []
+    for name, value in (("data.max_length", d.max_length), ("train.batch_size", t.batch_size),
+                        ("train.micro_batch_size", t.micro_batch_size), (f"data.{demo_key}", getattr(d, demo_key))):
+        problems += positive(name, value)
+    for name, value in (("train.steps", t.steps), ("train.batch_tokens", t.batch_tokens),
+                        ("train.micro_batch_tokens", t.micro_batch_tokens)):
+        problems += positive(name, value, optional=True)
+    if not t.epochs > 0:
+        problems.append(f"train.epochs must be > 0, got {t.epochs}")
+    return problems + run_problems(config.run)
 
 
 def sizing_problems(config, world_size: int, *, unit_tokens: int, limit: str, unit: str, items: str) -> list[str]:
