@@ -384,9 +384,17 @@ def _partial_checks(rank, model_dir, url):
     sync_weights(policy, engine)
     prompts = [f"how many apples does {name} have" for name in ("Tom", "Maria", "Sam", "Ana")]
     long = SamplingConfig(n=8, max_new_tokens=100, eos_token_ids=(), temperature=1.0, log_probs=True)
+    import time
+
+    rollout(engine, tokenizer, prompts[:1], SamplingConfig(n=2, max_new_tokens=8, eos_token_ids=()))  # warm
+    started = time.perf_counter()
+    rollout(engine, tokenizer, prompts, long)
+    full_s = time.perf_counter() - started  # the delays are fractions of it: a fast machine decodes in a blink
+    out["full_s"] = full_s
     for mode in ("partial", "wait"):
         engine.pusher.pause_mode = "keep" if mode == "partial" else "wait"
-        for delay_s in (0.3, 0.6, 1.0, 1.5):  # until a push lands while the requests are decoding
+        for fraction in (0.2, 0.35, 0.5, 0.1, 0.7):  # until a push lands while the requests are decoding
+            delay_s = fraction * full_s
             probe = rollout(engine, tokenizer, prompts[:1], SamplingConfig(n=2, max_new_tokens=8, eos_token_ids=()))
             big_update(policy, probe)  # the policy moves; the server has the old weights until the push
             batch, spans, old, new = _sample_during_a_push(engine, policy, tokenizer, prompts, long, delay_s)
@@ -407,7 +415,7 @@ def _partial_checks(rank, model_dir, url):
                 record["after_switch_gap"] = float(gap[switched & mask].max())  # new weights after the switch
                 record["before_switch_gap"] = float(gap[unswitched & mask].max())  # old weights before it
             out[mode].append(record)
-            if (mode == "partial" and split) or (mode == "wait" and len(record["labels"]) == 1 and delay_s >= 0.6):
+            if (mode == "partial" and split) or (mode == "wait" and len(record["labels"]) == 1 and fraction >= 0.35):
                 break
     return out
 
@@ -423,7 +431,8 @@ def test_a_partial_rollouts_tokens_after_a_push_carry_the_new_version(model_dir,
     assert partial["before_switch_gap"] > 0.05, partial  # and before it the old ones' (so the check can fail)
     wait = out["wait"][-1]
     assert wait["split_rows"] == 0 and wait["labels"] == [wait["old"]], out  # mode wait: finished on the old weights
-    print({mode: [(r["delay_s"], r["split_rows"], r["rows"]) for r in out[mode]] for mode in ("partial", "wait")})
+    print({"full_s": out["full_s"], **{mode: [(r["delay_s"], r["split_rows"], r["rows"]) for r in out[mode]]
+                                        for mode in ("partial", "wait")}})
 
 
 def _grpo_against(tmp_path, model_dir, url, nproc, name, *extra):
