@@ -6,5 +6,6 @@ shared config sections and their checks (``schema``, ``checks``, ``engine_settin
 its formats (``prompts``, ``prompt_types``, ``tokenizer``, ``model``), rewards and scoring (``rewards``,
 ``scoring``), the step's global batch (``batches``, ``groups``), log-probs of a policy or of any frozen model
 (``logprobs``), rollout correction, validation, sampling ahead (``ahead``) and the step's metrics row
-(``step_metrics``). It uses the engine's public API, ``engine/rollout`` and ``engine/train``; never a recipe.
+(``step_metrics``). ``offline/``: what the trainers on fixed data sets (SFT, DPO, reward models) share. It uses the
+engine's public API, ``engine/rollout`` and ``engine/train``; never a recipe.
 ``docs/adding-a-trainer.md`` shows a recipe written on it."""
