@@ -37,10 +37,10 @@ from .facade import mini_batch, setup
 from .facade.mini_batch import StepFn
 from .facade.module_mode import ModuleMode
 from .facade.residency import Residency
-from .fsdp import offload, private_state, rank0_loading, sync_plan
+from .fsdp import adapter_weights, offload, private_state, rank0_loading, sync_plan
 from .fsdp.full_weights import unit_weights
 from .fsdp.grad_sync import discard_partial_backward, micro_batch_context
-from .fsdp.model_prep import lora_adapter, prepare_model
+from .fsdp.model_prep import lora_adapter, lora_config, prepare_model
 from .fsdp.offload import DEVICE, HOST
 from .fsdp.optimizer import build_optimizer, build_scheduler, clip_gradients
 from .fsdp.sharding import (
@@ -350,25 +350,33 @@ class FSDPEngine:
         with self.generation_model() as model:
             return model.generate(**kwargs)
 
-    def iter_full_weights(self, merge_lora: bool = True) -> Iterator[tuple[str, torch.Tensor]]:
+    def iter_full_weights(self, merge_lora: bool = True, base_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
         """``(name, full tensor)`` for every parameter, gathered one sharded unit at a time (a collective: every
-        rank must consume the whole iterator).
-
-        What a rollout engine with its own copy of the model loads after an update. Memory stays at one unit: each
-        tensor is valid only until the next one is requested (copy it to keep it). Tensors are in the dtype the
-        forward computes in. With LoRA and ``merge_lora`` (the default) each base weight comes with its adapter
-        folded in (``W + scaling * B @ A``) under the plain model's names (``model.layers.0.mlp.up_proj.weight``),
-        and no adapter tensors; ``merge_lora=False`` gives PEFT's own names, adapters included. Parameters offloaded
-        to the host are brought in for the call and go back after.
-        """
+        rank must consume it): what a rollout engine with its own copy of the model loads after an update. Memory
+        stays at one unit: each tensor is valid until the next is drawn (copy it to keep it); in the compute dtype.
+        With LoRA and ``merge_lora`` (the default) each base weight comes with its adapter folded in (``W + scaling *
+        B @ A``) under the plain model's names; ``merge_lora=False`` gives PEFT's own names, adapters included;
+        ``base_only`` the base weights alone, plain names. Offloaded parameters come in for the call and go back."""
         dtype = compute_dtype(self.config, self.backend)
-        adapter = lora_adapter(self.module) if merge_lora else None
+        adapter = lora_adapter(self.module) if merge_lora and not base_only else None
         with self.eval_mode():
             for unit in unit_weights(self.module, self.fsdp_version):
+                unit = adapter_weights.base_weights(unit) if base_only else unit
                 if adapter is not None:
                     unit = checkpoint.merge_lora_weights(unit, *adapter)
                 for name, tensor in unit.items():
                     yield name, tensor.to(dtype) if tensor.is_floating_point() else tensor
+
+    @property
+    def lora_config(self):  # the PEFT LoraConfig of the policy's LoRA adapter (r, lora_alpha, targets), or None
+        return (lora_config(self.module) or (None, None))[1]
+
+    def iter_adapter_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """``(name as in a PEFT adapter file, full tensor)`` for the LoRA adapter alone, in the compute dtype, each the
+        rank's own copy (a collective). Its shards are gathered, never the base weights: two all-gathers."""
+        adapter = (lora_config(self.module) or ("default",))[0]  # its name, which an adapter file leaves out
+        with self.eval_mode():
+            yield from adapter_weights.gather_adapter(self.module, self.fsdp_version, self.compute_dtype, adapter)
 
     def zero_grad(self) -> None:
         """Drop pending gradients without stepping."""

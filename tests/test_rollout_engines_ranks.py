@@ -15,7 +15,7 @@ pytestmark = pytest.mark.slow
 
 ENGINES = ("hf", "hf-continuous")
 POLICIES = {"fsdp2": {}, "fsdp1": {"fsdp_version": 1}, "lora": {"lora_rank": 4},
-            "fsdp2_per_layer": {"generate_gather": "per_layer"}}
+            "lora_fsdp1": {"lora_rank": 4, "fsdp_version": 1}, "fsdp2_per_layer": {"generate_gather": "per_layer"}}
 
 
 def _counts(rank):
@@ -81,10 +81,32 @@ def _full_weights(policy, build_plain_model):
             want = policy.module(input_ids=ids).logits
             result["lora_changes_the_output"] = (want - build_plain_model()(input_ids=ids).logits).abs().max().item()
             result["merged_max_diff"] = (plain(input_ids=ids).logits - want).abs().max().item()
+        result.update(_adapter_alone(policy, set(dict(plain.named_parameters()))))
     else:
         gathered = full_params(policy)
         result["equal"] = set(gathered) == set(weights) and all(torch.equal(gathered[n], weights[n]) for n in weights)
     return result
+
+
+def _adapter_alone(policy, plain_names):
+    """iter_adapter_weights (the adapter's shards gathered, in two all-gathers) against the adapter tensors of a
+    whole-unit gather, and iter_full_weights(base_only=True) against its base weights."""
+    import torch
+    from engine_checks import CollectiveCounter
+
+    everything = {name: tensor.clone() for name, tensor in policy.iter_full_weights(merge_lora=False)}
+    with CollectiveCounter() as counter:
+        adapter = dict(policy.iter_adapter_weights())
+    base = {name: tensor.clone() for name, tensor in policy.iter_full_weights(base_only=True)}
+    unmerged = {name.removeprefix("base_model.model.").replace(".base_layer.", "."): tensor
+                for name, tensor in everything.items() if ".lora_" not in name}
+    return {"adapter_all_gather": counter.counts["all_gather"], "adapter_other": sum(counter.counts.values()),
+            "adapter_tensors": len(adapter),
+            "adapter_equal": set(adapter) == {n.replace(".default.", ".") for n in everything if ".lora_" in n}
+            and all(torch.equal(adapter[n.replace(".default.", ".")], everything[n]) for n in everything
+                    if ".lora_" in n),
+            "base_equal": set(base) == plain_names == set(unmerged)
+            and all(torch.equal(base[n], unmerged[n]) for n in base)}
 
 
 @pytest.fixture(scope="module")
@@ -123,8 +145,12 @@ def test_full_weights_one_unit_at_a_time(outs, label):
         row = out[label]
         weights = row["weights"]
         assert weights["all_gather"] == row["units"] and weights["names_are_the_plain_models"], (label, weights)
-        if label == "lora":
+        if label.startswith("lora"):
             assert weights["lora_changes_the_output"] > 1e-2 and weights["merged_max_diff"] < 1e-4, weights
+            # The adapter alone: its shards in two all-gathers (sizes, pieces), whatever the layers; the base alone
+            assert weights["adapter_all_gather"] == weights["adapter_other"] == 2, weights
+            assert weights["adapter_tensors"] == 2 * 7 * 2 and weights["adapter_equal"], weights  # A, B x 7 x 2
+            assert weights["base_equal"], weights
         else:
             assert weights["equal"], label
 

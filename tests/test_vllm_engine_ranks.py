@@ -5,9 +5,12 @@ One spawn checks, on a tiny Qwen2.5-like model directory: greedy responses of vl
 sampled log-probs against the trainer's (temperature 0.7, top-k, top-p); the engine's log-probs of fixed token
 sequences equal to the trainer's before an update, stale after an update with a large learning rate, equal again
 after the weight push (and different from before it, so the check can fail); the same with a LoRA policy (merged
-adapters pushed); the sleep / wake / push order with the real engine wrapped in a recorder (the CPU has no sleep
-mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with rollout.engine=vllm (FSDP2, LoRA).
-Skipped where vLLM is not importable (the main leg).
+adapters pushed); with rollout.vllm.lora_sync=adapter (a second engine serving the base with LoRA) the same
+equality after each adapter push, the base pushed once, each push's bytes the adapter's, older versions unloaded
+(and again with one trainer rank); the sleep / wake / push order with the real engine wrapped in a recorder (the
+CPU has no sleep mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with
+rollout.engine=vllm (FSDP2; LoRA in adapter mode, rollout/weight_sync_bytes the adapter's), and the CPU demo with
+LoRA learns in adapter mode as in merged mode. Skipped where vLLM is not importable (the main leg).
 """
 
 import importlib.util
@@ -17,7 +20,14 @@ import os
 import pytest
 from conftest import REPO, run_python
 from distributed import run_ranks
-from vllm_push_compare import assert_pushed, largest_gap, push_and_compare, trainer_log_probs
+from vllm_push_compare import (
+    assert_adapter_pushed,
+    assert_pushed,
+    largest_gap,
+    push_adapter_and_compare,
+    push_and_compare,
+    trainer_log_probs,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow,
               pytest.mark.skipif(importlib.util.find_spec("vllm") is None and not os.environ.get("ACCEL_EXPECT_VLLM"),
@@ -35,8 +45,9 @@ def model_dir(tmp_path_factory):
     return make_tiny_model(tmp_path_factory.mktemp("model"), hidden_size=HIDDEN, layers=2, eos_bias=0.0)
 
 
-def _engine_log_probs(llm, batch):
-    """vLLM's log-probs of each response token of ``batch`` as a fixed sequence (prompt log-probs, temperature 1)."""
+def _engine_log_probs(llm, batch, lora_request=None):
+    """vLLM's log-probs of each response token of ``batch`` as a fixed sequence (prompt log-probs, temperature 1),
+    with the LoRA adapter of ``lora_request`` where given."""
     import torch
     from vllm import SamplingParams
 
@@ -45,7 +56,7 @@ def _engine_log_probs(llm, batch):
     sequences = [batch.input_ids[row][batch.attention_mask[row].bool()].tolist() for row in range(rows)]
     outputs = llm.generate([{"prompt_token_ids": s} for s in sequences],
                            SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0, detokenize=False),
-                           use_tqdm=False)
+                           use_tqdm=False, lora_request=lora_request)
     for row, output in enumerate(outputs):
         prompt_length = int(batch.attention_mask[row, :start].sum())
         for t in range(int(batch.response_mask[row].sum())):
@@ -152,7 +163,62 @@ def _checks(rank, model_dir):
         vllm.load_weights(iter(bad))
     except RolloutEngineError as exc:
         out["bad_tensor"] = str(exc)
+    started = time.perf_counter()
+    out["adapter"] = _adapter_checks(model_dir, tokenizer, batch)
+    out["adapter_checks_s"] = time.perf_counter() - started  # what lora_sync=adapter adds to the test
     return out
+
+
+def _adapter_checks(model_dir, tokenizer, batch):
+    """rollout.vllm.lora_sync=adapter: a second engine in the same process serving the base with LoRA; the base
+    once, then the adapter alone after every update (tests/vllm_push_compare.py); only the current version loaded
+    and on disk."""
+    import os
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+
+    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(lora_sync="adapter"))
+    engine = create_rollout_engine("vllm", RolloutContext(lora, tokenizer, str(model_dir), config, 96))
+    out = push_adapter_and_compare(lora, engine, batch,
+                                   lambda b: _engine_log_probs(engine.llm, b, engine.lora_request))
+    out["loaded"] = sorted(engine.llm.llm_engine.list_loras())
+    out["current"] = engine.lora_request.lora_int_id
+    out["on_disk"] = sorted(os.listdir(engine.adapter_root))
+    engine.close()
+    out["left_on_disk"] = os.path.exists(engine.adapter_root)
+    return out
+
+
+def _one_rank_adapter_checks(rank, model_dir):
+    """The adapter checks with one trainer rank (the adapter taken whole, nothing gathered), on sequences the ``hf``
+    engine samples."""
+    import torch
+    from transformers import AutoTokenizer
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
+    from engine.rollout.single_turn import eos_token_ids, rollout
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, padding_side="left")
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2))
+    hf = create_rollout_engine("hf", RolloutContext(policy, tokenizer, str(model_dir), RolloutConfig(), 96))
+    sampled = SamplingConfig(n=4, max_new_tokens=24, eos_token_ids=tuple(eos_token_ids(policy.module, tokenizer)),
+                             temperature=0.7, top_k=20, top_p=0.8)
+    torch.manual_seed(1234)
+    with policy.eval_mode():
+        batch = rollout(hf, tokenizer, [f"how many apples does {name} have" for name in ("Tom", "Maria")], sampled)
+    return _adapter_checks(model_dir, tokenizer, batch)
+
+
+def _assert_adapter_engine(adapter):
+    assert_adapter_pushed(adapter)
+    assert adapter["current"] == 3 and adapter["loaded"] == [3], adapter  # older versions unloaded
+    assert adapter["on_disk"] == ["v3"] and not adapter["left_on_disk"], adapter  # closed: removed
 
 
 def test_vllm_engine_on_two_ranks(model_dir):
@@ -169,15 +235,37 @@ def test_vllm_engine_on_two_ranks(model_dir):
                                 ("reset_prefix_cache",), ("wake_up", ("kv_cache",)), ("generate",)], out["order"]
         assert f"cannot take weight '{out['bad_name']}' of shape (3, 3): the engine's model has shape" in \
             out["bad_tensor"], out
-    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s")})
+        _assert_adapter_engine(out["adapter"])
+    print({key: [round(out[key], 4) for out in outs] for key in ("build_s", "sync_s", "push_after_update_s",
+                                                                 "adapter_checks_s")})
+
+
+def test_the_adapter_reaches_a_one_rank_engine(model_dir):
+    """rollout.vllm.lora_sync=adapter with one trainer rank: the same checks as on two."""
+    (adapter,) = run_ranks(_one_rank_adapter_checks, model_dir, world_size=1, env=ENV, timeout=300)
+    _assert_adapter_engine(adapter)
 
 
 SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
          "run.progress=false", "rollout.engine=vllm", "data.max_prompt_tokens=64"]
 
 
-@pytest.mark.parametrize("variant", [[], ["engine.lora_rank=4"], ["rollout.vllm.tensor_parallel_size=2"]],
-                         ids=["fsdp2", "lora-fsdp2", "tensor-parallel-2"])
+def _model_bytes(model_dir):
+    """The model's bytes in fp32 (every parameter once: tied embeddings count once)."""
+    from transformers import AutoModelForCausalLM
+
+    return 4 * sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+
+
+def _adapter_bytes(model, rank, alpha):
+    """A rank-``rank`` all-linear LoRA adapter's bytes (fp32) on ``model``, counted by PEFT."""
+    from peft import LoraConfig, get_peft_model
+
+    lora = get_peft_model(model, LoraConfig(r=rank, lora_alpha=alpha, target_modules="all-linear"))
+    return 4 * sum(p.numel() for name, p in lora.named_parameters() if ".lora_" in name)
+
+
+@pytest.mark.parametrize("variant", [[], ["rollout.vllm.tensor_parallel_size=2"]], ids=["fsdp2", "tensor-parallel-2"])
 def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
@@ -192,6 +280,7 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
         assert row["rollout/weight_sync_s"] > 0
+        assert row["rollout/weight_sync_bytes"] == _model_bytes(model_dir), row  # the whole model
         assert row["rollout/logprob_diff_max"] < 1e-3, row  # the engine samples the trainer's policy
         assert 0.99 < row["rollout/is_ratio_min"] <= row["rollout/is_ratio_max"] < 1.01, row
         assert row["rollout/is_masked_frac"] == 0.0
@@ -216,3 +305,33 @@ def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, mod
     assert problem.endswith("choose rollout.engine=hf-continuous for this model")
     assert not [p for p in check(build_config(None, None, ["rollout.engine=vllm", f"model.path={model_dir}"]), 2)
                 if "vLLM" in p]
+
+
+LORA_DEMO = ["rollout.engine=vllm", "model.hidden_size=128", "rollout.vllm.kv_cache_gib=1", "run.progress=false",
+             "engine.lora_rank=8", "engine.lora_alpha=16", "engine.lr=2e-2", "train.steps=10"]
+
+
+def test_the_lora_demo_trains_in_adapter_mode_as_in_merged_mode(tmp_path):
+    """The CPU demo (2 ranks) with a LoRA policy, rollout.vllm.lora_sync=merged and =adapter, same seeds: the same
+    run step for step (the engine samples the trainer's policy either way, so the same tokens, rewards and losses),
+    the adapter's bytes a fraction of the merged model's every update."""
+    env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
+    rows = {}
+    for mode in ("merged", "adapter"):
+        result = run_python(["-m", "engine.grpo.cli", *LORA_DEMO, f"rollout.vllm.lora_sync={mode}",
+                             f"run.output_dir={tmp_path}", f"run.name={mode}"], env=env, timeout=400)
+        assert result.returncode == 0, result.stderr[-3000:]
+        rows[mode] = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]
+    merged, adapter = rows["merged"], rows["adapter"]
+    print({mode: [round(row["reward_mean"], 4) for row in rows[mode]] for mode in rows})
+    from engine.rl.model import build_model
+    from engine.train.settings import ModelConfig
+
+    model = build_model(ModelConfig(path="builtin:tiny-char", hidden_size=128))[1]()
+    whole, lora = 4 * sum(p.numel() for p in model.parameters()), _adapter_bytes(model, 8, 16)
+    assert [row["step"] for row in merged] == [row["step"] for row in adapter] == list(range(1, 11))
+    for m, a in zip(merged, adapter, strict=True):
+        assert m["rollout/logprob_diff_max"] < 1e-3 and a["rollout/logprob_diff_max"] < 1e-3, (m, a)
+        assert (m["rollout/weight_sync_bytes"], a["rollout/weight_sync_bytes"]) == (whole, lora), (m, a)
+        assert abs(m["reward_mean"] - a["reward_mean"]) < 1e-6, rows  # the same samples
+        assert abs(m["loss"] - a["loss"]) < 1e-3, (m, a)

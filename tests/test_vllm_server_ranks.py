@@ -30,7 +30,15 @@ from distributed import run_ranks
 
 # The leg's marks and skip, the vLLM environment and the model size: as the colocated engine's tests.
 from test_vllm_engine_ranks import ENV, HIDDEN, pytestmark  # noqa: F401 - pytestmark: pytest reads it here
-from vllm_push_compare import assert_pushed, big_update, largest_gap, push_and_compare, trainer_log_probs
+from vllm_push_compare import (
+    assert_adapter_pushed,
+    assert_pushed,
+    big_update,
+    largest_gap,
+    push_adapter_and_compare,
+    push_and_compare,
+    trainer_log_probs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +59,7 @@ def server(model_dir, tmp_path_factory):
 
     settings = VLLMConfig(mode="server", kv_cache_gib=1.0)
     facts = CPUBackend().inference_engine_facts()
-    options = server_options(settings, facts, "float32", "auto", 128)
+    options = server_options(settings, facts, "float32", "auto", 128, lora_rank=4)  # adapters too (lora_sync)
     manager = ServerManager(model_dir, server_specs(settings, facts, None, options, free_port),
                             tmp_path_factory.mktemp("server-logs"))
     started = time.perf_counter()
@@ -61,8 +69,9 @@ def server(model_dir, tmp_path_factory):
     manager.stop()
 
 
-def _server_log_probs(client, batch):
-    """The server's log-probs of each response token of ``batch`` as a fixed sequence (temperature 1)."""
+def _server_log_probs(client, batch, model=None):
+    """The server's log-probs of each response token of ``batch`` as a fixed sequence (temperature 1), with the
+    LoRA adapter named ``model`` where given."""
     import torch
 
     rows, width, start = len(batch), batch.response_ids.size(1), batch.prompt_length
@@ -70,7 +79,7 @@ def _server_log_probs(client, batch):
     for row in range(rows):
         sequence = batch.input_ids[row][batch.attention_mask[row].bool()].tolist()
         answer = client.call("POST", "/inference/v1/generate", {
-            "token_ids": sequence, "output_mode": "tokens",
+            "token_ids": sequence, "output_mode": "tokens", **({"model": model} if model else {}),
             "sampling_params": {"max_tokens": 1, "prompt_logprobs": 0, "temperature": 1.0, "detokenize": False}})
         prompt_length = int(batch.attention_mask[row, :start].sum())
         for t in range(int(batch.response_mask[row].sum())):
@@ -115,6 +124,42 @@ def _push_checks(rank, model_dir, url):
     out["push_s"].append(compared["push_after_update_s"])
     out["versions"] = (engine.pusher.version, client.weight_version())
     engine.generate([[5, 6, 7]], sampled)  # the version check passes after the last push
+    started = time.perf_counter()
+    out["adapter"] = _adapter_push_checks(model_dir, url, tokenizer, batch, sampled)
+    out["adapter_checks_s"] = time.perf_counter() - started  # what lora_sync=adapter adds to the test
+    return out
+
+
+def _adapter_push_checks(model_dir, url, tokenizer, batch, sampled):
+    """rollout.vllm.lora_sync=adapter against the same server: the base once, then the adapter alone over the
+    weight group, written on the server's side and loaded under the version's name (tests/vllm_push_compare.py);
+    the server lists this run's two newest adapters only; sampling names the newest and labels its tokens."""
+    import torch
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rollout import rollout
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+
+    lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(mode="server", server_urls=[url], lora_sync="adapter"))
+    engine = create_rollout_engine("vllm", RolloutContext(lora, tokenizer, str(model_dir), config, 96))
+    client = engine.clients[0]
+    out = push_adapter_and_compare(lora, engine, batch, lambda b: _server_log_probs(client, b, engine.pusher.adapter))
+    session = engine.pusher.session
+    out["served"] = sorted(m["id"] for m in client.models() if session in m["id"])
+    out["adapter"], out["versions"] = engine.pusher.adapter, (engine.pusher.version, client.weight_version())
+    torch.manual_seed(7)
+    prompts = ["how many apples does Tom have"]
+    spans = engine.sample([tokenizer(p)["input_ids"] for p in prompts], sampled, 11)[1]
+    out["span_versions"] = sorted({span["version"] for row in spans for span in row})
+    out["sampled"] = int(rollout(engine, tokenizer, prompts, sampled).response_mask.sum())
+    both_ranks = torch.distributed.barrier if torch.distributed.is_initialized() else lambda: None
+    both_ranks()  # no rank still samples with the adapter when rank 0 closes
+    engine.close()  # rank 0 unloads the run's adapters from a server it did not start
+    both_ranks()  # every rank looks after rank 0 has closed
+    out["served_after_close"] = sorted(m["id"] for m in client.models() if session in m["id"])
     return out
 
 
@@ -126,7 +171,16 @@ def test_the_server_samples_the_pushed_policy(model_dir, server, ranks):
         assert out["sampled_gap"] < 1e-4, out  # temperature 0.7, top-k 20, top-p 0.8, from the server
         assert_pushed(out)
         assert out["versions"] == (3, "3"), out  # three pushes, each reported by the server
-    print({"push_s": [[round(s, 3) for s in out["push_s"]] for out in outs]})
+        adapter = out["adapter"]
+        assert_adapter_pushed(adapter)
+        session = adapter["adapter"].split("-")[2]
+        assert adapter["versions"] == (4, "4"), adapter  # the base (1), then adapters 2, 3 and 4
+        assert adapter["served"] == [f"accel-policy-{session}-v3", f"accel-policy-{session}-v4"], adapter
+        assert adapter["span_versions"] == ["4"] and adapter["sampled"] > 0, adapter
+        assert adapter["served_after_close"] == [], adapter  # unloaded when the run ends
+    print({"push_s": [[round(s, 3) for s in out["push_s"]] for out in outs],
+           "adapter_push_s": [round(out["adapter"]["push_after_update_s"], 3) for out in outs],
+           "adapter_checks_s": [round(out["adapter_checks_s"], 1) for out in outs]})
 
 
 def test_a_server_with_another_model_is_refused_before_any_weight(server, model_dir):

@@ -35,6 +35,27 @@ def big_update(policy, batch):
         policy.optimizer_step()
 
 
+def _update_then_push(policy, engine, batch, engine_log_probs, out: dict):
+    """The engine against the trainer before an update (``before_gap``), after it (``stale_gap``) and after the
+    push (``after_gap``; ``moved``: against before), the push's seconds and bytes; returns the updated trainer's
+    log-probs of ``batch``."""
+    from engine.rollout import sync_weights
+
+    mask = batch.response_mask.float()
+    engine_before = engine_log_probs(batch)
+    out["before_gap"] = largest_gap(engine_before, trainer_log_probs(policy, batch), mask)
+    big_update(policy, batch)
+    trainer_after = trainer_log_probs(policy, batch)
+    out["stale_gap"] = largest_gap(engine_log_probs(batch), trainer_after, mask)
+    started = time.perf_counter()
+    out["pushed_bytes"] = sync_weights(policy, engine)
+    out["push_after_update_s"] = time.perf_counter() - started
+    engine_after = engine_log_probs(batch)
+    out["after_gap"] = largest_gap(engine_after, trainer_after, mask)
+    out["moved"] = largest_gap(engine_after, engine_before, mask)
+    return trainer_after
+
+
 def push_and_compare(policy, engine, batch, engine_log_probs, model_dir) -> tuple[dict, object]:
     """The gaps (``before_gap``, ``stale_gap``, ``after_gap``, ``moved``, ``lora_gap``, ``lora_moved``), the push's
     seconds after the update (``push_after_update_s``), and the updated policy's log-probs of ``batch``.
@@ -43,17 +64,7 @@ def push_and_compare(policy, engine, batch, engine_log_probs, model_dir) -> tupl
     from engine.rollout import sync_weights
 
     out, mask = {}, batch.response_mask.float()
-    engine_before = engine_log_probs(batch)
-    out["before_gap"] = largest_gap(engine_before, trainer_log_probs(policy, batch), mask)
-    big_update(policy, batch)
-    trainer_after = trainer_log_probs(policy, batch)
-    out["stale_gap"] = largest_gap(engine_log_probs(batch), trainer_after, mask)
-    started = time.perf_counter()
-    sync_weights(policy, engine)
-    out["push_after_update_s"] = time.perf_counter() - started
-    engine_after = engine_log_probs(batch)
-    out["after_gap"] = largest_gap(engine_after, trainer_after, mask)
-    out["moved"] = largest_gap(engine_after, engine_before, mask)
+    trainer_after = _update_then_push(policy, engine, batch, engine_log_probs, out)
     # LoRA: the merged adapters arrive under the plain names.
     lora = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2, lr=0.05, max_grad_norm=1e9, lora_rank=4))
     big_update(lora, batch)
@@ -70,3 +81,32 @@ def assert_pushed(out: dict) -> None:
     assert out["stale_gap"] > 0.05, out  # the update moved the policy; the engine has not seen it yet
     assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
     assert out["lora_gap"] < 1e-4 and out["lora_moved"] > 0.05, out  # LoRA merged into the pushed weights
+
+
+def push_adapter_and_compare(policy, engine, batch, engine_log_probs) -> dict:
+    """``rollout.vllm.lora_sync=adapter``: ``policy`` a LoRA engine, ``engine`` serving its base with LoRA (built
+    after the policy, nothing pushed yet). The first push (base once, then the adapter), an update whose adapter
+    the engine has not seen yet (stale), the adapter push after it (equal again, and moved), and what each push
+    sent: ``first_bytes``, ``adapter_bytes`` (the second push) against the adapter's and the merged model's bytes."""
+    from engine.rollout import sync_weights
+
+    out = {"first_bytes": sync_weights(policy, engine), "base_pushed_first": not engine.needs_base_weights}
+    big_update(policy, batch)  # B leaves zero: from here on the adapter changes the policy's log-probs
+    sync_weights(policy, engine)
+    _update_then_push(policy, engine, batch, engine_log_probs, out)
+    out["adapter_bytes"] = out.pop("pushed_bytes")
+    sizes = lambda weights: sum(t.numel() * t.element_size() for _, t in weights)  # noqa: E731
+    out["adapter_own_bytes"] = sizes(policy.iter_adapter_weights())
+    out["merged_bytes"] = sizes(policy.iter_full_weights())
+    out["base_bytes"] = sizes(policy.iter_full_weights(base_only=True))
+    out["lora_tensors"] = sum(1 for _ in policy.iter_adapter_weights())
+    return out
+
+
+def assert_adapter_pushed(out: dict) -> None:
+    """What every adapter push-and-compare must show."""
+    assert out["base_pushed_first"] and out["first_bytes"] == out["base_bytes"] + out["adapter_own_bytes"], out
+    assert out["before_gap"] < 1e-4, out
+    assert out["stale_gap"] > 0.05, out  # the update moved the adapter; the engine has not seen it yet
+    assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
+    assert out["adapter_bytes"] == out["adapter_own_bytes"] < out["merged_bytes"], out  # the adapter alone

@@ -22,6 +22,9 @@ Scenarios (``--scenarios``, default all but vllm_alone and distill):
   vllm_alone   vLLM by itself (where it is installed) decoding the GRPO model's geometry, one fresh process per
                thread count and binding: response tokens per second, to read the grpo scenario's rollout phase
                (--grpo-override rollout.engine=vllm) against; needs --grpo-model-dir or --grpo-case long
+  lora_sync    (not in "all": needs vLLM) a LoRA policy's pushes to a colocated vLLM engine, rollout.vllm.lora_sync
+               merged against adapter, two processes driven in turn: push time and bytes per update, decode tokens
+               per second, on the mid-size and a larger geometry (--lora-geometries, --lora-rank)
   async_rollout
                (not in "all": needs vLLM, minutes per step) GRPO with one trainer and one vLLM server at
                rollout.max_staleness 0, 1, 2 against the colocated vLLM engine on 2 ranks, interleaved: response
@@ -50,6 +53,7 @@ from . import (
     distill_step,
     grad_accum,
     grpo_step,
+    lora_sync,
     mode_switch,
     overhead,
     packing,
@@ -63,7 +67,7 @@ from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
              "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run,
-             "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run,
+             "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run, "lora_sync": lora_sync.run,
              "distill": distill_step.run}
 GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
@@ -106,7 +110,7 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
-ON_REQUEST = ("vllm_alone", "distill")  # not in "all": named explicitly (vLLM and a model directory; two trainers)
+ON_REQUEST = ("vllm_alone", "lora_sync", "distill")  # not in "all": named explicitly (vLLM; two trainers)
 DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ON_REQUEST]
 
 
@@ -222,7 +226,18 @@ def build_parser() -> argparse.ArgumentParser:
     alone.add_argument("--vllm-prompts", type=_positive, default=16, help="prompts per sampling call")
     alone.add_argument("--vllm-n", type=_positive, default=8, help="responses per prompt")
     alone.add_argument("--vllm-max-tokens", type=_positive, default=128, help="the longest response")
+    lora = parser.add_argument_group("lora_sync (also --vllm-prompts, --vllm-n, --vllm-max-tokens, --steps)")
+    lora.add_argument("--lora-geometries", type=_geometries, default=list(lora_sync.GEOMETRIES),
+                      help=f"among {', '.join(lora_sync.GEOMETRIES)}")
+    lora.add_argument("--lora-rank", type=_positive, default=8, help="the policy's LoRA rank")
     return parser
+
+
+def _geometries(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in lora_sync.GEOMETRIES for n in names):
+        raise argparse.ArgumentTypeError(f"geometries are {', '.join(lora_sync.GEOMETRIES)}, got {text!r}")
+    return names
 
 
 def main(argv=None) -> int:
@@ -238,8 +253,9 @@ def main(argv=None) -> int:
         parser.error(f"--rollout-model {args.rollout_model} is not a model directory (no config.json): write one with "
                      "accel-grpo make-tiny-model DIR")
     with contextlib.ExitStack() as stack:
-        if "vllm_alone" in args.scenarios and importlib.util.find_spec("vllm") is None:
-            parser.error("the vllm_alone scenario needs vLLM in this Python (pip install vllm, or vLLM's CPU build)")
+        for name in ("vllm_alone", "lora_sync"):
+            if name in args.scenarios and importlib.util.find_spec("vllm") is None:
+                parser.error(f"the {name} scenario needs vLLM in this Python (pip install vllm, or vLLM's CPU build)")
         if any(name in args.scenarios for name in MODEL_DIR_SCENARIOS):
             args.grpo_overrides = _case_overrides(args, stack) + args.grpo_overrides
             _check_grpo_settings(parser, args)

@@ -213,7 +213,24 @@ def print_async_rollout(s: dict) -> None:
         print("  " + ", ".join(f"{key.replace('_over_', ' / ')} {value:.2f}" for key, value in ratios.items()))
 
 
-PRINTERS = {"async_rollout": print_async_rollout,
+def print_lora_sync(result: dict) -> None:
+    work = result["work"]
+    print(f"\n== LoRA with vLLM (rank {work['rank']}): rollout.vllm.lora_sync merged against adapter, a colocated "
+          f"engine each, {work['prompts']} prompts x {work['n']} x {work['max_tokens']} tokens per round ==")
+    for geometry, row in result["geometries"].items():
+        for mode in ("merged", "adapter"):
+            m = row[mode]
+            print(f"  {geometry} {mode:8} ({m['parameters'] / 1e6:.1f}M parameters): first push "
+                  f"{m['first_push_s'] * 1e3:.0f} ms / {m['first_push_bytes'] / 2**20:.1f} MiB; per update "
+                  f"{m['push_s'] * 1e3:.1f} ms / {m['push_bytes'] / 2**20:.2f} MiB; decode "
+                  f"{m['decode_tokens_per_s']:.0f} tokens/s")
+        r = row["ratios"]
+        decode = r["adapter_over_merged_decode_tokens_per_s"]
+        print(f"  {geometry} adapter / merged: push time {r['adapter_over_merged_push_s']:.3f}, bytes "
+              f"{r['adapter_over_merged_bytes']:.4f}, decode tokens/s {decode:.2f}")
+
+
+PRINTERS = {"async_rollout": print_async_rollout, "lora_sync": print_lora_sync,
             "mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
             "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone, "distill": print_distill}

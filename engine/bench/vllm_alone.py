@@ -24,13 +24,17 @@ VARIANTS = (("1 thread, unbound", 1, "nobind"), ("2 threads, unbound", 2, "nobin
 
 
 def run(options, backend, rank) -> dict:
+    return on_rank_0(measure, options, rank)
+
+
+def on_rank_0(measure, options, rank) -> dict:
+    """``measure(options)`` on rank 0 alone, in fresh processes of its own; the other ranks wait at a barrier, so
+    every measured process has the machine to itself."""
     import torch.distributed as dist
 
-    result = {}
-    if rank == 0:
-        result = measure(options)
+    result = measure(options) if rank == 0 else {}
     if dist.is_initialized():
-        dist.barrier()  # the other ranks wait: every variant has the machine to itself
+        dist.barrier()
     return result
 
 

@@ -59,11 +59,19 @@ def prepare_model(model: nn.Module, config: EngineConfig, attn_implementation: s
     return model
 
 
-def lora_adapter(model: nn.Module) -> tuple[str, float] | None:
-    """The active LoRA adapter's name and scaling (``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA), or None."""
+def lora_config(model: nn.Module):
+    """The active LoRA adapter's name and PEFT ``LoraConfig``, or None."""
     for module in model.modules():
         configs = getattr(module, "peft_config", None)
         if isinstance(configs, dict) and configs:
-            name, config = next(iter(configs.items()))
-            return name, config.lora_alpha / (config.r ** 0.5 if config.use_rslora else config.r)
+            return next(iter(configs.items()))
     return None
+
+
+def lora_adapter(model: nn.Module) -> tuple[str, float] | None:
+    """The active LoRA adapter's name and scaling (``alpha / r``, or ``alpha / sqrt(r)`` with rsLoRA), or None."""
+    found = lora_config(model)
+    if found is None:
+        return None
+    name, config = found
+    return name, config.lora_alpha / (config.r ** 0.5 if config.use_rslora else config.r)

@@ -14,7 +14,7 @@ from .frozen import FrozenModel
 from .model import build_model
 from .prompts import build_tasks, data_spec, needs_answers
 from .rewards import environment_rewards, load_rewards
-from .sizes import max_sequence_tokens
+from .sizes import max_sequence_tokens, prompts_per_rank
 
 
 def load_inputs(config, verbose: bool = False):
@@ -49,8 +49,10 @@ class RolloutParts:
 def rollout_parts(config, policy, tokenizer, policy_source, backend) -> RolloutParts:
     """The sampling settings, the rollout engine (``rollout.engine``) and the sampler, chosen once."""
     sampling, val_sampling = sampling_configs(config.rollout, eos_token_ids(policy.module, tokenizer))
-    engine = create_rollout_engine(config.rollout.engine, RolloutContext(
-        policy, tokenizer, policy_source, config.rollout, max_sequence_tokens(config)))
+    r = config.rollout
+    engine = create_rollout_engine(r.engine, RolloutContext(
+        policy, tokenizer, policy_source, r, max_sequence_tokens(config),
+        decoded_tokens=prompts_per_rank(config, policy.world_size) * r.n * r.max_new_tokens))
     # The engine's log-probs, for the mismatch metrics and algorithm.rollout_correction, where they are cheap.
     sampling = dataclasses.replace(sampling, log_probs=engine.cheap_log_probs)
     # Single-turn, or multi-turn with tools or an environment (every rank's engine calls in step).

@@ -253,7 +253,7 @@ class RLTrainer:
         self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
         update = self.update(data)
         synced = time.perf_counter()
-        sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
+        pushed = sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
         finished = time.perf_counter()
         if self.ahead is not None:
             waited += self.ahead.pushed(step + 1)
@@ -262,6 +262,7 @@ class RLTrainer:
         sums = {**stats, **self.pad_counts(data), **mismatch.sums(), **self.groups.once(staleness),
                 "sampler_busy_frac": busy / max(finished - started, 1e-9)}
         maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
+                  "weight_sync_bytes": float(pushed),
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
                  "weight_sync": finished - synced}

@@ -3,7 +3,9 @@
 The rollout-timing figures are reported in every mode, so curves compare across synchronous and asynchronous runs:
 ``rollout/staleness_mean`` / ``_max`` (weight versions between a sample's oldest token and the policy trained on
 it; 0 when synchronous), ``rollout/dropped_stale`` (samples too stale to train on), ``rollout/weight_sync_s`` (the
-push after the update; ~0 for engines that decode with the policy's own parameters), ``time/trainer_wait_s`` (the
+push after the update; ~0 for engines that decode with the policy's own parameters), ``rollout/weight_sync_bytes``
+(the bytes that push sent to one engine copy: the whole model, or with ``rollout.vllm.lora_sync=adapter`` the LoRA
+adapter alone; 0 for engines that decode with the policy's own parameters), ``time/trainer_wait_s`` (the
 trainer waiting for samples, the rank that waited longest: the whole sampling when synchronous; the wait for the
 thread's batch and, in pause mode ``wait``, for requests in flight to finish before a push) and
 ``rollout/sampler_busy_frac`` (the share of the step's wall time its sampling ran, mean over ranks).
@@ -58,6 +60,7 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
         "rollout/staleness_max": largest["staleness_max"],
         "rollout/dropped_stale": totals["dropped_stale"],
         "rollout/weight_sync_s": times["weight_sync"],
+        "rollout/weight_sync_bytes": largest["weight_sync_bytes"],
         "time/trainer_wait_s": largest["trainer_wait_s"],
         "rollout/sampler_busy_frac": totals["sampler_busy_frac"] / world_size,
     })

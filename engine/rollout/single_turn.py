@@ -147,26 +147,39 @@ def check_responses(name: str, responses: Responses, prompts: int, sampling: Sam
         fail(f"returned log_probs of shape {tuple(responses.log_probs.shape)} for a mask of {tuple(mask.shape)}")
 
 
-def sync_weights(policy, engine: RolloutEngine) -> None:
-    """Send the policy's weights to an engine that holds its own copy of the model (``receives_weights``).
+def sync_weights(policy, engine: RolloutEngine) -> int:
+    """Send the policy's weights to an engine that holds its own copy of the model (``receives_weights``); returns
+    the bytes sent (what one engine copy receives).
 
-    Every tensor is drawn from the policy even if the engine stops early (each draw is a collective), and an
-    engine that did not take them all is an error: its copy would be part old, part new.
+    An engine serving the LoRA adapter on its own (``serves_adapter``) gets the base weights only while it needs them
+    (once, at the start) and then the adapter alone, gathered without the base weights; any other gets the full
+    weights, LoRA merged. Every tensor is drawn from the policy even if the engine stops early (each draw is a
+    collective), and an engine that did not take them all is an error: its copy would be part old, part new.
     """
     if not engine.receives_weights:
-        return
-    weights = policy.iter_full_weights()
-    taken = 0
+        return 0
+    if not engine.serves_adapter:
+        return _push(engine, engine.load_weights, policy.iter_full_weights(), "load_weights")
+    sent = 0
+    if engine.needs_base_weights:
+        sent += _push(engine, engine.load_weights, policy.iter_full_weights(base_only=True), "load_weights")
+    return sent + _push(engine, engine.load_adapter, policy.iter_adapter_weights(), "load_adapter")
+
+
+def _push(engine: RolloutEngine, load, weights, verb: str) -> int:
+    """``load(weights)``, counting what it took; the rest drawn (collectives) and refused."""
+    taken, sent = 0, 0
 
     def counted():
-        nonlocal taken
-        for item in weights:
+        nonlocal taken, sent
+        for name, tensor in weights:
             taken += 1
-            yield item
+            sent += tensor.numel() * tensor.element_size()
+            yield name, tensor
 
-    engine.load_weights(counted())
+    load(counted())
     left = sum(1 for _ in weights)
     if left:
         raise RolloutEngineError(f"rollout engine {engine.name!r} took {taken} of {taken + left} weight tensors in "
-                                 "load_weights(): it must consume them all")
-
+                                 f"{verb}(): it must consume them all")
+    return sent

@@ -137,4 +137,6 @@ def test_the_demo_prefers_each_items_own_number():
     for pair in pairs:
         by_item.setdefault(pair.prompt[0]["content"].split()[2], set()).add(pair.chosen[0]["content"])
     assert all(len(answers) == 1 for answers in by_item.values())
+    answers = {pair.chosen[0]["content"].split()[0] for pair in pairs}  # a rejected number is no item's answer
+    assert not any(pair.rejected[0]["content"].split()[0] in answers for pair in pairs)
     assert json.dumps(demo_pairs(5, seed=0)[0].__dict__) == json.dumps(pairs[0].__dict__)

@@ -22,7 +22,7 @@ from accel_backends.backends.cpu import CPUBackend
 from accel_backends.backends.cuda import CUDABackend
 from accel_backends.spawn import free_port
 from engine.rollout.vllm_server import weight_wire
-from engine.rollout.vllm_server.client import ServerClient
+from engine.rollout.vllm_server.client import ServerClient, ServerError
 from engine.rollout.vllm_server.pusher import WeightPusher
 
 WEIGHTS = {"model.embed_tokens.weight": torch.arange(12.0).reshape(4, 3), "lm_head.weight": torch.ones(4, 3),
@@ -188,3 +188,79 @@ def test_the_default_weight_group_is_gloo_over_host_memory():
 
     made = accel_backends.DeviceBackend.new_weight_group(CPUBackend(), dist.HashStore(), 0, 1, 5.0)
     assert type(made.group).__name__ == "ProcessGroupGloo" and made.device == torch.device("cpu")
+
+
+def test_an_adapter_push_is_written_server_side_loaded_as_its_version_and_the_one_before_the_previous_unloaded():
+    backend, routes = RecordingDeviceBackend(), []
+    pusher = WeightPusher([RecordingClient("http://srv0:8000", routes)], [1], "127.0.0.1", {}, sender=True,
+                          settings={"timeout_s": 30.0}, free_port=free_port, backend=backend, lora_rank=4,
+                          session="ab12")
+    pusher.connect()
+    assert [body["init_info"]["lora_rank"] for path, body in routes] == [4, 4]  # the server checks it serves LoRA
+    pusher.push(_draws(backend.log))  # the base weights, once: version 1
+    assert pusher.adapter is None
+    adapter = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(4, 3)}
+    routes.clear()
+    for _ in range(3):
+        pusher.push(iter(adapter.items()), adapter={"r": 4, "lora_alpha": 8})
+    paths = [path for path, _ in routes]
+    each = ["/pause", "/start_weight_update", "/update_weights", "/finish_weight_update", "/v1/load_lora_adapter"]
+    assert paths == [*each, "/resume", *each, "/resume", *each, "/v1/unload_lora_adapter", "/resume"], paths
+    updates = [body["update_info"] for path, body in routes if path == "/update_weights"]
+    assert [u["directory"] for u in updates] == [f"{pusher.adapter_root}/v{v}" for v in (2, 3, 4)]
+    assert all(u["kind"] == "adapter" and u["adapter_config"] == {"r": 4, "lora_alpha": 8} for u in updates)
+    loads = [body for path, body in routes if path == "/v1/load_lora_adapter"]
+    assert [b["lora_name"] for b in loads] == [f"accel-policy-ab12-v{v}" for v in (2, 3, 4)]
+    assert [b["lora_path"] for b in loads] == [u["directory"] for u in updates]
+    assert [body for path, body in routes if path == "/v1/unload_lora_adapter"] == [
+        {"lora_name": "accel-policy-ab12-v2"}]  # a request sent just before a push still names the previous one
+    assert (pusher.adapter, pusher.loaded, pusher.version) == ("accel-policy-ab12-v4", [
+        "accel-policy-ab12-v3", "accel-policy-ab12-v4"], 4)
+    other_rank = WeightPusher([], [], "127.0.0.1", {}, sender=False, session="ab12")
+    other_rank.version = 3
+    other_rank.push(iter(adapter.items()), adapter={"r": 4})
+    assert other_rank.adapter == "accel-policy-ab12-v4"  # every rank names the adapter its requests sample with
+
+
+def test_a_server_refusing_an_adapter_is_named_and_left_paused():
+    """/v1/load_lora_adapter answering 404 (a server without runtime LoRA loading), through the real client: the
+    push fails with one line naming the server and what it needs, no /resume (nothing samples from a half-made
+    version) and the version not advanced."""
+    import http.server
+    import threading
+
+    class NoAdapters(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.send_response(404)
+            self.end_headers()
+            self.wfile.write(b'{"detail": "Not Found"}')
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), NoAdapters)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+
+    class Refusing(RecordingClient):
+        def call(self, method, path, body=None, query=None, timeout_s=None):
+            if path == "/v1/load_lora_adapter":
+                self.log.append((path, body))
+                return ServerClient.call(self, method, path, body, query, timeout_s)  # over HTTP, to the 404
+            return super().call(method, path, body, query, timeout_s)
+
+    backend, routes = RecordingDeviceBackend(), []
+    pusher = WeightPusher([Refusing(url, routes)], [1], "127.0.0.1", {}, sender=True, settings={"timeout_s": 30.0},
+                          free_port=free_port, backend=backend, lora_rank=4, session="ab12")
+    pusher.connect()
+    pusher.push(_draws(backend.log))  # the base weights: version 1
+    routes.clear()
+    adapter = {"base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight": torch.ones(4, 3)}
+    try:
+        with pytest.raises(ServerError, match=f"vLLM server {url}: POST /v1/load_lora_adapter answered 404 "
+                                            r"\(adapters need --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1"):
+            pusher.push(iter(adapter.items()), adapter={"r": 4})
+    finally:
+        server.shutdown()
+    assert [path for path, _ in routes][-1] == "/v1/load_lora_adapter" and "/resume" not in dict(routes), routes
+    assert (pusher.version, pusher.adapter, pusher.loaded) == (1, None, [])

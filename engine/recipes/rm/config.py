@@ -35,9 +35,10 @@ PRESETS: dict[str, dict] = {
         "nproc": 2,
         "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
         "data": {"max_length": 64, "demo_pairs": 1024},
-        "train": {"epochs": 1, "batch_size": 32, "micro_batch_tokens": 512},
-        "run": {"val_every": 10},
-        "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "constant", "max_grad_norm": 1.0},
+        # A new head starts from nothing: three passes over the pairs (86 steps).
+        "train": {"epochs": 3, "batch_size": 32, "micro_batch_tokens": 512},
+        "run": {"val_every": 29},
+        "engine": {"fsdp_version": 2, "lr": 5e-3, "lr_schedule": "constant", "max_grad_norm": 1.0},
     },
     "h100": {
         "nproc": "auto",

@@ -106,5 +106,5 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
     problems += run_problems(r)
     if problems:
         return problems
-    return sizing_problems(config, world_size, unit_tokens=d.max_length, items="sequences",
-                           unit=f"an example of data.max_length={d.max_length} tokens")
+    return sizing_problems(config, world_size, unit_tokens=d.max_length, limit=f"data.max_length={d.max_length}",
+                           unit="an example of data.max_length tokens", items="sequences")

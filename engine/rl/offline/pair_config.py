@@ -54,9 +54,10 @@ def pair_problems(config, world_size: int, extra_tokens: int = 0) -> list[str]:
     problems += run_problems(config.run)
     if problems:
         return problems
-    return sizing_problems(config, world_size, unit_tokens=2 * (d.max_length + extra_tokens), items="pairs",
-                           unit=f"a pair of two data.max_length={d.max_length} sequences (a pair runs in one "
-                                "micro-batch)")
+    tokens = 2 * (d.max_length + extra_tokens)
+    return sizing_problems(config, world_size, unit_tokens=tokens, items="pairs",
+                           limit=f"{tokens} tokens, two sequences of data.max_length={d.max_length}",
+                           unit="a pair (its two sequences run in one micro-batch)")
 
 
 def plan_pairs(tool: str, config, world_size: int, *, verbose: bool, margin_key: str | None = None) -> Plan:

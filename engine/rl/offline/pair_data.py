@@ -36,16 +36,20 @@ def demo_answer(item_index: int) -> int:
     return (item_index * 37) % 90 + 10
 
 
+_DEMO_WRONG = [n for n in range(10, 100) if n not in {demo_answer(i) for i in range(len(_DEMO_ITEMS))}]  # no item's
+
+
 def demo_pairs(count: int, seed: int = 0) -> list[Pair]:
     """The CPU demos' synthetic preferences: the user asks how many of an item there are somewhere; the preferred
-    answer is that item's own number (``demo_answer``), the rejected one another number; both name the item."""
+    answer is that item's own number (``demo_answer``), the rejected one a number that is no item's; both name the
+    item."""
     rng = random.Random(seed)
     pairs = []
     for index in range(count):
         item_index = rng.randrange(len(_DEMO_ITEMS))
         item, place = _DEMO_ITEMS[item_index], rng.choice(_DEMO_PLACES)
         right = demo_answer(item_index)
-        wrong = rng.choice([n for n in range(10, 100) if n != right])
+        wrong = rng.choice(_DEMO_WRONG)
         prompt = [{"role": "user", "content": f"how many {item} are in the {place}?"}]
         pairs.append(Pair(f"demo:{index + 1}", prompt, [{"role": "assistant", "content": f"{right} {item}"}],
                           [{"role": "assistant", "content": f"{wrong} {item}"}]))

@@ -57,18 +57,16 @@ def input_problems(config) -> list[str]:
     return problems
 
 
-def sizing_problems(config, world_size: int, *, unit_tokens: int, unit: str, items: str) -> list[str]:
-    """The batch sizes against the largest item (``unit``, of ``unit_tokens`` tokens), the ranks and the engine's
-    options; ``items``: what ``train.batch_size`` counts."""
+def sizing_problems(config, world_size: int, *, unit_tokens: int, limit: str, unit: str, items: str) -> list[str]:
+    """The batch sizes against the largest item (``unit``, of ``unit_tokens`` tokens; ``limit``: those tokens as the
+    user's options say them), the ranks and the engine's options; ``items``: what ``train.batch_size`` counts."""
     problems = []
     t = config.train
     if t.micro_batch_tokens is not None and t.micro_batch_tokens < unit_tokens:
-        problems.append(f"train.micro_batch_tokens={t.micro_batch_tokens} is below {unit} ({unit_tokens} tokens), "
-                        f"which could then never run: raise train.micro_batch_tokens to at least {unit_tokens} or "
-                        "lower data.max_length")
+        problems.append(f"train.micro_batch_tokens={t.micro_batch_tokens} is below {limit}: {unit} could never run; "
+                        f"raise train.micro_batch_tokens to at least {unit_tokens} or lower data.max_length")
     if t.batch_tokens is not None and t.batch_tokens < unit_tokens:
-        problems.append(f"train.batch_tokens={t.batch_tokens} is below {unit} ({unit_tokens} tokens): raise it to "
-                        f"at least {unit_tokens}")
+        problems.append(f"train.batch_tokens={t.batch_tokens} is below {limit}: raise it to at least {unit_tokens}")
     sp = config.engine.get("sequence_parallel_size", 1)
     if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:  # the rest of sp's checks: engine_config below
         problems += config_problems(sp, world_size)  # with the defaults: only whether sp divides the world

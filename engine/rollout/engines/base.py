@@ -62,14 +62,16 @@ class Responses:
 class RolloutContext:
     """What an engine is built from: the policy's engine (an ``engine.FSDPEngine``; its rank, world size and
     backend), the tokenizer, the model source (a local Hugging Face directory, or a zero-argument factory of the
-    built-in model), the ``rollout`` section of the config and the longest prompt + response the run can see
-    (``None`` when it is not known before the data is read)."""
+    built-in model), the ``rollout`` section of the config, the longest prompt + response the run can see
+    (``None`` when it is not known before the data is read) and the most response tokens this rank asks for in a
+    step (``None``: not said; ``rollout.vllm.lora_sync=auto`` weighs it)."""
 
     policy: Any
     tokenizer: Any
     model: Any
     config: Any = None
     max_sequence_tokens: int | None = None
+    decoded_tokens: int | None = None
 
 
 class RolloutEngine:
@@ -81,13 +83,17 @@ class RolloutEngine:
     False. ``cheap_log_probs``: whether the trainer may ask every training rollout for the sampled tokens'
     log-probs (``SamplingConfig.log_probs``, for the mismatch metrics and ``algorithm.rollout_correction``); an
     engine for which that costs much (``hf`` keeps every decoding step's full scores for them) sets it False.
-    ``name`` is set to the registered name when the registry builds the engine.
+    ``name`` is set to the registered name when the registry builds the engine. ``serves_adapter``: the engine
+    serves the base model with the policy's LoRA adapter on top (``load_adapter``): after an update only the
+    adapter is sent, and the base weights (``load_weights``, plain names) only while ``needs_base_weights``.
     """
 
     name = "?"
     receives_weights = True
     cheap_log_probs = True
     multi_turn = True  # generate() continues any token-id prefix: tools and environments can use it
+    serves_adapter = False
+    needs_base_weights = True
 
     def __init__(self, context: RolloutContext) -> None:
         self.context = context
@@ -112,6 +118,13 @@ class RolloutEngine:
         Every rank gets every tensor; consume the whole iterable (drawing the next tensor is a collective)."""
         raise NotImplementedError(f"rollout engine {self.name!r} receives weights but does not implement "
                                   "load_weights()")
+
+    def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """With ``serves_adapter``: take the policy's LoRA adapter, ``(PEFT name, full tensor)`` for each of its
+        tensors (``...q_proj.lora_A.default.weight``; each the rank's own copy), as its next version. Every rank
+        gets every tensor; consume the whole iterable."""
+        raise NotImplementedError(f"rollout engine {self.name!r} serves an adapter but does not implement "
+                                  "load_adapter()")
 
 
 def sampling_scores(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,

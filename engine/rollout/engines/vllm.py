@@ -10,7 +10,9 @@ The model's ``generation_config.json`` is never read (``generation_config="vllm"
 applies.
 
 After every update the policy's weights arrive one tensor at a time (``FSDPEngine.iter_full_weights``, LoRA
-merged) and are copied into the engine in place: each is checked against the model's names and shapes first, so
+merged; with ``rollout.vllm.lora_sync=adapter`` the base weights once and then only the adapter, loaded as a new
+versioned LoRA adapter through vLLM's own ``add_lora``, the previous one removed: ``lora_sync.py``) and are copied
+into the engine in place: each is checked against the model's names and shapes first, so
 a tensor the engine cannot take is an error naming it. The prefix cache is reset after a push; the engine never
 reloads weights from disk (it would sample from the base model from then on). How weights are replaced, whether
 the engine can sleep during the update and how its memory is sized are the device backend's facts
@@ -31,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from . import lora_sync
 from .base import Responses, RolloutEngine, SamplingConfig
 from .registry import RolloutEngineError
 from .vllm_settings import VLLMConfig, memory_refusal, missing_vllm_message, quiet_vllm_logging
@@ -79,9 +82,7 @@ def model_directory(context, rank: int) -> tuple[Path, str]:
     with its ``config.json`` only and ``dummy`` (the first weight push brings the weights)."""
     if isinstance(context.model, (str, Path)) and (Path(context.model) / "config.json").is_file():
         return Path(context.model), "auto"
-    scratch = Path(tempfile.mkdtemp(prefix=f"accel-vllm-model-{rank}-"))
-    atexit.register(shutil.rmtree, scratch, ignore_errors=True)
-    return write_model_config(context.policy.module, scratch), "dummy"
+    return write_model_config(context.policy.module, _scratch(f"accel-vllm-model-{rank}-")), "dummy"
 
 
 def write_model_config(module, directory: Path) -> Path:
@@ -158,6 +159,11 @@ class VLLMRolloutEngine(RolloutEngine):
         self.sleeping = False
         model_dir, load_format = self._model_directory(context)
         self.expected = expected_weights(model_dir)
+        self.lora_rank = lora_rank_of(policy)
+        decoded = context.decoded_tokens and context.decoded_tokens * self.group_size  # the group's prompts
+        self.serves_adapter = choose_lora_sync(self.settings, self.lora_rank, self.expected, decoded) == "adapter"
+        self.lora_request = None  # the adapter version sampled from (lora_sync=adapter)
+        self.adapter_root = _scratch(f"accel-vllm-adapters-{self.rank}-") if self.serves_adapter else None
         arguments = self.llm_arguments(model_dir, load_format)
         for name, value in self.facts.env.items():
             os.environ.setdefault(name, value)
@@ -197,6 +203,8 @@ class VLLMRolloutEngine(RolloutEngine):
             arguments["max_model_len"] = max_model_len
         if self.facts.memory_fraction:
             arguments["gpu_memory_utilization"] = s.gpu_memory_utilization
+        if self.serves_adapter:  # one adapter at a time: synchronous pushes leave no request on the previous one
+            arguments.update(enable_lora=True, max_lora_rank=lora_sync.vllm_max_lora_rank(self.lora_rank), max_loras=1)
         arguments.update(self.facts.engine_args)  # what the device needs, e.g. no chunked prefill on the CPU
         arguments.update(s.llm_args)
         return arguments
@@ -216,7 +224,8 @@ class VLLMRolloutEngine(RolloutEngine):
             mine = slices[dist.get_rank(self.group)]
         try:
             outputs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts],
-                                        self.sampling_params(sampling, len(prompts), seed), use_tqdm=False)
+                                        self.sampling_params(sampling, len(prompts), seed), use_tqdm=False,
+                                        lora_request=self.lora_request)
         except Exception as exc:  # vLLM's own error, said as one line (its traceback means nothing to a user)
             raise RolloutEngineError(f"rollout engine 'vllm' failed to generate: {one_line(exc)}") from None
         return responses_from(outputs[mine], sampling)
@@ -228,6 +237,8 @@ class VLLMRolloutEngine(RolloutEngine):
         core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
         if core is not None:
             core.shutdown()
+        if getattr(self, "adapter_root", None) is not None:  # lora_sync=adapter: the versions this rank wrote
+            shutil.rmtree(self.adapter_root, ignore_errors=True)
 
     def sampling_params(self, sampling: SamplingConfig, prompts: int, seed: int) -> list:
         """One ``SamplingParams`` per prompt: every ``SamplingConfig`` field, each prompt its own seed."""
@@ -279,6 +290,49 @@ class VLLMRolloutEngine(RolloutEngine):
         if self.sleeping:
             self.llm.wake_up(tags=["kv_cache"])
             self.sleeping = False
+        self.needs_base_weights = False  # lora_sync=adapter: the base once; reloading it dropped the adapter
+        self.lora_request = None
+
+    def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The adapter's next version, written as a PEFT directory on this rank's disk and loaded through vLLM's
+        ``add_lora`` (which checks it); the previous version is removed from the engine and from the disk."""
+        from vllm.lora.request import LoRARequest
+
+        if self.sleeping:
+            self.llm.wake_up()
+            self.sleeping = False
+        version = (self.lora_request.lora_int_id if self.lora_request else 0) + 1
+        config = lora_sync.adapter_config(self.context.policy.lora_config)
+        path = lora_sync.write_adapter(lora_sync.version_directory(self.adapter_root, version),
+                                       dict(tensors), config)
+        request = LoRARequest(lora_sync.adapter_name(version), version, str(path))
+        try:
+            self.llm.llm_engine.add_lora(request)
+        except Exception as exc:
+            raise RolloutEngineError(f"rollout engine 'vllm' failed to load the LoRA adapter: {one_line(exc)}") from exc
+        previous, self.lora_request = self.lora_request, request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        lora_sync.prune(self.adapter_root, keep_from=version)
+        self.llm.reset_prefix_cache()
+
+
+def lora_rank_of(policy) -> int:
+    """The policy's LoRA rank (0: no LoRA, or a test double without one)."""
+    return int(getattr(getattr(policy, "lora_config", None), "r", 0) or 0)
+
+
+def choose_lora_sync(settings, lora_rank: int, expected: dict, decoded: int | None, own_wire: bool = True) -> str:
+    """``rollout.vllm.lora_sync`` resolved for this run (``lora_sync.choose``): the base model's parameters from
+    its shapes; ``decoded``: the most tokens a step decodes per engine copy, where known."""
+    base = sum(torch.Size(shape).numel() for shape in expected.values())
+    return lora_sync.choose(getattr(settings, "lora_sync", "merged"), lora_rank, base, decoded, own_wire=own_wire)
+
+
+def _scratch(prefix: str) -> Path:
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    return directory
 
 
 def one_line(exc: BaseException) -> str:

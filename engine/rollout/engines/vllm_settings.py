@@ -25,7 +25,7 @@ MANAGED_ARGS = {
     "dtype": "rollout.vllm.dtype", "max_model_len": "rollout.vllm.max_model_len",
     "enforce_eager": "rollout.vllm.enforce_eager", "gpu_memory_utilization": "rollout.vllm.gpu_memory_utilization",
     "seed": "train.seed", "logprobs_mode": None, "generation_config": None, "enable_sleep_mode": None,
-    "load_format": None,
+    "load_format": None, "enable_lora": "rollout.vllm.lora_sync", "max_lora_rank": "engine.lora_rank",
 }
 
 
@@ -38,6 +38,9 @@ class VLLMConfig:
     enforce_eager: bool = True  # no graph capture or compilation: starts in seconds; false on GPUs for speed
     dtype: str | None = None  # null: the dtype the trainer computes in (its weights are pushed in that dtype)
     llm_args: dict = dataclasses.field(default_factory=dict)  # other LLM(...) arguments, passed as they are
+    # A LoRA policy's updates (engine.lora_rank > 0): merged (the whole model, adapter folded in, after every update),
+    # adapter (vLLM serves the base with LoRA; the adapter alone after every update), auto (engines/lora_sync.py).
+    lora_sync: str = "auto"
     # Server mode (engine/rollout/vllm_server): vLLM in separate servers, reached over HTTP, weights pushed over
     # the device's collective library (the backend's weight group, DeviceBackend.new_weight_group).
     mode: str = "colocate"  # colocate: an engine in every trainer rank; server: separate vLLM servers
@@ -234,10 +237,14 @@ def check_head_size(model_config, minimum: int) -> list[str]:
 def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) -> list[str]:
     """Everything wrong with ``rollout.engine=vllm`` for ``config`` (a ``GRPOConfig``), before any worker starts.
     ``facts``: the backend's ``inference_engine_facts()`` (for the package to name)."""
-    from engine.rollout.vllm_server.settings import server_problems
+    from engine.rollout.vllm_server.settings import is_own_engine, server_problems, transfer_engine
+
+    from .lora_sync import problems as lora_sync_problems
 
     settings = config.rollout.vllm
     problems = check_settings(settings, world_size, longest_sequence, facts) + server_problems(settings, facts)
+    own_wire = settings.mode != "server" or is_own_engine(transfer_engine(settings, facts))
+    problems += lora_sync_problems(settings.lora_sync, int((config.engine or {}).get("lora_rank", 0) or 0), own_wire)
     problems += check_head_size(config.model, facts.min_head_size)
     if settings.mode == "server" and isinstance(settings.borrow_threads, int) and settings.borrow_threads > 0:
         from engine.runtime import borrowing_problem, threads_per_worker, usable_cores

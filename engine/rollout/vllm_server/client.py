@@ -4,8 +4,9 @@ Routes used (vLLM 0.32; the RL ones exist with ``VLLM_SERVER_DEV_MODE=1``): ``/h
 ``/inference/v1/generate`` (``--enable-scale-out``: token ids and sampling parameters in, token ids, log-probs and
 the weight version of each token out), ``/pause`` (``keep`` / ``abort`` / ``wait``), ``/resume``,
 ``/init_weight_transfer_engine``, ``/start_weight_update``, ``/update_weights``, ``/finish_weight_update`` (with
-the version the weights get) and ``/weight_info`` (the version the server reports). Standard library only; every
-failure is a ``ServerError`` whose one line names the server and what to do.
+the version the weights get) and ``/weight_info`` (the version the server reports); with LoRA served
+(``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
+Standard library only; every failure is a ``ServerError`` whose one line names the server and what to do.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ class ServerClient:
 
     def call(self, method: str, path: str, body: dict | None = None, query: dict | None = None,
              timeout_s: float | None = None) -> Any:
-        """The route's JSON answer (``None`` for an empty one)."""
+        """The route's JSON answer (``None`` for an empty one, the text for one that is not JSON)."""
         address = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(address, data=data, method=method,
@@ -44,13 +45,22 @@ class ServerClient:
                 text = answer.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read().decode(errors="replace").strip().replace("\n", " ")[:300]
-            hint = " (the RL routes need VLLM_SERVER_DEV_MODE=1 on the server)" if exc.code == 404 else ""
+            hint = ""
+            if exc.code == 404 and "lora_adapter" in path:
+                hint = " (adapters need --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 on the server)"
+            elif exc.code == 404:
+                hint = " (the RL routes need VLLM_SERVER_DEV_MODE=1 on the server)"
             raise ServerError(f"vLLM server {self.url}: {method} {path} answered {exc.code}{hint}: {detail}") from None
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             raise ServerError(f"vLLM server {self.url} is unreachable ({method} {path}: {reason}): check the URL "
                               "and that the server is running") from None
-        return json.loads(text) if text.strip() else None
+        if not text.strip():
+            return None
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:  # the adapter routes answer in plain text ("Success: ...")
+            return text.decode(errors="replace")
 
     # -- state --------------------------------------------------------------------------------------------------
 
@@ -70,11 +80,12 @@ class ServerClient:
 
     # -- sampling -----------------------------------------------------------------------------------------------
 
-    def generate(self, token_ids: list[int], sampling_params: dict) -> list[dict]:
-        """The choices (``index``, ``token_ids``, ``logprobs``, ``weight_versions``) for one prompt."""
-        answer = self.call("POST", "/inference/v1/generate", {"token_ids": list(token_ids),
-                                                               "sampling_params": sampling_params,
-                                                               "output_mode": "tokens", "stream": False})
+    def generate(self, token_ids: list[int], sampling_params: dict, model: str | None = None) -> list[dict]:
+        """The choices (``index``, ``token_ids``, ``logprobs``, ``weight_versions``) for one prompt; ``model``: the
+        LoRA adapter to sample with (its name), or the base model."""
+        body = {"token_ids": list(token_ids), "sampling_params": sampling_params, "output_mode": "tokens",
+                "stream": False, **({"model": model} if model else {})}
+        answer = self.call("POST", "/inference/v1/generate", body)
         return sorted(answer["choices"], key=lambda choice: choice["index"])
 
     def pause(self, mode: str = "keep", clear_cache: bool = True) -> None:
@@ -98,3 +109,11 @@ class ServerClient:
 
     def finish_weight_update(self, weight_version: str | None = None) -> None:
         self.call("POST", "/finish_weight_update", {"weight_version": weight_version})
+
+    # -- LoRA adapters (rollout.vllm.lora_sync=adapter) ------------------------------------------------------------
+
+    def load_lora_adapter(self, name: str, path: str) -> None:
+        self.call("POST", "/v1/load_lora_adapter", {"lora_name": name, "lora_path": path})
+
+    def unload_lora_adapter(self, name: str) -> None:
+        self.call("POST", "/v1/unload_lora_adapter", {"lora_name": name})

@@ -13,6 +13,8 @@ version, before any rank samples again (staleness 0). With ``rollout.max_stalene
 
 from __future__ import annotations
 
+import secrets
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -20,13 +22,16 @@ from pathlib import Path
 
 import torch
 
+from engine.rollout.engines import lora_sync
 from engine.rollout.engines.base import Responses, RolloutEngine, SamplingConfig
 from engine.rollout.engines.registry import RolloutEngineError
 from engine.rollout.engines.vllm import (
     _SEED_RANGE,
     DTYPE_NAMES,
     CheckedWeights,
+    choose_lora_sync,
     expected_weights,
+    lora_rank_of,
     model_directory,
     request_seeds,
     sampling_fields,
@@ -38,7 +43,7 @@ from .manager import ServerManager
 from .model_signature import signature_of
 from .plan import server_options, server_specs
 from .pusher import WeightPusher
-from .settings import is_own_engine, transfer_engine
+from .settings import is_own_engine, local_servers, transfer_engine
 from .vllm_wire import VLLMTrainerWire
 
 MAX_REQUESTS_IN_FLIGHT = 64  # per rank: enough for a server to batch, few enough threads
@@ -58,22 +63,30 @@ class VLLMServerRolloutEngine(RolloutEngine):
         self.core_plan = this_host_plan(self.settings, policy.backend)
         model_dir, load_format = model_directory(context, self.rank)
         self.expected = expected_weights(model_dir)
+        engine = transfer_engine(self.settings, self.facts)
+        self.lora_rank = lora_rank_of(policy)
+        servers = max(len(self.settings.server_urls) or local_servers(self.settings), 1)
+        decoded = context.decoded_tokens and context.decoded_tokens * self.world_size // servers  # per server
+        self.serves_adapter = choose_lora_sync(self.settings, self.lora_rank, self.expected, decoded,
+                                               own_wire=is_own_engine(engine)) == "adapter"
         urls = None
         if self.rank == 0:
-            urls = list(self.settings.server_urls) or self._start_servers(model_dir, load_format)
-        urls = _from_rank_0(urls)
+            urls = (list(self.settings.server_urls) or self._start_servers(model_dir, load_format),
+                    secrets.token_hex(4))  # this run's adapters' names, unlike any other trainer's on the servers
+        urls, session = _from_rank_0(urls)
         self.clients = [ServerClient(url, self.settings.server_start_timeout_s) for url in urls]
         workers = [self._workers(client) for client in self.clients] if self.rank == 0 else [0] * len(urls)
         from transformers import AutoConfig
 
-        engine, wire = transfer_engine(self.settings, self.facts), None
+        wire = None
         if not is_own_engine(engine):  # an engine with its own trainer side (vLLM's, a third party's)
             wire = VLLMTrainerWire(engine, self.facts.weight_transfer_settings, self.rank,
                                    draw=policy.iter_full_weights)
         self.pusher = WeightPusher(self.clients, workers, self.settings.weight_transfer_address or "127.0.0.1",
                                    signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
                                    engine=engine, settings=self.facts.weight_transfer_settings,
-                                   pause_mode=pause_mode(context.config), wire=wire, backend=policy.backend)
+                                   pause_mode=pause_mode(context.config), wire=wire, backend=policy.backend,
+                                   lora_rank=self.lora_rank if self.serves_adapter else 0, session=session)
         self.pusher.connect()
 
     # -- servers ------------------------------------------------------------------------------------------------
@@ -83,7 +96,8 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
         policy = self.context.policy
         dtype = DTYPE_NAMES.get(getattr(policy, "compute_dtype", torch.float32), "float32")
-        options = server_options(self.settings, self.facts, dtype, load_format, self.context.max_sequence_tokens)
+        options = server_options(self.settings, self.facts, dtype, load_format, self.context.max_sequence_tokens,
+                                 lora_rank=self.lora_rank if self.serves_adapter else 0)
         specs = server_specs(self.settings, self.facts, policy.backend.visible_devices_env, options, free_port,
                              self.core_plan)
         log_dir = tempfile.mkdtemp(prefix="accel-vllm-servers-")  # named in any error about a server
@@ -100,6 +114,9 @@ class VLLMServerRolloutEngine(RolloutEngine):
         if self.manager is not None:
             self.manager.stop()
             self.manager = None
+            shutil.rmtree(self.pusher.adapter_root, ignore_errors=True)  # this host's servers wrote it
+        elif self.rank == 0:
+            self.pusher.unload_adapters()  # running servers outlive the run: its adapters do not
 
     # -- sampling -----------------------------------------------------------------------------------------------
 
@@ -117,7 +134,9 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
         def one(index: int) -> list[dict]:
             client = self.clients[(index + self.rank) % len(self.clients)]
-            return client.generate(prompts[index], {**fields, "seed": seeds[index]})
+            adapter = self.pusher.adapter if self.serves_adapter else None  # the newest, when the request goes
+            choices = client.generate(prompts[index], {**fields, "seed": seeds[index]}, model=adapter)
+            return [adapter_spans(choice, adapter) for choice in choices] if adapter else choices
 
         with ThreadPoolExecutor(max_workers=max(1, min(MAX_REQUESTS_IN_FLIGHT, len(prompts)))) as pool:
             choices = [choice for answer in pool.map(one, range(len(prompts))) for choice in answer]
@@ -142,6 +161,18 @@ class VLLMServerRolloutEngine(RolloutEngine):
         self.pusher.push(self._checked(weights) if self.rank == 0 else weights)
         if self.world_size > 1:
             dist.barrier()
+        self.needs_base_weights = False  # lora_sync=adapter: the base once, then adapters
+
+    def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """The adapter's next version over the weight group, loaded by every server under its name (``pusher.py``);
+        the same barriers, pause and failure rule as ``load_weights``."""
+        if self.world_size > 1:
+            import torch.distributed as dist
+
+            dist.barrier()
+        self.pusher.push(tensors, adapter=lora_sync.adapter_config(self.context.policy.lora_config))
+        if self.world_size > 1:
+            dist.barrier()
 
     def _checked(self, weights) -> Iterator[tuple[str, torch.Tensor]]:
         """Names and shapes checked before each tensor goes, and none missing before the push is closed."""
@@ -151,6 +182,13 @@ class VLLMServerRolloutEngine(RolloutEngine):
         if missing:
             raise RolloutEngineError(f"rollout engine 'vllm' received no weight for {', '.join(missing[:3])}"
                                      f"{' and others' if len(missing) > 3 else ''}")
+
+
+def adapter_spans(choice: dict, adapter: str) -> dict:
+    """A choice sampled with a LoRA adapter: all its tokens from that adapter's version (a request keeps the adapter
+    it named, whatever was pushed while it decoded), whatever label the server's base weights carry."""
+    version = str(lora_sync.version_of(adapter))
+    return {**choice, "weight_versions": [{"version": version, "start": 0, "end": len(choice["token_ids"])}]}
 
 
 def pause_mode(rollout_config) -> str:

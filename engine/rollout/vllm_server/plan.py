@@ -5,19 +5,25 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..engines.lora_sync import LORA_SLOTS, vllm_max_lora_rank
 from .manager import ServerSpec, cli_arguments
 from .settings import local_servers, transfer_engine
 
+RUNTIME_LORA_ENV = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 
-def server_options(settings, facts, dtype: str, load_format: str, max_model_len: int | None) -> dict:
+
+def server_options(settings, facts, dtype: str, load_format: str, max_model_len: int | None,
+                   lora_rank: int = 0) -> dict:
     """The api_server options: what the engine needs (token ids in and out, log-probs of the sampling
-    distribution, the RL routes' weight transfer through the device's engine), the device's own arguments, then
-    ``rollout.vllm.server_args`` (which win)."""
+    distribution, the RL routes' weight transfer through the device's engine; with ``lora_rank``, LoRA adapters of
+    that rank, two at a time), the device's own arguments, then ``rollout.vllm.server_args`` (which win)."""
     options = {"dtype": settings.dtype or dtype, "enforce_eager": settings.enforce_eager, "seed": 0,
                "generation_config": "vllm", "logprobs_mode": "processed_logprobs", "skip_tokenizer_init": True,
                "enable_scale_out": True, "load_format": load_format,
                "weight_transfer_config": {"backend": transfer_engine(settings, facts)},
                "max_model_len": settings.max_model_len or max_model_len}
+    if lora_rank:
+        options.update(enable_lora=True, max_lora_rank=vllm_max_lora_rank(lora_rank), max_loras=LORA_SLOTS)
     if facts.memory_fraction:
         options["gpu_memory_utilization"] = settings.gpu_memory_utilization
     options.update(facts.engine_args)
@@ -32,6 +38,8 @@ def server_specs(settings, facts, visible_devices_env: str | None, options: dict
     visible devices from ``server_devices``) and command line; with ``cores`` (a ``cores.CorePlan`` that places
     the servers), its cores and its workers' threads."""
     env = dict(facts.env)
+    if options.get("enable_lora"):
+        env[RUNTIME_LORA_ENV] = "1"  # the adapter-loading routes
     if facts.kv_cache_env and settings.kv_cache_gib is not None:
         env[facts.kv_cache_env] = f"{settings.kv_cache_gib:g}"
     specs = []

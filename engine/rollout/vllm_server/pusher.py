@@ -10,6 +10,11 @@ a full copy per rank), closes it under the next version and resumes. Ranks other
 (drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they never
 sample from a part-old, part-new model; the error says so.
 
+With ``rollout.vllm.lora_sync=adapter`` a push may instead carry the LoRA adapter alone (``push(..., adapter=...)``):
+the same pause, start, stream and finish, the workers writing it as a PEFT directory on the server's own disk (under
+``adapter_root``, a path the trainer names: no shared filesystem), then ``/v1/load_lora_adapter`` under the
+version's name, the version before the previous one unloaded, and resume.
+
 That is this package's ``accel`` engine, the same on every device. An engine that ships its own trainer side
 (vLLM's ``nccl``, selected with ``rollout.vllm.weight_transfer``) goes through ``vllm_wire.VLLMTrainerWire``
 instead: the same pause, versions and failure rule, the bytes moved by the engine's own trainer half.
@@ -17,12 +22,16 @@ instead: the same pause, versions and failure rule, the bytes moved by the engin
 
 from __future__ import annotations
 
+import secrets
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
+from pathlib import Path
 
 import torch
 
+from ..engines import lora_sync
 from . import weight_wire
 from .client import ServerClient, ServerError
 from .vllm_wire import VLLMTrainerWire
@@ -60,10 +69,11 @@ class WeightPusher:
     def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
                  sender: bool, engine: str = "accel", settings: dict | None = None,
                  free_port: Callable[[], int] | None = None, pause_mode: str = "keep",
-                 wire: VLLMTrainerWire | None = None, backend=None) -> None:
+                 wire: VLLMTrainerWire | None = None, backend=None, lora_rank: int = 0, session: str = "") -> None:
         self.clients, self.workers, self.address = clients, workers, address
         self.signature, self.sender, self.engine = signature, sender, engine
         self.backend = backend  # the DeviceBackend whose weight group carries the weights (None: the selected one)
+        self.lora_rank = lora_rank  # > 0: the servers must serve LoRA adapters of this rank (lora_sync=adapter)
         self.settings = dict(settings or {})  # the device's weight-group settings, sent with the init info
         self.timeout_s = float(self.settings.get("timeout_s", 600.0))
         self.free_port = free_port
@@ -72,6 +82,10 @@ class WeightPusher:
         self.groups: list = []
         self.version = 0  # the version the servers report once a push finished; 0: none yet
         self.pause_s = 0.0  # how long the last push waited for the servers to pause
+        self.adapter: str | None = None  # the LoRA adapter the servers sample with (lora_sync=adapter), every rank
+        self.loaded: list[str] = []  # the adapter names the servers hold, oldest first
+        self.session = session or secrets.token_hex(4)  # in this run's adapters' names and their directory
+        self.adapter_root = str(Path(tempfile.gettempdir()) / f"accel-vllm-adapters-{self.session}")
 
     def _port(self) -> int:
         from accel_backends.spawn import free_port
@@ -97,7 +111,8 @@ class WeightPusher:
             port = self._port()
             size = 1 + workers
             info = {**self.settings, "master_address": self.address, "master_port": port, "rank_offset": 1,
-                    "world_size": size, "model_signature": self.signature, "device_backend": self.backend.name}
+                    "world_size": size, "model_signature": self.signature, "device_backend": self.backend.name,
+                    "lora_rank": self.lora_rank}
             try:  # first the check alone: a refusal must not leave this side waiting for the group
                 client.init_weight_transfer_engine({**info, "check_only": True})
             except ServerError as exc:
@@ -116,15 +131,17 @@ class WeightPusher:
     def _refusal(self, exc: BaseException) -> str:
         """The server's refusal of the handshake, with what to do unless it says so itself (another model)."""
         text = str(exc)
-        if "runs another model" in text or "cannot build the trainer's weight group" in text:
+        if any(own in text for own in ("runs another model", "cannot build the trainer's weight group",
+                                       "LoRA adapters")):
             return text
         return (f"{text}: the server needs the {self.engine!r} weight-transfer engine: start it with "
                 f"--weight-transfer-config '{{\"backend\": \"{self.engine}\"}}' and VLLM_SERVER_DEV_MODE=1, from a "
                 "Python where this package is installed (it registers the engine through vllm.general_plugins)")
 
-    def push(self, weights: Iterable[tuple[str, torch.Tensor]]) -> float:
+    def push(self, weights: Iterable[tuple[str, torch.Tensor]], adapter: dict | None = None) -> float:
         """Send every ``(name, tensor)`` of ``weights`` to every server under the next version; returns the
-        version's number. Every rank calls it and consumes ``weights``."""
+        version's number. Every rank calls it and consumes ``weights``. ``adapter``: the weights are a LoRA
+        adapter's and this is its ``adapter_config.json``; the servers load it as the version's adapter."""
         version = self.version + 1
         if self.wire is not None:
             return self._push_through_wire(version, weights)
@@ -132,11 +149,16 @@ class WeightPusher:
             for _ in weights:
                 pass
             self.version = version
+            self.adapter = lora_sync.adapter_name(version, self.session) if adapter is not None else None
             return version
+        info = {"version": str(version)}
+        if adapter is not None:
+            info.update(kind="adapter", adapter_config=adapter,
+                        directory=str(lora_sync.version_directory(self.adapter_root, version)))
         self._pause()
         for client in self.clients:
             client.start_weight_update()
-        receiving = [_in_thread(lambda c=c: c.update_weights({"version": str(version)})) for c in self.clients]
+        receiving = [_in_thread(lambda c=c: c.update_weights(info)) for c in self.clients]
         try:
             for name, tensor in weights:
                 weight_wire.send(self.groups, name, tensor)
@@ -152,9 +174,37 @@ class WeightPusher:
                               "part of the new weights and must be restarted") from None
         for client in self.clients:
             client.finish_weight_update(str(version))
+        if adapter is not None:
+            self._swap_adapters(version, info["directory"])
+        else:
+            self.adapter, self.loaded = None, []  # new base weights: the servers dropped their adapters
+        for client in self.clients:
             client.resume()
         self.version = version
         return version
+
+    def _swap_adapters(self, version: int, directory: str) -> None:
+        """Load the version's adapter on every server; unload the ones before the previous (a request sent just
+        before the push still names the previous one). A server refusing is named, the servers left paused."""
+        name = lora_sync.adapter_name(version, self.session)
+        for client in self.clients:
+            client.load_lora_adapter(name, directory)
+        self.loaded.append(name)
+        while len(self.loaded) > lora_sync.LORA_SLOTS:
+            old = self.loaded.pop(0)
+            for client in self.clients:
+                client.unload_lora_adapter(old)
+        self.adapter = name
+
+    def unload_adapters(self) -> None:
+        """Unload this run's adapters from every server that still answers (the run ends; best effort)."""
+        for name in self.loaded:
+            for client in self.clients:
+                try:
+                    client.unload_lora_adapter(name)
+                except ServerError:
+                    pass
+        self.loaded = []
 
     def _pause(self) -> None:
         """Pause every server in ``pause_mode``; ``pause_s``: how long that took (mode wait: the requests in flight

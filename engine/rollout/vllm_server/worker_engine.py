@@ -32,6 +32,7 @@ class AccelInitInfo(WeightTransferInitInfo):
     rank_offset: int
     world_size: int
     device_backend: str = "cpu"  # the trainer's backend: it builds this side's group too
+    lora_rank: int = 0  # > 0: the trainer pushes LoRA adapters of this rank (rollout.vllm.lora_sync=adapter)
     timeout_s: float = 600.0
     model_signature: dict[str, Any] = dataclasses.field(default_factory=dict)
     check_only: bool = False  # the handshake's first call: check the model and the backend, join nothing
@@ -40,6 +41,9 @@ class AccelInitInfo(WeightTransferInitInfo):
 @dataclasses.dataclass
 class AccelUpdateInfo(WeightTransferUpdateInfo):
     version: str | None = None
+    kind: str = "weights"  # or "adapter": a LoRA adapter, written to ``directory`` for /v1/load_lora_adapter
+    directory: str | None = None
+    adapter_config: dict[str, Any] | None = None
 
 
 class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateInfo]):
@@ -49,11 +53,17 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
     def __init__(self, config, vllm_config, device, model) -> None:
         super().__init__(config, vllm_config, device, model)
         self.group = None
+        self.reloading = False  # inside a push of base weights: vLLM's layerwise reload is open
 
     def init_transfer_engine(self, init_info: AccelInitInfo) -> None:
         differences = signature_differences(signature_of(self.model_config.hf_config), init_info.model_signature)
         if differences:
             raise ValueError("this server runs another model than the trainer's (" + "; ".join(differences) + ")")
+        lora = self.vllm_config.lora_config
+        if init_info.lora_rank and (lora is None or lora.max_lora_rank < init_info.lora_rank):
+            raise ValueError(f"this server serves no LoRA adapters of rank {init_info.lora_rank} (the trainer pushes "
+                             f"them: rollout.vllm.lora_sync=adapter): start it with --enable-lora --max-lora-rank "
+                             f"{init_info.lora_rank} or more --max-loras 2 and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1")
         backend = weight_wire.backend_named(init_info.device_backend)
         if init_info.check_only:
             return
@@ -62,14 +72,16 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
                                             init_info.world_size, init_info.timeout_s)
 
     def start_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.model)
+        """Nothing yet: a push of base weights opens vLLM's layerwise reload with its first tensor (an adapter's
+        push leaves the model alone)."""
+        self.reloading = False
 
     def finish_weight_update(self) -> None:
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
+        if self.reloading:
+            from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
-        finalize_layerwise_reload(self.model, self.model_config)
+            finalize_layerwise_reload(self.model, self.model_config)
+            self.reloading = False
 
     def update_weights(self, update_info: dict[str, Any]) -> None:
         # The base class synchronizes torch.accelerator after receiving, which a CPU-only torch has not; here every
@@ -79,8 +91,31 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
     def receive_weights(self, update_info: AccelUpdateInfo) -> None:
         if self.group is None:
             raise RuntimeError("the accel weight transfer was not initialised: call init_weight_transfer_engine first")
+        if update_info.kind == "adapter":
+            self._receive_adapter(update_info)
+            return
+        if not self.reloading:
+            from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
+
+            initialize_layerwise_reload(self.model)
+            self.reloading = True
         for name, tensor in weight_wire.receive(self.group):
             self.model.load_weights([(name, tensor.to(self.device))])
+
+    def _receive_adapter(self, update_info: AccelUpdateInfo) -> None:
+        """The adapter's tensors, written by the server's first worker as a PEFT directory (the other workers of a
+        tensor-parallel server take part in the broadcasts and keep nothing); versions before the previous one are
+        removed from the disk."""
+        from pathlib import Path
+
+        from engine.rollout.engines import lora_sync
+
+        tensors = dict(weight_wire.receive(self.group))
+        if self.parallel_config.rank == 0:
+            directory = Path(update_info.directory)
+            lora_sync.write_adapter(directory, tensors, update_info.adapter_config or {})
+            version = int(directory.name.removeprefix("v"))
+            lora_sync.prune(directory.parent, keep_from=version - lora_sync.LORA_SLOTS + 1)
 
     def shutdown(self) -> None:
         self.group = None
