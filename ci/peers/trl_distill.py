@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+
+from step_clock import step_clock
 
 
 def main() -> None:
@@ -25,22 +26,14 @@ def main() -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import DistillationConfig, DistillationTrainer
 
     rows = [json.loads(line) for line in open(args.data)]
     tokenizer = AutoTokenizer.from_pretrained(args.student)
     student = AutoModelForCausalLM.from_pretrained(args.student, dtype=torch.float32)
     teacher = AutoModelForCausalLM.from_pretrained(args.teacher, dtype=torch.float32)
-    marks: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, *_, **__):
-            marks.append(time.perf_counter())
-
-        def on_step_end(self, *_, **__):
-            marks.append(time.perf_counter())
-
+    clock, step_seconds = step_clock()
     config = DistillationConfig(
         output_dir=args.out + ".trainer", per_device_train_batch_size=args.per_device,
         gradient_accumulation_steps=args.accumulation, max_steps=args.steps, learning_rate=args.lr,
@@ -49,9 +42,9 @@ def main() -> None:
         disable_tqdm=True, bf16=False, gradient_checkpointing=False)  # fp32, no recomputation: as ours
     trainer = DistillationTrainer(model=student, teacher_model=teacher, args=config,
                                   train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                                  callbacks=[Clock()])
+                                  callbacks=[clock])
     trainer.train()
-    steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    steps = step_seconds()
     lengths = [entry["completions/mean_length"] for entry in trainer.state.log_history
                if "completions/mean_length" in entry]
     with open(args.out, "w") as handle:

@@ -9,6 +9,8 @@ compared with the student's on probe texts before any worker starts."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
 from ..rollout.vllm_server.client import ServerClient, ServerError
@@ -67,7 +69,9 @@ def scored_log_probs(prompt_logprobs: list, tokens: list[int], start: int) -> li
 
 def server_problems(teacher, rollout, tokenizer) -> list[str]:
     """What stops a served teacher, one sentence each, before any worker: sampling its prompt log-probs do not
-    follow, an unreachable server or model, a tokenizer that splits the probe texts differently from the student's."""
+    follow, an unreachable server or model, a tokenizer that differs from the student's: the served model's
+    directory's when this machine has it (``/v1/models``' ``root``: every token compared), else the server's
+    ``/tokenize`` of probe texts."""
     if rollout.temperature != 1.0 or rollout.top_k or rollout.top_p != 1.0:
         return [f"teacher.server_url gives the teacher's log-probs at temperature 1 without top-k / top-p (vLLM's "
                 f"prompt log-probs), but the rollout samples at rollout.temperature={rollout.temperature}, "
@@ -75,18 +79,34 @@ def server_problems(teacher, rollout, tokenizer) -> list[str]:
                 "rollout.top_p=1.0, or run the teacher in our engine (teacher.path=MODEL_DIR)"]
     client = ServerClient(teacher.server_url, min(teacher.timeout_s, 30.0))
     try:
-        served = [entry["id"] for entry in client.models()]
+        served = {entry["id"]: entry for entry in client.models()}
         if teacher.server_model and teacher.server_model not in served:
             return [f"teacher.server_model={teacher.server_model!r} is not served at {teacher.server_url} (it serves "
                     f"{', '.join(served)})"]
-        model = teacher.server_model or served[0]
-        for text in PROBE_TEXTS:
-            theirs = client.call("POST", "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
-            mine = tokenizer(text, add_special_tokens=False)["input_ids"]
-            if list(theirs["tokens"]) != list(mine):
-                return [f"the teacher's tokenizer (served at {teacher.server_url}) differs from the student's: "
-                        f"{text!r} is {theirs['tokens'][:8]}... there and {mine[:8]}... here; distillation compares "
-                        "the log-probs of the same token ids, so serve a teacher sharing the student's tokenizer"]
+        model = teacher.server_model or next(iter(served))
+        root = served[model].get("root")
+        if root and (Path(root) / "tokenizer_config.json").is_file():
+            from .teacher import load_tokenizer, tokenizer_problem
+
+            problem = tokenizer_problem(tokenizer, load_tokenizer(root), f"{root}, served at {teacher.server_url}")
+            return [problem] if problem else []
+        return probe_problems(client, model, teacher.server_url, tokenizer)
     except ServerError as exc:
         return [f"teacher.server_url: {exc}"]
+
+
+def probe_problems(client: ServerClient, model: str, url: str, tokenizer) -> list[str]:
+    """The server's tokenizer against the student's on the probe texts (``/tokenize``)."""
+    for text in PROBE_TEXTS:
+        try:
+            theirs = client.call("POST", "/tokenize", {"model": model, "prompt": text, "add_special_tokens": False})
+        except ServerError as exc:
+            return [f"the teacher's tokenizer cannot be checked against the student's: the served model's directory "
+                    f"is not on this machine and {exc}; serve the teacher with its tokenizer (vLLM's default), or "
+                    "run it in our engine (teacher.path=MODEL_DIR)"]
+        mine = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if list(theirs["tokens"]) != list(mine):
+            return [f"the teacher's tokenizer (served at {url}) differs from the student's: {text!r} is "
+                    f"{theirs['tokens'][:8]}... there and {mine[:8]}... here; distillation compares the log-probs of "
+                    "the same token ids, so serve a teacher sharing the student's tokenizer"]
     return []

@@ -54,14 +54,19 @@ def tokenizer_problem(student, teacher, where: str) -> str | None:
     return None
 
 
-def path_problems(config, student_tokenizer) -> list[str]:
-    """``teacher.path``'s tokenizer against the student's (the teacher's directory read once, in the launcher)."""
+def load_tokenizer(directory: str):
+    """A model directory's tokenizer, its pad token completed as the policy's is (``model.build_model``)."""
     from transformers import AutoTokenizer
 
-    teacher = AutoTokenizer.from_pretrained(config.teacher.path)
-    if teacher.pad_token_id is None:  # as the policy's own is completed (model.build_model)
-        teacher.pad_token = teacher.eos_token
-    problem = tokenizer_problem(student_tokenizer, teacher, config.teacher.path)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def path_problems(config, student_tokenizer) -> list[str]:
+    """``teacher.path``'s tokenizer against the student's (the teacher's directory read once, in the launcher)."""
+    problem = tokenizer_problem(student_tokenizer, load_tokenizer(config.teacher.path), config.teacher.path)
     return [problem] if problem else []
 
 
