@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+
+from step_clock import step_clock
 
 
 def main() -> None:
@@ -24,21 +25,13 @@ def main() -> None:
 
     import torch
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer
     from trl import SFTConfig, SFTTrainer
 
     rows = [json.loads(line) for line in open(args.data)]
     tokenizer = AutoTokenizer.from_pretrained(args.model_dir)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
-    marks: list[float] = []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, *_, **__):
-            marks.append(time.perf_counter())
-
-        def on_step_end(self, *_, **__):
-            marks.append(time.perf_counter())
-
+    clock, step_seconds = step_clock()
     config = SFTConfig(output_dir=args.out + ".trainer", per_device_train_batch_size=args.per_device,
                        gradient_accumulation_steps=args.accumulation, max_steps=args.steps, learning_rate=args.lr,
                        lr_scheduler_type="constant", warmup_steps=0, max_length=args.max_length,
@@ -48,9 +41,9 @@ def main() -> None:
                        # CPU) and no activation recomputation (TRL's default turns it on)
                        bf16=False, gradient_checkpointing=False)
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
-                         callbacks=[Clock()])
+                         callbacks=[clock])
     trainer.train()
-    steps = [b - a for a, b in zip(marks, marks[1:], strict=False)]
+    steps = step_seconds()
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     with open(args.out, "w") as handle:
         json.dump({"steps": steps, "losses": losses}, handle)

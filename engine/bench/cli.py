@@ -1,6 +1,6 @@
 """``accel-bench``: every engine option and the GRPO step, measured side by side in one run.
 
-Scenarios (``--scenarios``, default all but vllm_alone):
+Scenarios (``--scenarios``, default all but vllm_alone and distill):
   mode_switch  train_mode entry: fast path vs the pre-fix behaviour at 2 and 28 layers; parameter/optimizer
                offload round trips (time, bytes, moves, bandwidth); optimizer onload "step" vs "mode"
   grad_accum   1/2/4/8 micro-batches x FSDP1/FSDP2 x every / deferred / deferred+unsharded: step time,
@@ -17,6 +17,8 @@ Scenarios (``--scenarios``, default all but vllm_alone):
   sequence_parallel
                one long sequence's forward/backward at sp=1 and sp=2 (--sp-tokens), interleaved: time, the
                all-to-all exchange's time and bytes, activations and peak memory per rank (needs an even --nproc)
+  distill      one on-policy distillation step against one GRPO step (no reference) on the same student, prompts
+               and geometry, interleaved: seconds per response token, the ratio, the teacher's forward
   vllm_alone   vLLM by itself (where it is installed) decoding the GRPO model's geometry, one fresh process per
                thread count and binding: response tokens per second, to read the grpo scenario's rollout phase
                (--grpo-override rollout.engine=vllm) against; needs --grpo-model-dir or --grpo-case long
@@ -48,6 +50,7 @@ from pathlib import Path
 
 from . import (
     async_rollout,
+    distill_step,
     grad_accum,
     grpo_step,
     lora_sync,
@@ -64,7 +67,8 @@ from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
              "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run,
-             "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run, "lora_sync": lora_sync.run}
+             "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run, "lora_sync": lora_sync.run,
+             "distill": distill_step.run}
 GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
 # Run by the launching process (they start processes of their own); named explicitly, never part of "all".
@@ -106,7 +110,7 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
-ON_REQUEST = ("vllm_alone", "lora_sync")  # not in "all": named explicitly (they need vLLM)
+ON_REQUEST = ("vllm_alone", "lora_sync", "distill")  # not in "all": named explicitly (vLLM; two trainers)
 DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ON_REQUEST]
 
 
@@ -208,6 +212,12 @@ def build_parser() -> argparse.ArgumentParser:
     ahead.add_argument("--async-case", choices=sorted(async_rollout.CASES), default="mid",
                        help="mid: 16 prompts x 8 responses of up to 128 tokens; long: 4 x 8 of up to 512")
     ahead.add_argument("--async-model-dir", type=Path, help="a model directory (default: the mid-size model)")
+    distill = parser.add_argument_group("distill")
+    distill.add_argument("--distill-steps", type=_positive, default=5, help="timed rounds (after one warm-up)")
+    distill.add_argument("--distill-teacher-hidden", type=_positive, default=128)
+    distill.add_argument("--distill-teacher-layers", type=_positive, default=4)
+    distill.add_argument("--distill-override", dest="distill_overrides", action="append", default=[],
+                         metavar="KEY=VALUE", help="applied to both sides (e.g. model.path=DIR)")
     sp = parser.add_argument_group("sequence_parallel")
     sp.add_argument("--sp-tokens", type=_positive_list, default=[8192, 16384],
                     help="sequence lengths of the sequence_parallel scenario (each run at sp=1 and sp=2)")
@@ -251,6 +261,8 @@ def main(argv=None) -> int:
             _check_grpo_settings(parser, args)
         options = {k: v for k, v in vars(args).items() if k not in ("nproc", "json", "plot", "grpo_model_dir")}
         options["rollout_model"] = str(args.rollout_model) if args.rollout_model else None
+        if "distill" in args.scenarios:
+            options["distill_teacher_dir"] = _distill_teacher(args, stack)
         paths = [o.split("=", 1)[1] for o in args.grpo_overrides if o.startswith("model.path=")]
         options["vllm_model_dir"] = paths[-1] if paths else None
         return _run_and_report(args, options)
@@ -270,6 +282,14 @@ def _case_overrides(args, stack: contextlib.ExitStack) -> list[str]:
     if model_dir is not None:
         overrides.append(f"model.path={model_dir}")
     return overrides
+
+
+def _distill_teacher(args, stack: contextlib.ExitStack) -> str:
+    """The distill scenario's teacher: the built-in character model at the asked size, in a temporary directory."""
+    from ..recipes.distill.demo import write_char_model
+
+    directory = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "teacher"
+    return str(write_char_model(directory, args.distill_teacher_hidden, args.distill_teacher_layers))
 
 
 def _run_and_report(args, options: dict) -> int:

@@ -94,6 +94,18 @@ def print_grpo(s: dict) -> None:
             print(f"    {row['name'][:56]:56} {row['self_cpu_ms']:9.1f} ms, {row['calls']} calls")
 
 
+def print_distill(s: dict) -> None:
+    tokens = s["response_tokens_per_step_per_rank"]
+    print(f"\n== on-policy distillation step against a GRPO step ({s['world_size']} rank(s); response tokens per step "
+          f"per rank: distill {tokens['distill']:.0f}, grpo {tokens['grpo']:.0f}) ==")
+    for name, row in s["ms_per_response_token"].items():
+        parts = ", ".join(f"{part} {summary['median_ms']:.0f} ms" for part, summary in s["parts"][name].items()
+                          if summary["median_ms"] > 0)
+        print(f"  {name:8} {_ms(row):>30} per token   {parts}")
+    print(f"distill / grpo time per response token {s['distill_over_grpo_per_token']:.2f} (the teacher's forward is "
+          "the difference)")
+
+
 def print_packing(s: dict) -> None:
     limit = (f"budget {s['micro_batch_tokens']} tokens" if s["micro_batch_tokens"]
              else f"{s['micro_batch_size']} sequences")
@@ -221,7 +233,7 @@ def print_lora_sync(result: dict) -> None:
 PRINTERS = {"async_rollout": print_async_rollout, "lora_sync": print_lora_sync,
             "mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
-            "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone}
+            "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone, "distill": print_distill}
 
 
 def print_result(result: dict) -> None:

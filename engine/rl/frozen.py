@@ -10,6 +10,7 @@ adapters disabled (its base model: no second copy of the weights).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import torch
 
@@ -20,10 +21,13 @@ from .logprobs import planned_log_probs
 @dataclasses.dataclass(frozen=True)
 class FrozenSpec:
     """What an algorithm asks for: a frozen model built from ``source`` (a model directory or factory; None: the
-    policy's own initial weights) with ``engine`` (an ``EngineConfig`` with ``frozen=True``)."""
+    policy's own initial weights) with ``engine`` (an ``EngineConfig`` with ``frozen=True``), or by ``build``
+    (called with the model's name: a frozen model of another kind, e.g. a server's log-probs,
+    ``server_logprobs.py``)."""
 
     engine: object
     source: object = None
+    build: Callable[[str], object] | None = None
 
 
 class FrozenModel:
@@ -38,6 +42,8 @@ class FrozenModel:
     @classmethod
     def build(cls, name: str, spec: FrozenSpec, policy_source, policy: FSDPEngine, backend) -> FrozenModel:
         """The model ``spec`` asks for; a copy of the policy's initial weights under LoRA is its base model."""
+        if spec.build is not None:
+            return spec.build(name)
         if spec.source is None and policy.config.lora_rank > 0:
             return cls(name, adapters_of=policy)
         source = policy_source if spec.source is None else spec.source

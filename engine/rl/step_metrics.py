@@ -51,6 +51,7 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
     }
     row.update(scoring.reward_metrics(totals, reward_names))  # reward/<name>, overlong_penalty
     row.update(algorithm_metrics)  # e.g. sampling/*, with filter_groups
+    row.update({key: value for key, value in update.items() if "/" in key})  # a term's own, e.g. distill/*
     row.update(trajectories.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
     row.update(plan_metrics)  # packed, micro_batches, token_imbalance
     row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})

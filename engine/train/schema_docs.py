@@ -18,7 +18,7 @@ import re
 import sys
 from pathlib import Path
 
-DOCS = {"grpo": "docs/grpo.md", "sft": "docs/sft.md"}
+DOCS = {"grpo": "docs/grpo.md", "sft": "docs/sft.md", "distill": "docs/distill.md"}
 _BLOCK = re.compile(r"(<!-- (?P<name>presets|options) table: generated[^\n]*-->\n)(?P<body>.*?)"
                     r"(<!-- end of (?P=name) table -->)", re.DOTALL)
 

@@ -1,0 +1,75 @@
+"""On-policy distillation as an RL algorithm (``engine/rl/algorithm.py``): the student samples, a frozen teacher
+scores the student's own tokens, and each response token's advantage is the reverse KL on the sampled token,
+
+    A_t = -(log p_student(y_t) - log p_teacher(y_t))  [+ distill.reward_coef x (r - mean r of the group)],
+
+trained with the policy gradient. The advantage is formed inside the loss from the sampling policy's log-probs
+(with one update a step the policy's own, detached: no extra forward) and the teacher's, so a teacher equal to the
+student gives exactly 0 everywhere and an update changes nothing. Reported: ``distill/reverse_kl`` (its mean over
+response tokens) and ``distill/advantage_abs`` (the mean |A_t|)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ...rl.algorithm import Algorithm
+from ...rl.algorithms import grpo_advantages
+from ...rl.losses import aggregate_loss
+from ...rl.teacher import teacher_spec
+from ...rl.terms import Norm, Term, policy_gradient
+
+TEACHER = "teacher"  # the frozen model's name: its log-probs are the step's frozen_log_probs["teacher"]
+
+
+class DistillAlgorithm(Algorithm):
+    def __init__(self, config) -> None:
+        self.config = config
+
+    @property
+    def mask_truncated(self) -> bool:
+        return self.config.algorithm.mask_truncated
+
+    def frozen_models(self, world_size: int) -> dict:
+        teacher = self.config.teacher
+        if teacher.server_url:
+            from ...rl.frozen import FrozenSpec
+            from ...rl.server_logprobs import ServerFrozenModel
+
+            def served(name: str) -> ServerFrozenModel:
+                return ServerFrozenModel(name, teacher.server_url, teacher.server_model, teacher.timeout_s)
+
+            return {TEACHER: FrozenSpec(None, build=served)}
+        return {TEACHER: teacher_spec(self.config, world_size)}
+
+    def advantages(self, scored, context, leads: bool) -> torch.Tensor:
+        """The task reward's share of each response's advantage (0 unless ``distill.reward_coef``)."""
+        coef = self.config.distill.reward_coef
+        if not coef:
+            return torch.zeros(len(scored))
+        return coef * grpo_advantages(scored.rewards, torch.arange(len(scored)) // scored.n, scale="none")
+
+    def terms(self) -> list[Term]:
+        a = self.config.algorithm
+        return [reverse_kl_policy_gradient(Norm(a.loss_agg), clip_low=a.clip_low, clip_high=a.clip_high)]
+
+
+def reverse_kl_policy_gradient(norm: Norm, *, clip_low: float, clip_high: float) -> Term:
+    """The clipped policy gradient of the per-token advantage ``sequence advantage - (old - teacher)`` (reported as
+    ``pg_loss``, ``distill/reverse_kl``, ``distill/advantage_abs``); rollout correction's weights apply."""
+    gradient = policy_gradient(norm, clip_low=clip_low, clip_high=clip_high)
+
+    def per_token(streams, weights):
+        gap = (streams.old_log_probs - streams.frozen[TEACHER]) * streams.mask  # log p_student - log p_teacher
+        sequence = streams.advantages
+        advantages = (sequence.unsqueeze(-1) if sequence.dim() == 1 else sequence) * streams.mask - gap
+        values, metrics = gradient.per_token(dataclasses.replace(streams, advantages=advantages), weights)
+
+        def mean(tensor):
+            return aggregate_loss(tensor, streams.mask, "token-mean", counts=streams.counts).item()
+
+        metrics.update({"distill/reverse_kl": mean(gap), "distill/advantage_abs": mean(advantages.abs())})
+        return values, metrics
+
+    return Term(per_token, norm=norm, metric="pg_loss", corrected=True)

@@ -1,0 +1,17 @@
+"""``accel-distill`` (and ``python -m engine.recipes.distill.cli``): the frame's command for the registered
+``distill`` recipe."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ...train.cli import main as command
+    from ...train.registry import get_recipe
+
+    return command(get_recipe("distill"), sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
