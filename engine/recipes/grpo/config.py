@@ -8,6 +8,7 @@ from pathlib import Path
 from accel_backends.names import did_you_mean
 
 from ...config import EngineConfig
+from ...rl import reward_model
 from ...rl.algorithms import AGGREGATION_MODES, KL_KINDS, SCALE_MODES
 from ...rl.model import BUILTIN_MODEL, check_model_dir
 from ...rl.rollout_correction import CORRECTION_MODES
@@ -281,7 +282,8 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
     for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
         if path and not Path(path).exists():
             problems.append(f"{key} {path} does not exist")
-    if d.path and d.task == "echo" and not d.reward and not config.rollout.environment:
+    if d.path and d.task == "echo" and not d.reward and not config.rollout.environment \
+            and not reward_model.configured(config):
         problems.append("data.path needs a reward: data.reward=module:function, or data.task=gsm8k for the GSM8K "
                         "answer check")
     if (d.val_path or d.val_fraction) and not d.path:
@@ -296,7 +298,7 @@ def check(config: GRPOConfig, world_size: int) -> list[str]:
         problems.append(f"data.reward_style must be auto, simple, verl or trl, got {d.reward_style!r}")
     if d.max_prompt_tokens is not None and d.max_prompt_tokens < 1:
         problems.append(f"data.max_prompt_tokens must be a positive integer or null, got {d.max_prompt_tokens}")
-    problems += run_problems(config.run)
+    problems += run_problems(config.run) + reward_model.problems(config)
     if r.top_k < 0 or r.val_n < 1 or r.val_temperature < 0 or config.run.val_every < 0:
         problems.append("rollout.top_k and run.val_every must be >= 0, rollout.val_n >= 1, "
                         "rollout.val_temperature >= 0")

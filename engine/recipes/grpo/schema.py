@@ -8,6 +8,7 @@ import dataclasses
 from typing import Any
 
 from ...rl.model import BUILTIN_MODEL
+from ...rl.reward_model import RewardModelConfig
 from ...rl.rollout_correction import DEFAULT_CAP, DEFAULT_CORRECTION
 from ...rollout.engines.vllm_settings import VLLMConfig
 from ...train.settings import RunConfig as SharedRunConfig
@@ -110,6 +111,7 @@ class GRPOConfig(TrainerConfig):
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)  # engine/rl/reward_model.py
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineConfig fields
     trainer: str = "grpo"  # recorded in config.json: export / eval know which trainer's schema reads it
 

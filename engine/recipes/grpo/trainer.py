@@ -33,6 +33,7 @@ from ...rl.groups import MicroBatchShare, SamplingGroups
 from ...rl.logprobs import planned_log_probs, sequence_log_probs
 from ...rl.model import build_model
 from ...rl.prompts import build_tasks, data_spec, needs_answers
+from ...rl.reward_model import model_rewards
 from ...rl.rewards import environment_rewards, load_rewards, metric_names
 from ...rl.rollout_correction import MismatchStats, importance_weights
 from ...rl.validation import validate
@@ -80,7 +81,7 @@ class GRPOTrainer:
         self.tokenizer, factory, (self.task, self.val_samples), file_rewards = inputs or load_inputs(config)
         # An environment's get_reward() is a reward of its own (then data.reward is optional).
         used = [] if config.rollout.environment and not config.data.reward else file_rewards
-        self.rewards = used + environment_rewards(config.rollout.environment)
+        self.rewards = used + environment_rewards(config.rollout.environment) + model_rewards(config, self.backend)
         self.reward_names = metric_names(self.rewards)
         actor_config = engine_config(config, world_size)
         self.actor = FSDPEngine(factory, actor_config, self.backend)
