@@ -12,6 +12,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from .gae import gae_advantages  # noqa: F401  (PPO's estimator, public here with the others)
+
 AGGREGATION_MODES = ("token-mean", "token-sum", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm",
                      "micro-batch-token-mean")
 LOSS_MODES = ("vanilla", "gspo", "cispo")
