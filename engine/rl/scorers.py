@@ -53,7 +53,8 @@ def prompt_text(sample: Sample) -> str:
 
 class ClassifierReward(ModelReward):
     """``reward_model.path``: an ``AutoModelForSequenceClassification`` (one label) replicated in each trainer
-    process, scoring this rank's responses in batches of ``batch_size`` at each sequence's last token."""
+    process, scoring this rank's responses in batches of ``batch_size`` at each sequence's last token (its EOS for
+    text, as accel-rm reads a pair)."""
 
     def __init__(self, section, backend) -> None:  # RewardModelConfig
         super().__init__()
@@ -63,41 +64,48 @@ class ClassifierReward(ModelReward):
         logging.disable_progress_bar()
         self.section, self.device = section, backend.device()
         self.tokenizer = AutoTokenizer.from_pretrained(section.path)
-        if self.tokenizer.pad_token_id is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
         model = AutoModelForSequenceClassification.from_pretrained(section.path, dtype=torch.float32)
         if model.config.num_labels != 1:
             raise ValueError(f"reward_model.path {section.path} has {model.config.num_labels} labels: a reward "
                              "model has one (num_labels=1), as accel-rm exports it")
-        model.config.pad_token_id = self.tokenizer.pad_token_id  # finds each row's last real token
+        # Rows are left-padded, so each one's last token is the last position: an id no token has makes the model
+        # read it there (with the tokenizer's pad id it would skip an EOS that is also the pad token).
+        model.config.pad_token_id = -1
         self.model = model.to(self.device).eval().requires_grad_(False)
 
     def text(self, sample: Sample, response: str, completion) -> list[int]:
-        """Token ids of the prompt with its response as the reward model reads them: a conversation through its
-        chat template, text as prompt + response."""
+        """Token ids of the prompt with its response as accel-rm trained on them: a conversation rendered by the
+        reward model's chat template with the response as the assistant's turn (a multi-turn rollout: its turns),
+        text as the prompt's tokens, the response's and the EOS."""
         tok = self.tokenizer
         if isinstance(sample.raw_prompt, list) and getattr(tok, "chat_template", None):
             turns = completion if isinstance(completion, list) else [{"role": "assistant", "content": response}]
-            ids = tok.apply_chat_template(list(sample.raw_prompt) + list(turns), tokenize=True, return_dict=True)
-            ids = list(ids["input_ids"])
+            text = tok.apply_chat_template(list(sample.raw_prompt) + list(turns), tokenize=False)
+            ids = list(tok(text, add_special_tokens=False)["input_ids"])
         else:
-            ids = tok(prompt_text(sample) + response, add_special_tokens=False)["input_ids"]
+            ids = [*tok(prompt_text(sample), add_special_tokens=False)["input_ids"],
+                   *tok(response, add_special_tokens=False)["input_ids"]]
+            if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
+                ids.append(tok.eos_token_id)
         return ids[-self.section.max_length:]  # the end, where the score is read, is kept
 
     def _score(self, samples, responses, completions):
         rows = [self.text(s, r, completions[i] if completions else None)
                 for i, (s, r) in enumerate(zip(samples, responses, strict=True))]
         scores: list[float] = []
-        size, pad = self.section.batch_size, self.tokenizer.pad_token_id
+        size = self.section.batch_size
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0  # masked out anyway
         with torch.no_grad():
             for start in range(0, len(rows), size):
                 chunk = rows[start:start + size]
                 width = max(len(ids) for ids in chunk)
                 ids = torch.full((len(chunk), width), pad, dtype=torch.long)
                 mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for row, tokens in enumerate(chunk):  # right-padded: the last real token is each row's score
-                    ids[row, :len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-                    mask[row, :len(tokens)] = 1
-                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device)).logits
+                for row, tokens in enumerate(chunk):  # left-padded: each row ends at the last position
+                    ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+                    mask[row, width - len(tokens):] = 1
+                positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as if unpadded
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                    position_ids=positions.to(self.device)).logits
                 scores += logits[:, 0].float().cpu().tolist()
         return scores, [False] * len(scores)

@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-from reward_models import expected_score, make_reward_model
+from reward_models import make_reward_model
 
 import accel_backends
 from engine.recipes.grpo.config import GRPOConfig, check
@@ -100,12 +100,15 @@ def test_an_unreachable_judge_scores_zero_and_counts_every_response():
 def test_classifier_scores_each_response_batched(tmp_path):
     directory = make_reward_model(tmp_path / "rm")
     fn = ClassifierReward(RewardModelConfig(path=str(directory), batch_size=2), accel_backends.get_backend("cpu"))
-    responses = ["aa", "ab", "", "bba", "a"]
-    scores = fn.score([Sample(prompt="b x2:")] * 5, responses, None)
-    for response, score in zip(responses, scores, strict=True):  # batches of 2, right-padded, as one at a time
-        assert score == pytest.approx(expected_score("b x2:" + response), abs=0.05)
+    responses = ["aaa", "aa", "ab", "bab", "", "bbbb"]
+    scores = fn.score([Sample(prompt="b x2:")] * 6, responses, None)
     alone = [fn.score([Sample(prompt="b x2:")], [response], None)[0] for response in responses]
-    assert scores == pytest.approx(alone, abs=1e-5)
+    assert scores == pytest.approx(alone, abs=1e-5)  # batches of 2, left-padded, as one at a time
+    assert scores[0] > scores[1] > scores[2] > scores[3] > scores[4] == pytest.approx(scores[5], abs=1e-6) == 0.0
+    # What it read: the prompt's tokens, the response's and the EOS, as accel-rm reads a text pair.
+    tokenizer = fn.tokenizer
+    assert fn.text(Sample(prompt="b x2:"), "ab", None) == [*tokenizer("b x2:ab", add_special_tokens=False)[
+        "input_ids"], tokenizer.eos_token_id]
 
 
 def _config(**reward_model_keys) -> GRPOConfig:
