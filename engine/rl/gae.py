@@ -29,6 +29,13 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor,
     """``(advantages, returns)``, both ``[B, T]``: ``returns`` = the unwhitened GAE advantages + ``values`` (the
     critic's targets); ``advantages`` whitened over ``response_mask`` of the tensors given (all their rows; positions
     off the mask hold the next action's, whitened alike, and take no loss)."""
+    raw, returns = gae_returns(token_rewards, values, response_mask, gamma=gamma, lam=lam)
+    return masked_whiten(raw, response_mask), returns
+
+
+def gae_returns(token_rewards: Tensor, values: Tensor, response_mask: Tensor, *, gamma: float,
+                lam: float) -> tuple[Tensor, Tensor]:
+    """``(advantages before whitening, returns)``: a trainer whitens over every rank's batch itself."""
     rewards, values = token_rewards.float(), values.float()
     acts = response_mask.to(torch.bool)
     steps = rewards.size(1)
@@ -43,5 +50,4 @@ def gae_advantages(token_rewards: Tensor, values: Tensor, response_mask: Tensor,
         next_value = torch.where(act, values[:, t], next_value)
         found[t] = running
     advantages = torch.stack(found, dim=1)
-    returns = advantages + values
-    return masked_whiten(advantages, response_mask), returns
+    return advantages, advantages + values
