@@ -1,11 +1,14 @@
 """The loss types in the trainer on 2 real gloo ranks (built-in model, echo prompts): each recipe's loss over the
 global batch equals its formula, every loss type trains with ppo_epochs=2 (old log-probs computed and used), DAPO
 dynamic sampling refills the batch when all of one rank's first groups are filtered (no hang), the batch-wide
-reward std, the entropy bonus and masked truncated responses. One spawn (a module fixture) runs all the checks;
-each test asserts one property of its results, so that one failure does not hide the others."""
+reward std, the entropy bonus and masked truncated responses; the advantage estimators (algorithm.advantage), both
+as public functions and in the trainer's step, normalised over the global batch of both ranks. One spawn (a module
+fixture) runs all the checks; each test asserts one property of its results, so that one failure does not hide the
+others."""
 
 import math
 
+import advantage_formulas as formulas
 import pytest
 from distributed import run_ranks
 
@@ -111,6 +114,72 @@ def _checks(rank, tmp):
         result.update({key: update[key] for key in ("loss", "pg_loss", "kl", "clip_frac", "approx_kl", "entropy",
                                                      "grad_norm", "updates")})
         out["steps"][name] = result
+    out["estimators"] = _estimators(trainer, rank, first_step=len(out["steps"]) + 1)
+    return out
+
+
+ESTIMATOR_STEPS = {"rloo": {}, "reinforce_pp": {"kl_reward_coef": 0.05},
+                   "reinforce_pp_baseline": {"kl_reward_coef": 0.05}, "reinforce_pp_baseline-outcome": {},
+                   "grpo-normalize_then_sum": {"multi_reward": "normalize_then_sum"}}
+
+
+def _gathered(tensor):
+    """The step's [N, R] rows of every rank (each rank fills its own share, zeros elsewhere)."""
+    import torch.distributed as dist
+
+    whole = tensor.clone()
+    dist.all_reduce(whole)
+    return whole.tolist()
+
+
+def _estimators(trainer, rank, first_step):
+    """The public estimators on each rank's half of one batch (the figures of the whole are the test's), and the
+    trainer's step at each ``algorithm.advantage`` with what it started from (the outcome, old and ref log-probs)."""
+    import torch
+    import torch.distributed as dist
+
+    from engine.grpo.algorithms import reinforce_pp_advantages, reinforce_pp_baseline_advantages, rloo_advantages
+
+    g = torch.Generator().manual_seed(3)
+    rewards, mask = torch.randn(8, 5, generator=g), (torch.rand(8, 5, generator=g) > 0.3).long()
+    mine, groups = slice(4 * rank, 4 * rank + 4), torch.arange(8) // 2  # whole groups on each rank
+    out = {"public": {"reinforce_pp": reinforce_pp_advantages(rewards[mine], mask[mine], gamma=0.8).tolist(),
+                      "reinforce_pp_baseline": reinforce_pp_baseline_advantages(rewards[mine], mask[mine],
+                                                                                groups[mine]).tolist(),
+                      "rloo": rloo_advantages(rewards[mine, 0], groups[mine]).tolist()},
+           "inputs": {"rewards": rewards.tolist(), "mask": mask.tolist()}, "trainer": {}}
+    algorithm, seen = trainer.algorithm, {}
+    token_advantages, scores = algorithm.token_advantages, algorithm.scores
+
+    def recording_scores(scored, *args):
+        seen["scores"], seen["by_function"] = scores(scored, *args), scored.by_function
+        return seen["scores"]
+
+    def recording(data, context):  # what the per-token estimators start from
+        seen["outcome"] = data.advantages.tolist()
+        return token_advantages(data, context)
+
+    algorithm.token_advantages, algorithm.scores = recording, recording_scores
+    for step, (name, settings) in enumerate(ESTIMATOR_STEPS.items(), start=first_step):
+        _use(trainer, "dapo")
+        trainer.config.algorithm.advantage = name.split("-")[0]
+        trainer.config.algorithm.kl_reward_coef = settings.get("kl_reward_coef", 0.0)
+        trainer.config.algorithm.multi_reward = settings.get("multi_reward", "sum_then_normalize")
+        seen.clear()
+        data, _, _ = trainer.collect(step)
+        every = [None] * dist.get_world_size()
+        dist.all_gather_object(every, (seen["scores"].tolist(), seen["by_function"].tolist()))
+        result = {"scores": [s for rank_scores, _ in every for s in rank_scores], "outcome": seen.get("outcome"),
+                  "by_function": [[v for _, values in every for v in values[f]] for f in range(len(every[0][1]))],
+                  "mask": data.loss_mask.tolist(), "old": _gathered(data.old_log_probs),
+                  "ref": _gathered(data.ref_log_probs) if data.ref_log_probs is not None else None}
+        result["advantages"] = _gathered(data.advantages) if data.advantages.dim() == 2 else data.advantages.tolist()
+        update = trainer.update(data)  # per-token advantages through the loss
+        result["update"] = {key: update[key] for key in ("loss", "pg_loss", "grad_norm")}
+        out["trainer"][name] = result
+    algorithm.token_advantages, algorithm.scores = token_advantages, scores
+    trainer.config.algorithm.advantage, trainer.config.algorithm.kl_reward_coef = "grpo", 0.0
+    trainer.config.algorithm.multi_reward = "sum_then_normalize"
     return out
 
 
@@ -175,3 +244,50 @@ def test_batch_reward_scaling_divides_by_the_std_of_both_ranks_rewards(results):
             group = rewards[start:start + N]
             for reward, advantage in pairs[start:start + N]:
                 assert advantage == pytest.approx((reward - sum(group) / N) / (std + 1e-6), abs=1e-5)
+
+
+def _close(got, want: dict, rows=None):
+    for (i, t), value in want.items():
+        assert got[i][t] == pytest.approx(value, abs=2e-5), (i, t)
+    for i, row in enumerate(got):  # nothing outside the loss tokens
+        assert all(value == 0.0 for t, value in enumerate(row) if (i, t) not in want), i
+
+
+def test_public_estimators_normalise_over_both_ranks_rows(results):
+    first, second = (out["estimators"] for out in results)
+    inputs = first["inputs"]
+    rewards, mask, groups = inputs["rewards"], inputs["mask"], [i // 2 for i in range(8)]
+    want = {"reinforce_pp": formulas.whiten(formulas.returns(rewards, mask, 0.8)),
+            "reinforce_pp_baseline": formulas.whiten(formulas.baseline_centred(rewards, mask, groups))}
+    for name, expected in want.items():
+        got = first["public"][name] + second["public"][name]  # each rank's half, in order
+        _close(got, expected)
+    scores = [row[0] for row in rewards]
+    rloo = first["public"]["rloo"] + second["public"]["rloo"]
+    assert rloo == pytest.approx([scores[i] - scores[i ^ 1] for i in range(8)], abs=1e-6)  # groups of two
+
+
+@pytest.mark.parametrize("name", ESTIMATOR_STEPS)
+def test_the_trainers_estimators_follow_their_formulas_over_the_global_batch(results, name):
+    got = results[0]["estimators"]["trainer"][name]
+    assert results[1]["estimators"]["trainer"][name]["advantages"] == got["advantages"]  # every rank sees it alike
+    mask, coef = got["mask"], ESTIMATOR_STEPS[name].get("kl_reward_coef", 0.0)
+    groups = [i // N for i in range(len(mask))]
+    if name == "rloo":
+        scores = got["scores"]
+        assert got["advantages"] == pytest.approx(
+            [s - (sum(scores[g * N:(g + 1) * N]) - s) / (N - 1) for s, g in zip(scores, groups, strict=True)], abs=1e-6)
+    elif name == "grpo-normalize_then_sum":  # GDPO: each reward normalised in its group, summed, then GRPO's
+        normalised = [formulas.group_normalised(values, N) for values in got["by_function"]]
+        scores = [sum(column) for column in zip(*normalised, strict=True)]
+        assert got["scores"] == pytest.approx(scores, abs=1e-5)
+        assert got["advantages"] == pytest.approx(formulas.group_normalised(scores, N), abs=1e-4)
+    else:
+        rewards = formulas.token_rewards(got["outcome"], mask, coef, got["old"], got["ref"])
+        centred = (formulas.returns(rewards, mask, 1.0) if name == "reinforce_pp"
+                   else formulas.baseline_centred(rewards, mask, groups))
+        assert got["outcome"] == pytest.approx(got["scores"])  # the outcome is the sequence's score
+        _close(got["advantages"], formulas.whiten(centred))
+    for out in results:
+        update = out["estimators"]["trainer"][name]["update"]
+        assert all(math.isfinite(value) for value in update.values()), update

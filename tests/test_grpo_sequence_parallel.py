@@ -51,12 +51,11 @@ def _trainer(config, sp, backend, module=None):
     """What ``GRPOTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
     import types
 
-    from engine.recipes.grpo.loss_types import resolve
-    from engine.recipes.grpo.rollout_correction import MismatchStats
+    from engine.recipes.grpo.algorithm import GRPOAlgorithm
 
-    return types.SimpleNamespace(loss=resolve(config.algorithm, config.rollout.max_new_tokens), backend=backend,
-                                 config=config, actor=types.SimpleNamespace(sequence_parallel=sp),
-                                 _mismatch=MismatchStats(), sequence_parallel=sp, module=module)
+    return types.SimpleNamespace(algorithm=GRPOAlgorithm(config), backend=backend, config=config,
+                                 actor=types.SimpleNamespace(sequence_parallel=sp), sequence_parallel=sp,
+                                 module=module)
 
 
 def _grad_norm(module) -> float:
@@ -84,6 +83,7 @@ def _exactness(rank: int) -> dict:
     from engine.recipes.grpo.logprobs import planned_log_probs
     from engine.recipes.grpo.schema import AlgorithmConfig, GRPOConfig
     from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.rollout_correction import MismatchStats
     from engine.runtime import sum_over_ranks
     from engine.sequence_parallel import SequenceParallel
 
@@ -100,8 +100,9 @@ def _exactness(rank: int) -> dict:
             ref_log_probs = planned_log_probs(_trainer(config, single, backend, reference), whole, 0.7, "old")
         _perturbed(whole, ref_log_probs, torch.Generator().manual_seed(5))
         # sp=1 on one process, as forward_backward_batch weighs the micro-batches: their weighted mean
-        plain = _trainer(config, single, backend)
-        outputs = [GRPOTrainer.loss_fn(plain, reference, m) for m in whole.micro_batches(whole.mini_batches[0])]
+        plain, reference_mismatch = _trainer(config, single, backend), MismatchStats()
+        outputs = [GRPOTrainer.loss_fn(plain, reference, m)
+                   for m in whole.micro_batches(whole.mini_batches[0], reference_mismatch)]
         ref_weight = sum(float(w) for _, w, _ in outputs)
         ref_loss = sum(loss * float(w) for loss, w, _ in outputs) / ref_weight
         ref_metrics = {k: sum(m[k] * float(w) for _, w, m in outputs) / ref_weight for k in outputs[0][2]}
@@ -120,11 +121,12 @@ def _exactness(rank: int) -> dict:
         trainer = _trainer(config, sp, backend)
         trainer.actor = engine
         with engine.train_mode():
-            micro = data.micro_batches(data.mini_batches[0])
+            stats = MismatchStats()
+            micro = data.micro_batches(data.mini_batches[0], stats)
             metrics = engine.forward_backward_batch(micro, functools.partial(GRPOTrainer.loss_fn, trainer))
             grad_norm = engine.optimizer_step()  # unclipped; lr 1e-30 leaves every fp32 weight as it was
-        mismatch = sum_over_ranks(trainer._mismatch.sums(), backend.metrics_device())
-        reference_mismatch = plain._mismatch.sums()
+        mismatch = sum_over_ranks(stats.sums(), backend.metrics_device())
+        reference_mismatch = reference_mismatch.sums()
         keys = ("pg_loss", "clip_frac", "approx_kl", "entropy", "kl")
         results[name] = {
             "micro_batches": len(micro), "weight": metrics["weight"], "reference_weight": ref_weight,

@@ -1,4 +1,4 @@
-"""GRPO with ``rollout.max_staleness`` = k > 0: the step batches are sampled ahead by a thread per rank, against
+"""An RL run with ``rollout.max_staleness`` = k > 0: the step batches are sampled ahead by a thread per rank, against
 vLLM servers (``rollout.vllm.mode=server``), while the trainer trains (``engine/rollout/sampling_ahead.py``).
 
 The thread draws the step's prompts and samples them over HTTP only, seeded from its own generator (per rank and
@@ -33,7 +33,7 @@ def staleness_problems(config) -> list[str]:
                         f"(sampling in separate servers while the trainer trains); this run has rollout.engine="
                         f"{r.engine}" + (f" with rollout.vllm.mode={mode}" if r.engine == "vllm" else "") +
                         ": set rollout.max_staleness=0 or use vLLM servers")
-    if config.algorithm.filter_groups:
+    if getattr(config.algorithm, "filter_groups", False):  # GRPO's dynamic sampling
         problems.append(f"algorithm.filter_groups (dynamic sampling: every rank draws again until the step's groups "
                         f"are found, agreed through collectives) needs rollout.max_staleness=0, got {bound}")
     if r.tools or r.environment:
@@ -44,7 +44,7 @@ def staleness_problems(config) -> list[str]:
 
 class AheadSampling:
     """The trainer's side of sampling ahead: the thread, the label -> version table, the checks at consumption.
-    ``trainer``: a ``GRPOTrainer`` (its task, sampler, sampling settings, rollout engine and seeds)."""
+    ``trainer``: an ``RLTrainer`` (its task, sampler, sampling settings, rollout engine and seeds)."""
 
     def __init__(self, trainer, bound: int) -> None:
         self.trainer, self.bound = trainer, bound

@@ -21,6 +21,7 @@ import torch
 from ..packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
 from ..runtime import all_gather_rows
 from .sizes import mini_batch_sequences
+from .terms import MiniBatchSize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,19 +53,37 @@ class StepData:
 
     sequences: SequenceBatch  # prompt + response, the response scored
     loss_mask: torch.Tensor  # [N, R] long: response tokens that count in the loss
-    advantages: torch.Tensor  # [N]
+    advantages: torch.Tensor  # [N] (per sequence) or [N, R] (per token)
     mini_batches: list[MiniBatch]
     rank: int  # the data-parallel group's (the rank's without sequence parallelism)
     packed: bool
     old_log_probs: torch.Tensor | None = None  # [N, R]; None: one update per step, the policy's own are the old ones
-    ref_log_probs: torch.Tensor | None = None  # [N, R]
     sampling_log_probs: torch.Tensor | None = None  # [N, R]: the rollout engine's, when it returned them
     pad_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # counted per pass, on this rank
+    # [N, R] each: frozen models' log-probs by name (``ref``: the KL reference; a distillation teacher)
+    frozen_log_probs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    @property
+    def ref_log_probs(self) -> torch.Tensor | None:
+        """The reference's log-probs (``frozen_log_probs["ref"]``), when the step has them."""
+        return self.frozen_log_probs.get("ref")
+
+    @ref_log_probs.setter
+    def ref_log_probs(self, values: torch.Tensor | None) -> None:
+        if values is None:
+            self.frozen_log_probs.pop("ref", None)
+        else:
+            self.frozen_log_probs["ref"] = values
 
     @property
     def width(self) -> int:
         """R: the longest response of the step."""
         return self.loss_mask.size(1)
+
+    def own_rows(self) -> list[int]:
+        """The sequences of this rank's micro-batches (its data-parallel group's), ascending: the rows its log-prob
+        passes fill."""
+        return sorted({i for mini in self.mini_batches for micro in mini.plan.ranks[self.rank] for i in micro})
 
     def layouts(self, mini: MiniBatch) -> list[tuple[tuple[int, ...], Layout]]:
         """This rank's micro-batches of ``mini``: (sequence indices, model inputs) each."""
@@ -78,8 +97,11 @@ class StepData:
     def count_pad_tokens(self, what: str, micro: Layout) -> None:
         self.pad_tokens[what] = self.pad_tokens.get(what, 0) + micro.pad_tokens
 
-    def micro_batches(self, mini: MiniBatch) -> list[dict]:
-        """This rank's micro-batches of ``mini`` as the step function takes them (host tensors)."""
+    def micro_batches(self, mini: MiniBatch, mismatch=None) -> list[dict]:
+        """This rank's micro-batches of ``mini`` as the step function takes them (host tensors), with the
+        mini-batch's sizes and ``mismatch``: where the loss records the rollout/trainer mismatch (None: nowhere)."""
+        size = MiniBatchSize(mini.plan.non_empty, float(self.loss_mask[mini.indices.start:mini.indices.stop].sum()),
+                             len(mini.indices))
         micro_batches = []
         for indices, micro in self.layouts(mini):
             self.count_pad_tokens("update", micro)
@@ -94,7 +116,8 @@ class StepData:
 
             micro_batches.append({"layout": micro, "loss_mask": part(self.loss_mask),
                                   "advantages": part(self.advantages), "old_log_probs": part(self.old_log_probs),
-                                  "ref_log_probs": part(self.ref_log_probs), "micro_batches": mini.plan.non_empty,
+                                  "frozen": {name: part(values) for name, values in self.frozen_log_probs.items()},
+                                  "micro_batches": mini.plan.non_empty, "mini_batch": size, "mismatch": mismatch,
                                   "sampling_log_probs": part(self.sampling_log_probs)})
         return micro_batches
 

@@ -54,6 +54,13 @@ class SamplingGroups:
         dist.all_gather(everyone, mine)
         return [int(t.item()) for t in everyone[::self.sp.size]]
 
+    def sum_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """``values`` [N] over the step's sequences, each group giving its own rows (zeros elsewhere), summed over
+        the groups: every sequence's value on every rank (one all-reduce; the leaders' values count)."""
+        mine = (values if self.leader else torch.zeros_like(values)).to(self.device, torch.float32)
+        dist.all_reduce(mine)
+        return mine.cpu()
+
 
 @dataclasses.dataclass
 class MicroBatchShare:

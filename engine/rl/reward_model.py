@@ -89,14 +89,16 @@ def split_weights(weights: list | None, rules: int, with_model: bool) -> tuple[l
     return list(weights[:-1]), weights[-1]
 
 
-def model_rewards(config, backend) -> list[Reward]:
+def model_rewards(config, backend=None) -> list[Reward]:
     """``[Reward]`` for the run's reward model or judge (its weight: ``data.reward_weights``' last entry), else []."""
     section = configured(config)
     if section is None:
         return []
     _, weight = split_weights(config.data.reward_weights, _rule_count(config), True)
     if section.path:
-        fn = ClassifierReward(section, backend)
+        import accel_backends
+
+        fn = ClassifierReward(section, backend or accel_backends.get_backend())
         spec = section.path
     else:
         fn, spec = JudgeReward(section), section.judge_url

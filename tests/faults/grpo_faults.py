@@ -32,6 +32,7 @@ def _mark(variable):
 def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
     import engine.checkpoint.store
     import engine.recipes.grpo.trainer as trainer_module
+    import engine.rl.scoring as scoring
     from engine.recipes.grpo.config import GRPOConfig
 
     kind, rank, at = os.environ["GRPO_FAULT"].split(":")
@@ -57,7 +58,7 @@ def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir:
 
     trainer.collect = counting_collect
     if kind == "reward":
-        score_each = trainer_module.scoring.score_each
+        score_each = scoring.score_each  # what the RL step's scoring calls
 
         def raising_rewards(*args, **kwargs):
             if now():
@@ -65,7 +66,7 @@ def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir:
                 raise InjectedFault("reward function failed on purpose")
             return score_each(*args, **kwargs)
 
-        trainer_module.scoring.score_each = raising_rewards
+        scoring.score_each = raising_rewards
     elif kind == "kill-save":
         write_extra_state = engine.checkpoint.store.write_extra_state
 

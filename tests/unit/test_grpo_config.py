@@ -75,10 +75,27 @@ def _problems(*overrides, world_size=2):
     (["algorithm.max_gen_batches=0"], "algorithm.max_gen_batches must be a positive integer"),
     (["run.val_before_train=true"], "run.val_before_train needs a validation set"),
     (["run.log_samples=-1"], "run.log_samples must be >= 0"),
+    (["algorithm.advantage=rlo"], "algorithm.advantage must be one of grpo, rloo, reinforce_pp, "
+                                  "reinforce_pp_baseline, got 'rlo' (did you mean algorithm.advantage=rloo?)"),
+    (["algorithm.multi_reward=mean"], "algorithm.multi_reward must be one of sum_then_normalize, "
+                                      "normalize_then_sum, got 'mean'"),
+    (["algorithm.gamma=1.5"], "algorithm.gamma must be in [0, 1], got 1.5"),
+    (["algorithm.gamma=0.9"], "with algorithm.advantage=grpo set it to 1.0"),
+    (["algorithm.kl_reward_coef=0.1", "algorithm.advantage=rloo"], "with algorithm.advantage=rloo use "
+                                                                   "algorithm.kl_loss_coef"),
 ])
 def test_bad_algorithm_settings_are_named(overrides, message):
     problems = _problems(*overrides)
     assert any(message in p for p in problems), problems
+
+
+@pytest.mark.parametrize("overrides", [["algorithm.advantage=rloo"], ["algorithm.advantage=reinforce_pp",
+                                                                       "algorithm.gamma=0.95",
+                                                                       "algorithm.kl_reward_coef=0.01"],
+                                       ["algorithm.advantage=reinforce_pp_baseline",
+                                        "algorithm.multi_reward=normalize_then_sum"]])
+def test_every_estimator_is_valid(overrides):
+    assert _problems(*overrides) == []
 
 
 def test_dr_grpo_without_a_length_constant_names_the_keys():

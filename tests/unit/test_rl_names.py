@@ -6,7 +6,7 @@ import importlib
 import pytest
 
 MOVED = ("ahead", "algorithms", "batches", "groups", "logprobs", "model", "prompt_types", "prompts", "rewards",
-         "rollout_correction", "scoring", "tokenizer", "validation")
+         "rollout_correction", "scoring", "step_metrics", "tokenizer", "validation")
 
 
 @pytest.mark.parametrize("name", MOVED)

@@ -1,11 +1,11 @@
-"""``accel-grpo``'s recipe: GRPO (and its loss-type variants) on the frame (``engine/train``). What is GRPO's own
-lives in its modules: the schema, presets, migrations and checks (``config.py``), the parts and the step
-(``trainer.py``), validation, rewards, prompt data and the policy loss."""
+"""``accel-grpo``'s recipe: GRPO (and its loss-type variants) on the RL layer (``engine/rl``) and the frame
+(``engine/train``). What is GRPO's own lives in its modules: the schema, presets, migrations and checks
+(``schema.py``, ``config.py``), its algorithm (``algorithm.py``: advantages, dynamic sampling, the loss type's
+terms) and the trainer that drives the RL step with it (``trainer.py``)."""
 
 from __future__ import annotations
 
-from ...train import export as export_module
-from ...train.recipe import Plan, Recipe
+from ...rl.recipe import RLRecipe
 from . import config as grpo_config
 from .evaluate import HELP as EVAL_HELP
 from .report import CURVES, curves_for
@@ -34,16 +34,12 @@ resume. Options and metrics: docs/grpo.md.
 """
 
 
-class GRPORecipe(Recipe):
+class GRPORecipe(RLRecipe):
     name, tool, help = "grpo", "accel-grpo", HELP
     schema, presets, curves = grpo_config.GRPOConfig, grpo_config.PRESETS, CURVES
-    sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
-
-    # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
-    resume_fixed = {**Recipe.resume_fixed, "rollout.n": "the group size", "algorithm.loss_type": "the loss",
-                    **{f"data.{key}": "the run's data" for key in (
-                        "task", "path", "val_fraction", "prompt_key", "answer_key", "reward", "reward_weights",
-                        "reward_style", "chat_template", "system_prompt")}}
+    trainer = "engine.recipes.grpo.trainer:GRPOTrainer"
+    # --resume may not change what the run means (the RL layer's and the frame's, and GRPO's loss).
+    resume_fixed = {**RLRecipe.resume_fixed, "algorithm.loss_type": "the loss"}
     eval_help = EVAL_HELP
 
     @property
@@ -58,64 +54,8 @@ class GRPORecipe(Recipe):
     def check(self, config, world_size):
         return grpo_config.check(config, world_size)
 
-    def plan_of(self, config, world_size: int, inputs=None) -> Plan:
-        """The run's sizes from the options alone (GRPO's do not depend on the data)."""
-        return Plan(config, world_size, config.train.steps, grpo_config.derived(config, world_size), inputs)
-
-    def plan(self, config, world_size, *, verbose):
-        from ...train.loggers import require_loggers
-        from .trainer import load_inputs
-
-        require_loggers(config.run.loggers)
-        return self.plan_of(config, world_size, load_inputs(config, verbose=verbose))
-
-    def resolved(self, plan):
-        return grpo_config.resolved(plan.config, plan.world_size)
-
-    def build(self, plan, backend):
-        from .trainer import GRPOTrainer
-
-        return GRPOTrainer(plan.config, inputs=plan.inputs)
-
-    def ready(self, parts, start):
-        parts.ready(start)
-
-    def close(self, parts):
-        parts.close()
-
-    def step(self, parts, index):
-        return parts.step(index)
-
-    def validate(self, parts, index, *, baseline=False):
-        return parts.validate(index, baseline)
-
-    def run_model(self, config) -> export_module.RunModel:
-        from ...rl.model import BUILTIN_MODEL, build_model
-
-        return export_module.RunModel(model_path=None if config.model.path == BUILTIN_MODEL else config.model.path,
-                                      engine=grpo_config.engine_config(config, world_size=1),
-                                      build=lambda: build_model(config.model))
-
-    def done_line(self, rows, seconds):
-        from ...train.report import first_and_last
-
-        rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
-        if not rewards:
-            return None
-        return f"{self.tool}: done in {seconds:.0f} s; reward mean {first_and_last(rewards, 10)}"
-
     def curves_for(self, config):
         return curves_for(config.algorithm)
-
-    def derived_engine_options(self, config, derived):
-        return {"seed": config.train.seed, "total_steps": derived.get("total_optimizer_steps")}
-
-    def prompt_settings(self, config, derived):
-        return {"system_prompt": config.data.system_prompt, "chat_template": config.data.chat_template,
-                "max_new_tokens": config.rollout.max_new_tokens}
-
-    def prompt_keys(self):
-        return PROMPT_KEYS
 
     # -- eval: held-out prompts scored with the run's rewards (engine/train/evaluate.py does the rest) ---------
 
@@ -133,7 +73,3 @@ class GRPORecipe(Recipe):
         from .evaluate import evaluate
 
         return evaluate(config, model_dir, backend)
-
-
-PROMPT_KEYS = {"system_prompt": "data.system_prompt", "chat_template": "data.chat_template",
-               "max_new_tokens": "rollout.max_new_tokens"}

@@ -1,16 +1,13 @@
-"""GRPO's learning curves; the metrics file and the plotting are shared (``engine/train/report.py``)."""
+"""GRPO's learning curves (the RL layer's, ``engine/rl/recipe.py``, titled by its loss terms); the metrics file
+and the plotting are shared (``engine/train/report.py``)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from ...rl.recipe import CURVES
 from ...train import report
 from ...train.report import MetricsLog, read_metrics  # noqa: F401  (the names GRPO's modules and tests use)
-
-CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accuracy"),
-          ("val/reward_mean", "validation reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),
-          ("entropy", "token entropy"), ("grad_norm", "grad norm"), ("response_length", "response length"),
-          ("step_time_s", "step time (s)"))
 
 
 def curves_for(algorithm) -> tuple[tuple[str, str], ...]:

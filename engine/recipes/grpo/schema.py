@@ -1,68 +1,32 @@
-"""GRPO's config schema (its sections as dataclasses) and presets. The defaults are the library's, for a user's own
-model and data (``default``); ``cpu-demo`` is the demo's, ``h100`` and ``ascend-910b`` starting points on
-accelerators. The pipeline, sizes and checks are in ``config.py``."""
+"""GRPO's config schema (the RL layer's shared sections, ``engine/rl/schema.py``, and its own ``algorithm.*``) and
+presets. The defaults are the library's, for a user's own model and data (``default``); ``cpu-demo`` is the
+demo's, ``h100`` and ``ascend-910b`` starting points on accelerators. The pipeline, sizes and checks are in
+``config.py``."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from ...rl.model import BUILTIN_MODEL
-from ...rl.reward_model import RewardModelConfig
 from ...rl.rollout_correction import DEFAULT_CAP, DEFAULT_CORRECTION
-from ...rollout.engines.vllm_settings import VLLMConfig
-from ...train.settings import RunConfig as SharedRunConfig
-from ...train.settings import TrainerConfig
+from ...rl.schema import DataConfig, RLConfig, RolloutConfig, RunConfig, TrainConfig  # noqa: F401  (by their usual names)
 from .loss_types import DEFAULT_LOSS_TYPE
 
 
 @dataclasses.dataclass
-class DataConfig:
-    task: str = "gsm8k"  # gsm8k (the GSM8K answer check as the default reward) or echo (the demo's synthetic task)
-    path: str | None = None  # JSONL, JSON, Parquet file or a datasets save_to_disk directory
-    val_path: str | None = None  # held-out prompts for validation
-    val_fraction: float = 0.0  # or hold out this share of data.path
-    prompt_key: str | None = None  # default: prompt, question or problem (the first present)
-    answer_key: str | None = None  # default: reward_model.ground_truth, answer, solution or ground_truth
-    reward: str | list | None = None  # module:function (or a list); default: the task's own reward
-    reward_weights: list | None = None  # one per reward function; default 1.0 each
-    reward_style: str = "auto"  # auto (from the signature), simple, verl or trl
-    chat_template: str = "auto"  # auto: apply the tokenizer's chat template when it has one; none
-    system_prompt: str | None = None
-    max_prompt_tokens: int | None = None  # longer prompts are dropped before training
-
-
-@dataclasses.dataclass
-class RolloutConfig:
-    n: int = 8  # samples per prompt (the group size)
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    max_new_tokens: int = 512
-    val_n: int = 1  # samples per validation prompt
-    val_temperature: float = 0.0  # 0: greedy
-    engine: str = "hf-continuous"  # the rollout engine: hf, hf-continuous, vllm, or one a plugin registers
-    vllm: VLLMConfig = dataclasses.field(default_factory=VLLMConfig)  # rollout.engine=vllm's settings
-    # Asynchronous training (vLLM servers): samples at most this many weight versions older than the policy they
-    # train; 0: synchronous (sample, update, push). partial: a push lets in-flight requests go on with the new
-    # weights (pause mode keep) instead of finishing them on the old ones first (wait).
-    max_staleness: int = 0
-    partial: bool = False
-    # Multi-turn rollouts with tools (docs/agents.md): set either or both to turn them on.
-    tools: list | None = None  # "module:function" names of tools the model may call
-    environment: str | None = None  # "module:Class": one instance per trajectory, its public methods are tools
-    max_tool_calls: int = 8  # per trajectory; a turn that would exceed it is the trajectory's answer
-    max_tool_response_tokens: int = 256  # each tool result is cut to this many tokens
-    tool_timeout_s: float = 30.0  # a call still running after this gets an error as its result
-    max_parallel_tool_calls: int = 8  # tool calls running at once (those of one round run concurrently)
-
-
-@dataclasses.dataclass
 class AlgorithmConfig:
-    # A named recipe (engine/grpo/loss_types.py): grpo, dapo, dr_grpo, bnpo, gspo or cispo. It fills the four keys
-    # below that are left null; a value given explicitly wins.
+    # A named recipe (engine/recipes/grpo/loss_types.py): grpo, dapo, dr_grpo, bnpo, gspo or cispo. It fills
+    # scale_rewards, loss_agg, clip_low and clip_high where left null; a value given explicitly wins.
     loss_type: str = DEFAULT_LOSS_TYPE
-    scale_rewards: str | None = None  # advantages divided by the std of the group, of the batch, or none
+    # The advantage estimator (docs/algorithms.md): grpo (group-relative), rloo (leave-one-out baseline),
+    # reinforce_pp (REINFORCE++: per-token returns normalised over the global batch) or reinforce_pp_baseline.
+    advantage: str = "grpo"
+    # Several reward functions: sum_then_normalize (their weighted sum is the score) or normalize_then_sum (GDPO:
+    # each normalised in its group first).
+    multi_reward: str = "sum_then_normalize"
+    gamma: float = 1.0  # reinforce_pp's discount over the response's tokens
+    kl_reward_coef: float = 0.0  # reinforce_pp*: > 0 folds -coef x the k1 KL to the reference into each token's reward
+    scale_rewards: str | None = None  # grpo's advantages divided by the std of the group, of the batch, or none
     loss_agg: str | None = None  # aggregation mode (algorithms.AGGREGATION_MODES)
     clip_low: float | None = None
     clip_high: float | None = None
@@ -77,7 +41,7 @@ class AlgorithmConfig:
     mask_truncated: bool = False  # responses cut at rollout.max_new_tokens get no loss
     overlong_buffer_len: int = 0  # DAPO's soft overlong penalty over the last N tokens allowed (0: off)
     overlong_penalty_factor: float = 1.0  # the penalty at rollout.max_new_tokens
-    # Importance sampling against the rollout engine's own log-probs (engine/grpo/rollout_correction.py): none,
+    # Importance sampling against the rollout engine's own log-probs (engine/rl/rollout_correction.py): none,
     # token_truncate, token_mask, sequence_truncate or sequence_mask, with the ratio's cap.
     rollout_correction: str = DEFAULT_CORRECTION
     rollout_correction_cap: float = DEFAULT_CAP
@@ -86,34 +50,9 @@ class AlgorithmConfig:
 
 
 @dataclasses.dataclass
-class TrainConfig:
-    steps: int = 40
-    prompts_per_step: int = 16  # over all ranks
-    prompts_per_update: int | None = None  # over all ranks, with their rollout.n responses; null: one update per step
-    ppo_epochs: int = 1
-    mini_batch_size: int | None = None  # deprecated: sequences per rank per update (use prompts_per_update)
-    micro_batch_size: int = 16  # sequences per micro-batch per rank, when micro_batch_tokens is not set
-    micro_batch_tokens: int | None = None  # tokens (prompt + response) per micro-batch per rank; replaces the count
-    padding_free: bool = True  # pack each micro-batch's sequences in one row (no pad tokens) where the model can
-    seed: int = 0
-
-
-@dataclasses.dataclass
-class RunConfig(SharedRunConfig):
-    log_samples: int = 1  # prompts per step written with their responses and rewards to samples.jsonl (0: none)
-    val_before_train: bool | None = None  # a baseline validation before step 1; null: when there is a validation set
-
-
-@dataclasses.dataclass
-class GRPOConfig(TrainerConfig):
-    data: DataConfig = dataclasses.field(default_factory=DataConfig)
-    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+class GRPOConfig(RLConfig):
     algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
-    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
-    run: RunConfig = dataclasses.field(default_factory=RunConfig)
-    reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)  # engine/rl/reward_model.py
-    engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineConfig fields
-    trainer: str = "grpo"  # recorded in config.json: export / eval know which trainer's schema reads it
+    trainer: str = "grpo"
 
 
 PRESETS: dict[str, dict] = {

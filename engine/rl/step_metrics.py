@@ -1,4 +1,4 @@
-"""A GRPO step's metrics row (``metrics.jsonl``), from its figures summed and maxed over ranks by the loop.
+"""An RL step's metrics row (``metrics.jsonl``), from its figures summed and maxed over ranks by the loop.
 
 The rollout-timing figures are reported in every mode, so curves compare across synchronous and asynchronous runs:
 ``rollout/staleness_mean`` / ``_max`` (weight versions between a sample's oldest token and the policy trained on
@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import math
 
-from ...rl import scoring
-from ...rollout import trajectories
-from . import dynamic_sampling
+from ..rollout import trajectories
+from . import scoring
 
 
 def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metrics: dict, mismatch: dict,
-             reward_names: list[str], groups: int, world_size: int) -> dict:
-    """The step's metrics row; ``groups``: the data-parallel groups (each counts its samples once), ``world_size``:
-    the ranks (each reports its sampler's busy fraction)."""
+             reward_names: list[str], world_size: int, algorithm_metrics: dict) -> dict:
+    """The step's metrics row; ``world_size``: the ranks (each reports its sampler's busy fraction);
+    ``algorithm_metrics``: the algorithm's own figures (GRPO's ``sampling/*`` with dynamic sampling)."""
     count = totals["sequences"]
     mean = totals["reward_sum"] / count
     row = {
@@ -49,7 +48,7 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
         "peak_memory_gib": largest["peak_memory_gib"],
     }
     row.update(scoring.reward_metrics(totals, reward_names))  # reward/<name>, overlong_penalty
-    row.update(dynamic_sampling.summary(totals, groups))  # sampling/*, with filter_groups
+    row.update(algorithm_metrics)  # e.g. sampling/*, with filter_groups
     row.update(trajectories.metrics(totals))  # tools/*, rollout/turns_mean, rollout/tool_tokens, with tools
     row.update(plan_metrics)  # packed, micro_batches, token_imbalance
     row.update({key: totals[key] for key in ("pad_tokens_old", "pad_tokens_ref", "pad_tokens_update")})

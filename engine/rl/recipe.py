@@ -1,0 +1,88 @@
+"""``RLRecipe``: the frame's ``Recipe`` (``engine/train/recipe.py``) for a trainer on the RL step. A subclass names
+itself, its schema (the RL layer's sections, ``schema.py``, and its own ``algorithm`` section), its presets and
+checks, and its trainer (an ``RLTrainer`` subclass passing its ``Algorithm``); planning, building, the step,
+validation, the run's model for ``export`` and the closing line are here."""
+
+from __future__ import annotations
+
+import importlib
+
+from ..train import export as export_module
+from ..train.recipe import Plan, Recipe
+from .engine_settings import engine_config, resolved
+from .model import BUILTIN_MODEL, build_model
+from .sizes import derived
+
+# An RL run's learning curves (curves.png), where its metrics have them.
+CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accuracy"),
+          ("val/reward_mean", "validation reward (mean)"), ("loss", "loss (policy + KL)"), ("kl", "KL to reference"),
+          ("entropy", "token entropy"), ("grad_norm", "grad norm"), ("response_length", "response length"),
+          ("step_time_s", "step time (s)"))
+
+
+class RLRecipe(Recipe):
+    sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
+    curves = CURVES
+    trainer = ""  # "package.module:Class": the recipe's RLTrainer, imported when a run builds its parts
+    # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
+    resume_fixed = {**Recipe.resume_fixed, "rollout.n": "the group size",
+                    **{f"data.{key}": "the run's data" for key in (
+                        "task", "path", "val_fraction", "prompt_key", "answer_key", "reward", "reward_weights",
+                        "reward_style", "chat_template", "system_prompt")}}
+
+    def plan_of(self, config, world_size: int, inputs=None) -> Plan:
+        """The run's sizes from the options alone (an RL step's do not depend on the data)."""
+        return Plan(config, world_size, config.train.steps, derived(config, world_size), inputs)
+
+    def plan(self, config, world_size, *, verbose):
+        from ..train.loggers import require_loggers
+        from .parts import load_inputs
+
+        require_loggers(config.run.loggers)
+        return self.plan_of(config, world_size, load_inputs(config, verbose=verbose))
+
+    def resolved(self, plan):
+        return resolved(plan.config, plan.world_size)
+
+    def build(self, plan, backend):
+        module, _, name = self.trainer.partition(":")
+        return getattr(importlib.import_module(module), name)(plan.config, inputs=plan.inputs)
+
+    def ready(self, parts, start):
+        parts.ready(start)
+
+    def close(self, parts):
+        parts.close()
+
+    def step(self, parts, index):
+        return parts.step(index)
+
+    def validate(self, parts, index, *, baseline=False):
+        return parts.validate(index, baseline)
+
+    def run_model(self, config) -> export_module.RunModel:
+        return export_module.RunModel(model_path=None if config.model.path == BUILTIN_MODEL else config.model.path,
+                                      engine=engine_config(config, world_size=1),
+                                      build=lambda: build_model(config.model))
+
+    def done_line(self, rows, seconds):
+        from ..train.report import first_and_last
+
+        rewards = [row["reward_mean"] for row in rows if "reward_mean" in row]
+        if not rewards:
+            return None
+        return f"{self.tool}: done in {seconds:.0f} s; reward mean {first_and_last(rewards, 10)}"
+
+    def derived_engine_options(self, config, derived):
+        return {"seed": config.train.seed, "total_steps": derived.get("total_optimizer_steps")}
+
+    def prompt_settings(self, config, derived):
+        return {"system_prompt": config.data.system_prompt, "chat_template": config.data.chat_template,
+                "max_new_tokens": config.rollout.max_new_tokens}
+
+    def prompt_keys(self):
+        return PROMPT_KEYS
+
+
+PROMPT_KEYS = {"system_prompt": "data.system_prompt", "chat_template": "data.chat_template",
+               "max_new_tokens": "rollout.max_new_tokens"}

@@ -1,0 +1,63 @@
+"""A second RL recipe that writes only its algorithm (tests/rl_recipe_example.py: RLOO advantages, a policy gradient
+and a KL term to a frozen reference) runs on the RL layer through the frame's command (one rank, in this process:
+the RL step on 2 ranks is GRPO's tests'): the step's figures come out, the samples carry RLOO's advantages, the
+reference's KL is reported, and the shared sections are checked before any worker starts.
+docs/adding-a-trainer.md is built on it."""
+
+import json
+
+import pytest
+import rl_recipe_plugin
+from rl_recipe_example import RLOORecipe
+
+import accel_backends
+
+
+@pytest.fixture
+def registered():
+    """``rloo`` registered from its plugin module for the test (the workers find the recipe by its name)."""
+    accel_backends.register_plugin(rl_recipe_plugin)
+    yield
+    accel_backends.unregister_plugin(rl_recipe_plugin)
+
+
+def test_an_rl_recipe_of_its_algorithm_alone_trains(registered, tmp_path, monkeypatch):
+    from engine.train import cli
+    from engine.train.registry import get_recipe
+
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    assert isinstance(get_recipe("rloo"), RLOORecipe)
+    code = cli.main(get_recipe("rloo"), ["--preset", "cpu-demo", "--nproc", "1", "run.progress=false",
+                                         f"run.output_dir={tmp_path}", "run.name=rloo", "run.log_samples=4"])
+    assert code == 0
+    run = tmp_path / "rloo"
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2]
+    for row in rows:
+        assert row["kl"] >= 0.0 and row["grad_norm"] > 0.0 and "pg_loss" in row and "reward/echo_reward" in row
+    assert rows[1]["kl"] > 0.0  # the policy moved away from its reference after the first update
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 2 * 4 * 4  # 2 steps, 4 prompts, 4 responses each
+    assert any(s["advantage"] != 0.0 for s in samples)
+    for start in range(0, len(samples), 4):
+        group = samples[start:start + 4]
+        total = sum(s["reward"] for s in group)
+        for s in group:  # the score less the mean of the other three
+            assert s["advantage"] == pytest.approx(s["reward"] - (total - s["reward"]) / 3, abs=1e-5)
+    assert (run / "checkpoints" / "step_000002").is_dir() and (run / "curves.png").is_file()
+
+
+def test_its_shared_sections_are_checked_before_any_worker():
+    from engine.train.config import build_config
+
+    recipe = RLOORecipe()
+
+    def problems(*overrides):
+        return recipe.check(build_config(recipe.schema, recipe.presets, "cpu-demo", None, list(overrides)), 2)
+
+    assert problems() == []
+    assert problems("algorithm.rollout_correction=token_trunc", "rollout.n=0") == [
+        "rollout.n must be a positive integer, got 0",
+        "algorithm.rollout_correction must be one of none, token_truncate, token_mask, sequence_truncate, "
+        "sequence_mask, got 'token_trunc' (did you mean algorithm.rollout_correction=token_truncate?)"]
+    assert problems("train.prompts_per_step=3") == ["train.prompts_per_step=3 does not divide over 2 ranks"]
