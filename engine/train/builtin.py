@@ -10,3 +10,4 @@ from . import hookspecs  # noqa: F401 - the hook below must be specified before 
 def register_recipes(register):
     register("grpo", "engine.recipes.grpo:GRPORecipe")
     register("sft", "engine.recipes.sft:SFTRecipe")
+    register("ppo", "engine.recipes.ppo:PPORecipe")
