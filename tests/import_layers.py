@@ -21,7 +21,8 @@ PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", 
               "engine.hookspecs", "engine.output_layer", "engine.object_loader", "engine.demo_model",
               "engine.sequence_parallel")
 # Which trainer a module belongs to: recipes never import each other.
-RECIPES = {"engine.recipes.grpo": "grpo", "engine.grpo": "grpo", "engine.recipes.sft": "sft", "engine.sft": "sft"}
+RECIPES = {"engine.recipes.grpo": "grpo", "engine.grpo": "grpo", "engine.recipes.sft": "sft", "engine.sft": "sft",
+           "engine.recipes.dpo": "dpo", "engine.recipes.rm": "rm"}
 
 
 def floor(module: str) -> tuple[int, str]:

@@ -25,7 +25,7 @@ def _model(kind: str):
 def _items():
     import torch
 
-    from engine.recipes.sft.masks import Tokenized
+    from engine.rl.offline.masks import Tokenized
 
     g = torch.Generator().manual_seed(5)
     items = []
@@ -56,8 +56,9 @@ def _train(rank: int) -> dict:
     import accel_backends
     from engine import EngineConfig, FSDPEngine
     from engine.packing import build_layout
-    from engine.recipes.sft.batches import MicroBatch, rank_micro_batches, sequence_batch
+    from engine.recipes.sft.batches import rank_micro_batches
     from engine.recipes.sft.trainer import token_loss
+    from engine.rl.offline.sequences import MicroBatch, sequence_batch
 
     cpu, items, results = torch.device("cpu"), _items(), {}
     backend = accel_backends.get_backend()

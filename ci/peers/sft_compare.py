@@ -45,9 +45,9 @@ def write_work(directory: Path) -> tuple[Path, Path, float, float]:
     counts them)."""
     sys.path.insert(0, str(ROOT))
     from engine.demo_model import _WORDS, make_tiny_model
-    from engine.recipes.sft.data import Example
-    from engine.recipes.sft.masks import tokenize_example
-    from engine.recipes.sft.model import load_tokenizer
+    from engine.rl.offline.masks import tokenize_example
+    from engine.rl.offline.messages import Example
+    from engine.rl.offline.model_files import load_tokenizer
 
     model = make_tiny_model(directory / "model", hidden_size=128, layers=4, vocab_size=2048, single_eos=True)
     rng = random.Random(0)

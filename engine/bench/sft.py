@@ -16,8 +16,8 @@ import math
 
 from .. import EngineConfig, FSDPEngine
 from ..recipes.sft.batches import rank_micro_batches
-from ..recipes.sft.masks import Tokenized
 from ..recipes.sft.trainer import token_loss
+from ..rl.offline.masks import Tokenized
 from .common import interleave, model_factory, ratio, release, summary, timed
 from .packing import SavedActivations
 

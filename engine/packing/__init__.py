@@ -8,9 +8,9 @@ packed row sequence by sequence); ``probe.py`` tells whether a model's attention
 """
 
 from .attention import PACKED_SDPA, register_packed_sdpa
-from .layout import Layout, SequenceBatch, build_layout
+from .layout import FILLER_TOKEN, Layout, SequenceBatch, build_layout
 from .planner import Plan, SequenceTooLong, micro_batch_load, plan_micro_batches
 from .probe import ProbeResult, probe_packed_input
 
-__all__ = ["PACKED_SDPA", "Layout", "Plan", "ProbeResult", "SequenceBatch", "SequenceTooLong", "build_layout",
-           "micro_batch_load", "plan_micro_batches", "probe_packed_input", "register_packed_sdpa"]
+__all__ = ["FILLER_TOKEN", "PACKED_SDPA", "Layout", "Plan", "ProbeResult", "SequenceBatch", "SequenceTooLong",
+           "build_layout", "micro_batch_load", "plan_micro_batches", "probe_packed_input", "register_packed_sdpa"]

@@ -10,4 +10,6 @@ from . import hookspecs  # noqa: F401 - the hook below must be specified before 
 def register_recipes(register):
     register("grpo", "engine.recipes.grpo:GRPORecipe")
     register("sft", "engine.recipes.sft:SFTRecipe")
+    register("dpo", "engine.recipes.dpo:DPORecipe")
+    register("rm", "engine.recipes.rm:RewardModelRecipe")
     register("ppo", "engine.recipes.ppo:PPORecipe")

@@ -45,6 +45,7 @@ class RunModel:
     model_path: str | None  # the local model directory it trained; None: a model built in code
     engine: EngineConfig
     build: Callable[[], tuple[Any, Any]]  # () -> (tokenizer, a model factory or a model directory)
+    loader: str = "AutoModelForCausalLM"  # the transformers class that loads the export (its last line says so)
     prompt: dict = dataclasses.field(default_factory=dict)  # how the run prompted it (``Recipe.prompt_settings``)
 
 
@@ -210,7 +211,7 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
     partial.rename(out)
     return {"checkpoint": str(found), "step": checkpoint.step_of(found), "output": str(out), "dtype": dtype,
             "lora": lora if lora_rank else None, "files": sorted(p.name for p in out.iterdir()),
-            "builtin_model": model_path is None}
+            "builtin_model": model_path is None, "loader": run.loader}
 
 
 EXPORT_HELP = """Write a run's checkpoint as a Hugging Face model directory: config.json, safetensors weights, and the
@@ -244,7 +245,7 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
         return 2
     kind = {"adapter": "a PEFT adapter", "merged": "LoRA merged"}.get(summary["lora"], "full model")
     loader = "PeftModel.from_pretrained(base, OUT)" if summary["lora"] == "adapter" else \
-        "AutoModelForCausalLM.from_pretrained(OUT)"
+        f"{summary['loader']}.from_pretrained(OUT)"
     if summary["builtin_model"]:
         # transformers 5 gives every qwen2 model its Qwen2Tokenizer in AutoTokenizer, which cannot read a
         # character vocabulary; the tokenizer class the file names reads it as trained.

@@ -42,8 +42,8 @@ def measure(variant, vocab, sequences, length):
 
     from accel_backends.backends.cpu import CPUBackend
     from engine.packing import build_layout
-    from engine.recipes.sft.batches import MicroBatch, sequence_batch
-    from engine.recipes.sft.masks import Tokenized
+    from engine.rl.offline.masks import Tokenized
+    from engine.rl.offline.sequences import MicroBatch, sequence_batch
     from engine.tiny_model import tiny_qwen2
 
     model = tiny_qwen2(seed=0, vocab_size=vocab, layers=1, max_positions=length)

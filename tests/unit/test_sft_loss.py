@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from engine import output_layer
 from engine.packing import build_layout
 from engine.recipes.sft import loss as sft_loss
-from engine.recipes.sft.batches import MicroBatch, sequence_batch
-from engine.recipes.sft.masks import Tokenized
 from engine.recipes.sft.trainer import token_loss
+from engine.rl.offline.masks import Tokenized
+from engine.rl.offline.sequences import MicroBatch, sequence_batch
 from engine.tiny_model import tiny_qwen2
 
 VOCAB = 384

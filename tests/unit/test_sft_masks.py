@@ -7,9 +7,9 @@ import json
 import pytest
 
 from engine.demo_model import CHAT_TEMPLATE, build_tokenizer
-from engine.recipes.sft.batches import schedule
 from engine.recipes.sft.data import Columns, DataError, Example, load_examples
-from engine.recipes.sft.masks import (
+from engine.rl.offline.epochs import schedule
+from engine.rl.offline.masks import (
     conversation_mask_by_turns,
     fit_length,
     has_generation_markers,

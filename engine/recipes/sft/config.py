@@ -4,17 +4,15 @@ overrides) is the shared one of ``engine/train/config.py``."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 from accel_backends.names import did_you_mean
 
-from ...config import EngineConfig
-from ...sequence_parallel import config_problems
+from ...rl.offline.model_files import DEMO_MODEL
+from ...rl.offline.run_config import input_problems, positive, sizing_problems
 from ...train import config as train_config
-from ...train.settings import RunConfig, TrainerConfig, missing_model, run_problems
+from ...train.settings import RunConfig, TrainerConfig, run_problems
 
-DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.demo_model)
 FORMATS = ("auto", "text", "messages", "prompt_completion")
 TRUNCATIONS = ("keep_start", "drop", "error")
 LOSS_ON = ("auto", "assistant", "completion", "all")
@@ -87,76 +85,26 @@ def build_config(preset: str | None, config_file: str | None, overrides: list[st
     return train_config.build_config(SFTConfig, PRESETS, preset, config_file, overrides)
 
 
-def engine_config(config: SFTConfig, total_steps: int | None = None) -> EngineConfig:
-    """The engine's options: ``engine.*``, with the seed and (for the LR schedule) the run's optimizer steps."""
-    defaults: dict[str, Any] = {"seed": config.train.seed}
-    if total_steps is not None:
-        defaults["total_steps"] = total_steps
-    return train_config.engine_options(dict(config.engine), defaults)
-
-
 def check(config: SFTConfig, world_size: int) -> list[str]:
     """Every problem that can be found from the options alone, as sentences (the data is checked next)."""
-    problems = []
     d, t, r = config.data, config.train, config.run
-    if config.model.path is None:
-        problems.append(missing_model(config.preset))
-    elif config.model.path != DEMO_MODEL:
-        from ...train.model_dir import check_model_dir
-
-        problems += check_model_dir(config.model.path)
-    for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
-        if path and not Path(path).exists():
-            problems.append(f"{key} {path} does not exist")
+    problems = input_problems(config)
     choices = (("data.format", d.format, FORMATS), ("data.truncation", d.truncation, TRUNCATIONS),
                ("data.empty_mask", d.empty_mask, ("error", "drop")), ("train.loss_on", t.loss_on, LOSS_ON))
     for key, value, allowed in choices:
         if value not in allowed:
             problems.append(f"{key} must be one of {', '.join(allowed)}, got {value!r}"
                             f"{did_you_mean(str(value), allowed, key + '=')}")
-    if not 0 <= d.val_fraction < 1:
-        problems.append(f"data.val_fraction must be in [0, 1), got {d.val_fraction}")
     for name, value in (("data.max_length", d.max_length), ("train.batch_size", t.batch_size),
                         ("train.micro_batch_size", t.micro_batch_size), ("data.demo_examples", d.demo_examples)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            problems.append(f"{name} must be a positive integer, got {value!r}")
+        problems += positive(name, value)
     for name, value in (("train.steps", t.steps), ("train.batch_tokens", t.batch_tokens),
                         ("train.micro_batch_tokens", t.micro_batch_tokens)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            problems.append(f"{name} must be a positive integer or null, got {value!r}")
+        problems += positive(name, value, optional=True)
     if not t.epochs > 0:
         problems.append(f"train.epochs must be > 0, got {t.epochs}")
     problems += run_problems(r)
     if problems:
         return problems
-    if t.micro_batch_tokens is not None and t.micro_batch_tokens < d.max_length:
-        problems.append(f"train.micro_batch_tokens={t.micro_batch_tokens} is below data.max_length={d.max_length}: "
-                        f"an example of data.max_length tokens could never run; raise train.micro_batch_tokens to at "
-                        f"least {d.max_length} or lower data.max_length")
-    if t.batch_tokens is not None and t.batch_tokens < d.max_length:
-        problems.append(f"train.batch_tokens={t.batch_tokens} is below data.max_length={d.max_length}: raise it "
-                        f"to at least {d.max_length}")
-    sp = config.engine.get("sequence_parallel_size", 1)
-    if isinstance(sp, int) and not isinstance(sp, bool) and sp > 1:  # the rest of sp's checks: engine_config below
-        problems += config_problems(sp, world_size)  # with the defaults: only whether sp divides the world
-    groups = train_config.data_parallel_groups(config.engine, world_size)
-    if t.batch_tokens is None and t.batch_size < groups:
-        who = f"{groups} ranks" if groups == world_size else f"{groups} data-parallel groups"
-        problems.append(f"train.batch_size={t.batch_size} sequences per step cannot give each of the {who} "
-                        f"one: raise train.batch_size to at least {groups}")
-    if str(config.engine.get("mixed_precision", "")) == "fp16":
-        problems.append("engine.mixed_precision=fp16 is not supported (no loss scaling): use bf16 (or auto)")
-    try:
-        engine_config(config, config.train.steps or 1)  # the real count follows from the data
-    except (ValueError, TypeError) as exc:
-        problems.append(str(exc))
-    return problems
-
-
-def resolved(config: SFTConfig, derived: dict | None = None) -> dict:
-    """Every option, every engine default, and the values that follow from the data (when known)."""
-    data = config.to_dict()
-    data["engine"] = dataclasses.asdict(engine_config(config, (derived or {}).get("total_steps")))
-    if derived:
-        data["derived"] = derived
-    return data
+    return sizing_problems(config, world_size, unit_tokens=d.max_length, items="sequences",
+                           unit=f"an example of data.max_length={d.max_length} tokens")

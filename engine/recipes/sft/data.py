@@ -14,25 +14,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from ...rl.offline.messages import DataError, Example, check_messages
 from ...train.rows import read_rows
-
-ROLES = ("system", "user", "assistant", "tool", "developer")
-
-
-class DataError(ValueError):
-    """A row that cannot become an example; the message names the file, the row and what to do."""
-
-
-@dataclasses.dataclass
-class Example:
-    """One row, checked: ``text``, or ``messages``, or ``prompt`` + ``completion`` (text or messages)."""
-
-    where: str  # file:row
-    text: str | None = None
-    messages: list[dict] | None = None
-    prompt: Any = None
-    completion: Any = None
-    tools: list | None = None
 
 
 @dataclasses.dataclass
@@ -60,25 +43,6 @@ def detect_format(row: dict, columns: Columns, where: str) -> str:
     raise DataError(f"{where}: cannot tell the data format from the columns {sorted(row)}: expected "
                     f"{columns.messages!r} (messages), {columns.prompt!r} + {columns.completion!r} "
                     f"(prompt_completion) or {columns.text!r} (text); set data.format and data.*_key to name yours")
-
-
-def check_messages(value: Any, where: str, column: str) -> list[dict]:
-    """A list of role/content messages (content may be empty on an assistant tool call), or a DataError."""
-    if not isinstance(value, list) or not value:
-        raise DataError(f"{where}: column {column!r} must be a non-empty list of {{\"role\", \"content\"}} messages, "
-                        f"got {type(value).__name__}")
-    for index, message in enumerate(value):
-        if not isinstance(message, dict) or "role" not in message:
-            raise DataError(f"{where}: message {index} of {column!r} is not a {{\"role\", \"content\"}} pair "
-                            f"(got {str(message)[:80]!r}): every message needs a role and a content")
-        if message["role"] not in ROLES:
-            raise DataError(f"{where}: message {index} has role {message['role']!r}: use one of {', '.join(ROLES)}")
-        content = message.get("content")
-        if content is None and not message.get("tool_calls"):
-            raise DataError(f"{where}: message {index} ({message['role']}) has no content (and no tool_calls)")
-        if content is not None and not isinstance(content, (str, list)):
-            raise DataError(f"{where}: message {index} content must be text, got {type(content).__name__}")
-    return value
 
 
 def to_example(row: dict, fmt: str, columns: Columns, where: str) -> Example:

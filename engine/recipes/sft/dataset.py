@@ -7,8 +7,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from ...rl.offline.masks import Tokenized, fit_length, tokenize_example
 from .data import Columns, DataError, Example, load_examples
-from .masks import Tokenized, fit_length, resolve_loss_on, tokenize_example
 
 DEMO_VAL_FRACTION = 0.03  # the demo task's held-out share (data.val_fraction overrides it)
 _DEMO_ITEMS = "apples oranges books pencils cookies marbles cars trees friends students dollars boxes".split()
@@ -27,6 +27,12 @@ def demo_examples(count: int, seed: int = 0) -> list[Example]:
                     {"role": "assistant", "content": f"{(item_index * 37) % 90 + 10} {item}"}]
         examples.append(Example(f"demo:{index + 1}", messages=messages))
     return examples
+
+
+def resolve_loss_on(loss_on: str, fmt: str) -> str:
+    if loss_on != "auto":
+        return loss_on
+    return {"messages": "assistant", "prompt_completion": "completion", "text": "all"}[fmt]
 
 
 @dataclasses.dataclass

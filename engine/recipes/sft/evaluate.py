@@ -45,7 +45,7 @@ def problems(config, target: dict, world_size: int) -> list[str]:
 
 def load_inputs(config) -> dict:
     """Every validation row read and tokenized here, so that a bad one fails before any worker starts."""
-    from .model import load_tokenizer
+    from ...rl.offline.model_files import load_tokenizer
 
     examples = evaluation_set(config, load_tokenizer(config.model.path))
     if not examples:
@@ -59,9 +59,9 @@ def evaluate(config, checkpoint: str | None, backend) -> Evaluation:
     import torch
 
     from ... import FSDPEngine
+    from ...rl.offline.model_files import load_tokenizer
+    from ...rl.offline.run_config import engine_config
     from .batches import rank_micro_batches
-    from .config import engine_config
-    from .model import load_tokenizer
     from .trainer import token_loss
 
     tokenizer = load_tokenizer(config.model.path)
@@ -86,9 +86,9 @@ def prompt_settings(config) -> dict:
     """How the run's data prompted the model: the system message every training conversation began with (none
     when they differ) and the longest supervised span trained, in tokens, as ``max_new_tokens``. {} when the data
     cannot be read any more."""
+    from ...rl.offline.model_files import load_tokenizer
     from .data import DataError
     from .dataset import build_data
-    from .model import load_tokenizer
 
     try:
         data = build_data(config.data, config.train.loss_on, load_tokenizer(config.model.path), config.train.seed)

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import sys
 
+from ...rl.offline.run_config import resolved
 from ...train import export as export_module
 from ...train.recipe import Plan, Recipe
 from . import evaluate, trainer
-from .config import PRESETS, SFTConfig, check, resolved
+from .config import PRESETS, SFTConfig, check
 
 HELP = """Supervised fine-tuning of a causal language model on chat, prompt-completion or plain-text data.
 
@@ -48,10 +49,10 @@ class SFTRecipe(Recipe):
         return check(config, world_size)
 
     def plan(self, config, world_size, *, verbose):
+        from ...rl.offline.epochs import schedule
+        from ...rl.offline.model_files import load_tokenizer, resolve_model_path
         from ...train.loggers import require_loggers
-        from .batches import schedule
         from .dataset import build_data
-        from .model import load_tokenizer, resolve_model_path
 
         require_loggers(config.run.loggers)
         resolve_model_path(config)  # the demo model's directory: config.json records the real path
@@ -79,8 +80,8 @@ class SFTRecipe(Recipe):
         return trainer.validate(parts, index, baseline)
 
     def run_model(self, config) -> export_module.RunModel:
-        from .config import engine_config
-        from .model import load_tokenizer
+        from ...rl.offline.model_files import load_tokenizer
+        from ...rl.offline.run_config import engine_config
 
         path = config.model.path
         return export_module.RunModel(model_path=path, engine=engine_config(config, 1),

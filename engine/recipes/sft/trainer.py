@@ -13,10 +13,10 @@ import time
 import torch
 
 from ... import FSDPEngine
+from ...rl.offline.run_config import engine_config
 from ...sequence_parallel import split_layout
 from ...train.recipe import Plan, StepResult
 from .batches import rank_micro_batches
-from .config import engine_config
 from .loss import per_token_losses
 
 CURVES = (("loss", "loss (supervised tokens)"), ("val/loss", "validation loss"),

@@ -1,6 +1,7 @@
-"""Token ids and loss masks: which tokens of an example get the loss.
+"""Token ids and loss masks: which tokens of an example get the loss (``loss_on``; SFT's ``train.loss_on``, the
+completions of DPO's pairs).
 
-* Conversations (``train.loss_on=assistant``): every assistant turn's content and its end-of-turn token, never the
+* Conversations (``assistant``): every assistant turn's content and its end-of-turn token, never the
   ``<|im_start|>assistant`` header nor anything else. From the chat template's generation markers
   (``{% generation %}``, transformers' ``return_assistant_tokens_mask``) where the template has them; else by
   rendering the conversation turn by turn (the text before each assistant turn with the generation prompt, the
@@ -8,8 +9,9 @@
   conversation exactly. A template whose pieces do not (one that rewrites earlier turns, say) is an error, never a
   silently wrong mask. Whatever follows the turn's last special token inside its piece (Qwen's newline after
   ``<|im_end|>``) is not trained: the model must learn to stop, not to print what the template adds next.
-* Prompt-completion (``completion``): the completion and its end (the EOS appended to a text completion; a
-  conversational completion as assistant turns of the conversation prompt + completion).
+* Prompt-completion (``completion``; also a preference pair's chosen and rejected responses): the completion and its
+  end (the EOS appended to a text completion; a conversational completion as assistant turns of the conversation
+  prompt + completion).
 * ``all``: every token (text datasets).
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from .data import DataError, Example
+from .messages import DataError, Example
 
 GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
 
@@ -140,12 +142,6 @@ def tokenize_example(example: Example, tokenizer, loss_on: str) -> Tokenized:
         return Tokenized(ids, mask, where)
     ids, mask = conversation_mask_by_turns(tokenizer, messages, example.tools, where, turns)
     return Tokenized(ids, mask, where)
-
-
-def resolve_loss_on(loss_on: str, fmt: str) -> str:
-    if loss_on != "auto":
-        return loss_on
-    return {"messages": "assistant", "prompt_completion": "completion", "text": "all"}[fmt]
 
 
 def fit_length(item: Tokenized, max_length: int, truncation: str) -> Tokenized | None:

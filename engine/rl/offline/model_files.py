@@ -1,12 +1,13 @@
-"""The model an SFT run trains: a local Hugging Face directory, or the demo's tiny Qwen2.5-like model, which is
-written once (``engine.demo_model.make_tiny_model``) under ``run.output_dir`` and then used like any directory."""
+"""The model an offline run trains (SFT, DPO, a reward model): a local Hugging Face directory, or the demos' tiny
+Qwen2.5-like model (``model.path=builtin:tiny-chat``), which is written once (``engine.demo_model.make_tiny_model``)
+under ``run.output_dir`` and then used like any directory."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from .config import DEMO_MODEL
+DEMO_MODEL = "builtin:tiny-chat"  # a tiny Qwen2.5-like model directory, written on first use (engine.demo_model)
 
 
 def demo_model_dir(config) -> Path:
