@@ -1,6 +1,7 @@
 """The frame's checkpoint of every trained engine (engine/checkpoint/engine_set.py), 2 real gloo ranks: a PPO run
 killed (SIGKILL) after the policy's save and before the critic's resumes from the previous complete checkpoint,
-both engines from the same step, to the figures the killed run had computed."""
+both engines from the same step, to the figures the killed run had computed; the critic trains alone during its
+warmup, then both, each with its own optimizer; export writes the policy."""
 
 import json
 from pathlib import Path
@@ -46,3 +47,13 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
         assert after[-1][key] == pytest.approx(before[2][key], rel=1e-5, abs=1e-7), key
     assert [p.name for p in checkpoint.complete_checkpoints(checkpoints)][0] == "step_000003"
     assert not (checkpoints / "step_000003.partial").exists()
+    assert [row["updates"] for row in after] == [0.0, 1.0, 1.0]  # critic.warmup_steps=1: the policy waits a step
+    for row in after:  # the critic trains every step, with its own optimizer and learning rate
+        assert row["critic/grad_norm"] > 0 and row["critic/lr"] == pytest.approx(1e-3)
+        assert {"critic/vf_loss", "critic/vf_clip_frac", "critic/values_mean", "critic/returns_mean"} <= set(row)
+
+    exported = run_python(["-m", "engine.recipes.ppo.cli", "export", str(run), str(tmp_path / "hf")],
+                          env={"ACCEL_BACKEND": "cpu"}, timeout=200)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]  # the policy, not the critic
