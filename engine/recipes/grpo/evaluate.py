@@ -79,6 +79,7 @@ def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
     from ... import FSDPEngine
     from ...rl.model import build_model
     from ...rl.prompts import data_spec, needs_answers, validation_set
+    from ...rl.reward_model import model_rewards
     from ...rl.rewards import load_rewards
     from ...rl.validation import validate
     from ...rollout import (
@@ -98,6 +99,7 @@ def evaluate(config: GRPOConfig, model_dir: str | None, backend) -> Evaluation:
     spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
     samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
+    rewards += model_rewards(config, backend)  # the run's reward model or judge scores held-out responses too
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is. Evaluation only generates, on
     # whole sequences: a run trained with sequence parallelism is evaluated without it, on any number of processes.
     options = dataclasses.replace(engine_config(config, world_size, frozen=True), lora_rank=0,
