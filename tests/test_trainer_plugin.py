@@ -23,7 +23,7 @@ def _rows(path):
 
 def test_the_entry_point_registers_the_trainer(plugin_site):
     listed = run_python(["-m", "engine.train", "--help"], env={"PYTHONPATH": plugin_site}, check=True)
-    assert "trainers: count, distill, dpo, grpo, rm, sft" in listed.stdout
+    assert "trainers: count, distill, dpo, grpo, ppo, rm, sft" in listed.stdout
     printed = run_python(["-m", "engine.train", "count", "--print-config", "data.batch_size=4"],
                          env={"PYTHONPATH": plugin_site}, check=True)
     config = json.loads(printed.stdout)

@@ -57,6 +57,7 @@ from . import (
     mode_switch,
     overhead,
     packing,
+    ppo_step,
     rollout,
     sequence_parallel,
     sft,
@@ -68,7 +69,7 @@ from .report import print_result
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
              "rollout": rollout.run, "grpo": grpo_step.run, "packing": packing.run, "sft": sft.run,
              "sequence_parallel": sequence_parallel.run, "vllm_alone": vllm_alone.run, "lora_sync": lora_sync.run,
-             "distill": distill_step.run}
+             "distill": distill_step.run, "ppo": ppo_step.run}
 GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
 # Run by the launching process (they start processes of their own); named explicitly, never part of "all".
@@ -110,7 +111,8 @@ def _positive_list(text: str) -> list[int]:
     return values
 
 
-ON_REQUEST = ("vllm_alone", "lora_sync", "distill")  # not in "all": named explicitly (vLLM; two trainers)
+# Not in "all": named explicitly (vllm_alone and lora_sync need vLLM; distill and ppo build two trainers' runs).
+ON_REQUEST = ("vllm_alone", "lora_sync", "distill", "ppo")
 DEFAULT_SCENARIOS = [name for name in SCENARIOS if name not in ON_REQUEST]
 
 

@@ -213,6 +213,13 @@ def print_async_rollout(s: dict) -> None:
         print("  " + ", ".join(f"{key.replace('_over_', ' / ')} {value:.2f}" for key, value in ratios.items()))
 
 
+def print_ppo(s: dict) -> None:
+    print(f"\n== PPO step against a GRPO step of the same work ({s['world_size']} rank(s); {' '.join(s['work'])}) ==")
+    for name, row in s["step"].items():
+        print(f"  {name:5} step {_ms(row)}")
+    print(f"ppo / grpo step time {s['ppo_over_grpo']:.2f} (per round, median)")
+
+
 def print_lora_sync(result: dict) -> None:
     work = result["work"]
     print(f"\n== LoRA with vLLM (rank {work['rank']}): rollout.vllm.lora_sync merged against adapter, a colocated "
@@ -233,7 +240,8 @@ def print_lora_sync(result: dict) -> None:
 PRINTERS = {"async_rollout": print_async_rollout, "lora_sync": print_lora_sync,
             "mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
-            "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone, "distill": print_distill}
+            "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone, "distill": print_distill,
+            "ppo": print_ppo}
 
 
 def print_result(result: dict) -> None:

@@ -1,11 +1,13 @@
 """Checkpoints: sharded save/load of the training state, a run's step directories, and Hugging Face export.
 
 ``store.py`` writes and reads one checkpoint (atomically, every file checked), ``safe_reader.py`` reads without
-unpickling arbitrary objects, ``run_checkpoints.py`` finds a run's complete ``step_<N>`` checkpoints and
-``hf_export.py`` writes full weights as a Hugging Face model directory, ``model_state.py`` reads a checkpoint's full
-weights in one process (no process group) for an export after training.
+unpickling arbitrary objects, ``run_checkpoints.py`` finds a run's complete ``step_<N>`` checkpoints,
+``engine_set.py`` makes one checkpoint of several trained engines (a policy and a critic), ``hf_export.py`` writes
+full weights as a Hugging Face model directory, ``model_state.py`` reads a checkpoint's full weights in one process
+(no process group) for an export after training.
 """
 
+from .engine_set import load_engines, policy_checkpoint, save_engines
 from .hf_export import export_hf, merge_lora_weights
 from .model_state import checkpoint_meta, read_model_state
 from .run_checkpoints import (
@@ -20,5 +22,6 @@ from .run_checkpoints import (
 from .store import FORMAT, META_FILE, CorruptCheckpoint, load, resolve, save
 
 __all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "checkpoint_meta", "complete_checkpoints",
-           "directory_size", "export_hf", "latest_complete", "load", "load_latest", "merge_lora_weights", "prune",
-           "read_model_state", "resolve", "save", "step_of"]
+           "directory_size", "export_hf", "latest_complete", "load", "load_engines", "load_latest",
+           "merge_lora_weights", "policy_checkpoint", "prune", "read_model_state", "resolve", "save", "save_engines",
+           "step_of"]

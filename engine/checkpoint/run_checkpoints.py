@@ -8,6 +8,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+from .engine_set import load_engines
 from .store import META_FILE, CorruptCheckpoint
 
 STEP_DIRECTORY = re.compile(r"step_(\d+)(\.old)?")  # a checkpoint of a run; never .partial
@@ -45,6 +46,7 @@ def step_of(path) -> int:
 
 def load_latest(engine, directory, fallback: bool = True) -> Path:
     """Load the newest complete checkpoint in ``directory``; if it is corrupt and ``fallback``, the one before.
+    ``engine``: one engine, or every trained engine of the run by name (``engine_set.py``).
 
     Returns the directory loaded. Every rank sees the same files, so every rank takes the same decision.
     """
@@ -54,7 +56,10 @@ def load_latest(engine, directory, fallback: bool = True) -> Path:
                                 f"directory holding {META_FILE})")
     for index, candidate in enumerate(candidates):
         try:
-            engine.load_checkpoint(candidate)
+            if isinstance(engine, dict):
+                load_engines(engine, candidate)
+            else:
+                engine.load_checkpoint(candidate)
             return candidate
         except CorruptCheckpoint as exc:
             older = candidates[index + 1] if index + 1 < len(candidates) else None

@@ -20,6 +20,7 @@ from .advantages import (
     rloo_advantages,
     whiten,
 )
+from .gae import gae_advantages
 from .losses import (
     AGGREGATION_MODES,
     KL_KINDS,
@@ -32,7 +33,8 @@ from .losses import (
     policy_loss,
 )
 
-__all__ = ["ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_KINDS", "LOSS_MODES", "MULTI_REWARD_MODES", "SCALE_MODES",
+__all__ = ["gae_advantages",
+           "ADVANTAGE_ESTIMATORS", "AGGREGATION_MODES", "KL_KINDS", "LOSS_MODES", "MULTI_REWARD_MODES", "SCALE_MODES",
            "SEQUENCE_ESTIMATORS", "TOKEN_ESTIMATORS", "aggregate_loss",
            "clipped_policy_gradient", "combine_rewards", "grpo_advantages", "kl_penalty", "masked_mean",
            "micro_batch_scale", "normalize_in_groups", "outcome_token_rewards", "overlong_penalty", "policy_loss",

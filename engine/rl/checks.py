@@ -11,6 +11,7 @@ from accel_backends.names import did_you_mean
 
 from ..sequence_parallel import config_problems
 from ..train.settings import missing_model, run_problems
+from . import reward_model
 from .engine_settings import engine_config
 from .model import BUILTIN_MODEL, check_model_dir
 from .rollout_correction import CORRECTION_MODES
@@ -31,7 +32,7 @@ def field_problems(config, tool: str) -> list[str]:
     """The keys' values, each on its own (safe on values of any type)."""
     from .ahead import staleness_problems
 
-    found = model_problems(config) + data_problems(config) + run_problems(config.run)
+    found = model_problems(config) + data_problems(config) + run_problems(config.run) + reward_model.problems(config)
     t, r = config.train, config.rollout
     if r.top_k < 0 or r.val_n < 1 or r.val_temperature < 0 or config.run.val_every < 0:
         found.append("rollout.top_k and run.val_every must be >= 0, rollout.val_n >= 1, rollout.val_temperature >= 0")
@@ -75,7 +76,8 @@ def data_problems(config) -> list[str]:
     for key, path in (("data.path", d.path), ("data.val_path", d.val_path)):
         if path and not Path(path).exists():
             found.append(f"{key} {path} does not exist")
-    if d.path and d.task == "echo" and not d.reward and not config.rollout.environment:
+    if d.path and d.task == "echo" and not d.reward and not config.rollout.environment \
+            and not reward_model.configured(config):
         found.append("data.path needs a reward: data.reward=module:function, or data.task=gsm8k for the GSM8K answer "
                      "check")
     if (d.val_path or d.val_fraction) and not d.path:

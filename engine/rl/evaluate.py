@@ -93,6 +93,7 @@ def evaluate(config, model_dir: str | None, backend, offload: bool = False) -> E
     from ..runtime import sum_over_ranks
     from .model import build_model
     from .prompts import data_spec, needs_answers, validation_set
+    from .reward_model import model_rewards
     from .rewards import load_rewards
     from .sizes import max_sequence_tokens
     from .validation import validate
@@ -103,6 +104,7 @@ def evaluate(config, model_dir: str | None, backend, offload: bool = False) -> E
     spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
     samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
+    rewards += model_rewards(config, backend)  # the run's reward model or judge scores held-out responses too
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is. Evaluation only generates, on
     # whole sequences: a run trained with sequence parallelism is evaluated without it, on any number of processes.
     options = dataclasses.replace(engine_config(config, world_size, frozen_offload=offload), lora_rank=0,

@@ -13,6 +13,7 @@ from ..runtime import BorrowedThreads
 from .frozen import FrozenModel
 from .model import build_model
 from .prompts import build_tasks, data_spec, needs_answers
+from .reward_model import model_rewards
 from .rewards import environment_rewards, load_rewards
 from .sizes import max_sequence_tokens
 
@@ -27,10 +28,10 @@ def load_inputs(config, verbose: bool = False):
 
 
 def run_rewards(config, file_rewards: list) -> list:
-    """The run's reward functions: the data's, and an environment's ``get_reward()`` as a reward of its own (then
-    ``data.reward`` is optional)."""
+    """The run's reward functions: the data's, an environment's ``get_reward()`` as a reward of its own (then
+    ``data.reward`` is optional), and a reward model or judge (``reward_model.*``, loaded on this rank)."""
     used = [] if config.rollout.environment and not config.data.reward else file_rewards
-    return used + environment_rewards(config.rollout.environment)
+    return used + environment_rewards(config.rollout.environment) + model_rewards(config)
 
 
 def frozen_models(specs: dict, policy_source, policy, backend) -> dict[str, FrozenModel]:

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..train.rows import read_rows  # noqa: F401  (read here; tests and plugins import it from here)
+from . import reward_model
 from .prompt_types import DataSpec, Sample
 from .rewards import Reward, parse_specs
 
@@ -214,16 +215,20 @@ BUILTIN_REWARDS = {"echo": "engine.rl.prompts:echo_reward",
 def data_spec(config) -> DataSpec:
     """The one place a run's config enters data loading (a bad ``data.reward`` / ``data.reward_weights`` raises)."""
     d = config.data
+    with_model = reward_model.configured(config) is not None  # then it is a reward, the task's own is not
+    rules = d.reward or ([] if with_model else BUILTIN_REWARDS[d.task])
+    weights, _ = reward_model.split_weights(d.reward_weights, len([rules] if isinstance(rules, str) else rules),
+                                            with_model)
     return DataSpec(path=d.path, val_path=d.val_path, val_fraction=d.val_fraction, prompt_key=d.prompt_key,
                     answer_key=d.answer_key, chat_template=d.chat_template, system_prompt=d.system_prompt,
                     max_prompt_tokens=d.max_prompt_tokens, seed=config.train.seed,
-                    rewards=tuple(parse_specs(d.reward or BUILTIN_REWARDS[d.task], d.reward_weights)),
+                    rewards=tuple(parse_specs(rules, weights)),
                     reward_style=d.reward_style)
 
 
 def needs_answers(rewards: list[Reward]) -> bool:
     """Whether every row must have an answer column: only TRL-style rewards do without one."""
-    return any(reward.style != "trl" for reward in rewards)
+    return any(reward.style not in ("trl", reward_model.STYLE) for reward in rewards)
 
 
 def build_tasks(spec: DataSpec, tokenizer, need_answer: bool = True, verbose: bool = True):

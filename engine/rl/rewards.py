@@ -139,6 +139,8 @@ def _accepts(fn: Callable, name: str) -> bool:
 
 def _call(reward: Reward, samples: list[Sample], responses: list[str], completions: list | None = None,
           environments: list | None = None) -> list[Any]:
+    if reward.style == "model":  # a reward model or judge (reward_model.py): the whole batch at once
+        return reward.fn.score(samples, responses, completions)
     if reward.style == "trl":
         columns: dict[str, list] = {}
         for key in samples[0].row:
@@ -181,7 +183,7 @@ def score_each(rewards: list[Reward], samples: list[Sample], responses: list[str
     what TRL-style rewards get) and environment instances."""
     scores = []
     for reward in rewards:
-        if reward.style == "trl":
+        if reward.style in ("trl", "model"):
             try:
                 values = _call(reward, samples, responses, completions, environments)
             except ValueError:

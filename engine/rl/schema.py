@@ -11,6 +11,7 @@ from typing import Any
 from ..rollout.engines.vllm_settings import VLLMConfig
 from ..train.settings import RunConfig as SharedRunConfig
 from ..train.settings import TrainerConfig
+from .reward_model import RewardModelConfig
 
 
 @dataclasses.dataclass
@@ -85,5 +86,6 @@ class RLConfig(TrainerConfig):
     algorithm: Any = None
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
     run: RunConfig = dataclasses.field(default_factory=RunConfig)
+    reward_model: RewardModelConfig = dataclasses.field(default_factory=RewardModelConfig)  # reward_model.py
     engine: dict[str, Any] = dataclasses.field(default_factory=dict)  # EngineConfig fields
     trainer: str = ""  # recorded in config.json: export / eval know which trainer's schema reads it

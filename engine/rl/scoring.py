@@ -10,6 +10,7 @@ import dataclasses
 import torch
 
 from ..rollout import RolloutBatch, Trajectories
+from . import reward_model
 from .algorithms import overlong_penalty
 from .prompt_types import Sample
 from .rewards import Reward, score_each, weighted_sum
@@ -25,6 +26,7 @@ class ScoredRollout:
     rewards: torch.Tensor  # [B] what the advantages see: the weighted sum of the functions + the overlong penalty
     by_function: torch.Tensor  # [F, B] each reward function's own (unweighted) value
     overlong: torch.Tensor  # [B] the overlong penalty included in rewards (0 when off)
+    model_stats: dict = dataclasses.field(default_factory=dict)  # a reward model's figures of this draw
 
     def __len__(self) -> int:
         return len(self.batch)
@@ -44,13 +46,15 @@ def score_rollout(rewards: list[Reward], samples: list[Sample], batch: RolloutBa
     """Score every response of ``batch`` (``n`` per sample) with every reward function."""
     per_row = [samples[i // n] for i in range(len(batch))]
     turns = batch.trajectories  # a multi-turn rollout: rewards see each trajectory's messages and environment
+    reward_model.take_stats(rewards)  # what validation scored since is not this draw's
     values = score_each(rewards, per_row, batch.responses, completions=turns and turns.completions,
                         environments=turns and turns.instances)
     total = torch.tensor(weighted_sum(rewards, values) if rewards else [0.0] * len(batch), dtype=torch.float32)
     by_function = torch.tensor(values, dtype=torch.float32).view(len(rewards), len(batch))
     penalty = overlong_penalty(batch.response_mask.sum(dim=1), max_new_tokens, overlong_buffer_len,
                                overlong_penalty_factor)
-    return ScoredRollout(list(samples), batch, n, total + penalty, by_function, penalty)
+    return ScoredRollout(list(samples), batch, n, total + penalty, by_function, penalty,
+                         reward_model.take_stats(rewards))
 
 
 def select_groups(scored: ScoredRollout, groups: list[int]) -> ScoredRollout:
@@ -63,7 +67,7 @@ def select_groups(scored: ScoredRollout, groups: list[int]) -> ScoredRollout:
                                 sampling_log_probs=None if b.sampling_log_probs is None else b.sampling_log_probs[rows],
                                 trajectories=None if b.trajectories is None else b.trajectories.select(rows.tolist()))
     return ScoredRollout([scored.samples[g] for g in groups], batch, scored.n, scored.rewards[rows],
-                         scored.by_function[:, rows], scored.overlong[rows])
+                         scored.by_function[:, rows], scored.overlong[rows], scored.model_stats)
 
 
 def concat(parts: list[ScoredRollout], pad_token_id: int) -> ScoredRollout:
@@ -98,7 +102,8 @@ def concat(parts: list[ScoredRollout], pad_token_id: int) -> ScoredRollout:
     )
     return ScoredRollout([s for p in parts for s in p.samples], batch, parts[0].n,
                          torch.cat([p.rewards for p in parts]), torch.cat([p.by_function for p in parts], dim=1),
-                         torch.cat([p.overlong for p in parts]))
+                         torch.cat([p.overlong for p in parts]),
+                         reward_model.rank_sums([p.model_stats for p in parts]))
 
 
 def rollout_sums(drawn: list[ScoredRollout], overlong: bool = False) -> dict[str, float]:
@@ -114,6 +119,7 @@ def rollout_sums(drawn: list[ScoredRollout], overlong: bool = False) -> dict[str
         sums[f"reward_fn_{index}"] = values.sum().item()
     if drawn[0].batch.trajectories is not None:  # tools/*, rollout/turns_mean, rollout/tool_tokens
         sums.update(Trajectories.concat([part.batch.trajectories for part in drawn]).sums())
+    sums.update(reward_model.rank_sums([part.model_stats for part in drawn]))  # reward_model/*, with one
     if overlong:
         overlong_values = torch.cat([part.overlong for part in drawn])
         sums["overlong_sum"] = overlong_values.sum().item()
@@ -129,6 +135,7 @@ def reward_metrics(totals: dict[str, float], names: list[str]) -> dict[str, floa
     if "overlong_sum" in totals:
         metrics["overlong_penalty"] = totals["overlong_sum"] / count
         metrics["overlong_frac"] = totals["overlong_count"] / count
+    metrics.update(reward_model.metrics(totals))
     return metrics
 
 

@@ -13,3 +13,4 @@ def register_recipes(register):
     register("distill", "engine.recipes.distill:DistillRecipe")
     register("dpo", "engine.recipes.dpo:DPORecipe")
     register("rm", "engine.recipes.rm:RewardModelRecipe")
+    register("ppo", "engine.recipes.ppo:PPORecipe")

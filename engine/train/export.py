@@ -179,12 +179,13 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
                           "any more: put the model directory back at that path")
     check_output(out, force)
     dtype = dtype or default_dtype(run)
-    checkpoint.checkpoint_meta(found)  # complete, and every file has the size its save recorded
+    policy = checkpoint.policy_checkpoint(found)  # a run training several engines exports its policy
+    checkpoint.checkpoint_meta(policy)  # complete, and every file has the size its save recorded
 
     from transformers.utils import logging
 
     logging.disable_progress_bar()
-    model, tokenizer = trained_model(run, checkpoint.read_model_state(found))
+    model, tokenizer = trained_model(run, checkpoint.read_model_state(policy))
     if lora_rank and lora == "merged":
         model = model.merge_and_unload()  # W + scale * B @ A in fp32, before any cast
     model.to(DTYPES[dtype])

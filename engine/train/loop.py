@@ -30,6 +30,12 @@ def reduce_step(result: StepResult, device) -> tuple[dict, bool]:
     return result.metrics(totals, maxima), stopping
 
 
+def trained_engines(parts) -> dict:
+    """Every engine the run trains, by name, the policy first: ``parts.engines`` when the recipe declares several
+    (each is checkpointed and resumed, all in one checkpoint), else ``parts.engine``."""
+    return dict(getattr(parts, "engines", None) or {"policy": parts.engine})
+
+
 def train(recipe: Recipe, plan: Plan, run_dir: Path, resume: bool) -> dict:
     """Run ``plan`` with ``recipe`` on this rank; returns the last step's metrics row."""
     import accel_backends
@@ -45,7 +51,7 @@ def run_parts(recipe: Recipe, plan: Plan, parts, run_dir: Path, resume: bool) ->
     runtime.stop_at_safe_point(run.save_on_interrupt)
     start = 0
     if resume:
-        loaded = checkpoint.load_latest(parts.engine, run_dir / "checkpoints", run.resume_fallback)
+        loaded = checkpoint.load_latest(trained_engines(parts), run_dir / "checkpoints", run.resume_fallback)
         start = checkpoint.step_of(loaded)
     if parts.engine.rank == 0:  # only now: a resume that failed to load leaves the run's record as it was
         record(run_dir, recipe.resolved(plan))
@@ -81,7 +87,7 @@ def _steps(recipe: Recipe, plan: Plan, parts, run_dir: Path, start: int) -> dict
             loggers.write(last)
             loggers.write_samples(result.samples)
         advance(progress, result.shown(last))
-        save_if_due(parts.engine, run_dir, run, index, total, stopping=stopping, rank=rank, progress=progress,
+        save_if_due(trained_engines(parts), run_dir, run, index, total, stopping=stopping, rank=rank, progress=progress,
                     tool=recipe.tool)
         if stopping:
             break

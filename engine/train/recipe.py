@@ -100,7 +100,9 @@ class Recipe:
 
     def build(self, plan: Plan, backend) -> Any:
         """The run's parts on this rank (engines, data, ...); ``parts.engine`` is the FSDPEngine the loop
-        checkpoints, ``parts.rank`` / ``parts.world_size`` this rank's place."""
+        checkpoints, ``parts.rank`` / ``parts.world_size`` this rank's place. A recipe training several engines (a
+        policy and a critic) names them all in ``parts.engines`` (name -> FSDPEngine, the policy first): the loop
+        saves them as one checkpoint, complete only once all are, resumes them all, and export writes the policy."""
         raise NotImplementedError
 
     def ready(self, parts, start: int) -> None:

@@ -37,7 +37,7 @@ def value_text(value) -> str:
         return f"`[{', '.join(str(v) for v in value)}]`"
     if isinstance(value, dict):
         return "`{}`" if not value else f"`{value}`"
-    return f"`{value}`"
+    return "`" + str(value).replace("\n", "\\n") + "`"  # a cell is one line
 
 
 @functools.cache

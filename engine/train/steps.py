@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from .. import checkpoint
 from .retention import after_save
 
 
@@ -17,14 +18,15 @@ def advance(progress, shown: dict) -> None:
         progress.update(1)
 
 
-def save_if_due(engine, run_dir: Path, run, step: int, total: int, *, stopping: bool, rank: int, progress,
+def save_if_due(engines, run_dir: Path, run, step: int, total: int, *, stopping: bool, rank: int, progress,
                 tool: str) -> None:
     """After ``step`` (0-based) of ``total``: a checkpoint every ``run.save_every`` steps, after the last step, and
-    when the run is stopping (every rank calls this; rank 0 then keeps ``run.keep_checkpoints``)."""
+    when the run is stopping (every rank calls this; rank 0 then keeps ``run.keep_checkpoints``). ``engines``: the
+    one engine, or every trained engine by name (one checkpoint of them all, ``checkpoint/engine_set.py``)."""
     every = run.save_every
     if (every and (step + 1) % every == 0) or step + 1 == total or stopping:
         path = run_dir / "checkpoints" / f"step_{step + 1:06d}"
-        engine.save_checkpoint(path)
+        checkpoint.save_engines(engines if isinstance(engines, dict) else {"policy": engines}, path)
         if rank == 0:
             after_save(path, run.keep_checkpoints, progress, tool=tool)
 

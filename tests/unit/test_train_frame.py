@@ -31,12 +31,12 @@ def test_builtin_recipes_come_through_the_hook_and_plugins_are_named(tmp_path, m
     import accel_backends
     from engine.train.registry import RecipeError, get_recipe, recipe_names
 
-    assert recipe_names() == ["distill", "dpo", "grpo", "rm", "sft"]
+    assert recipe_names() == ["distill", "dpo", "grpo", "ppo", "rm", "sft"]
     assert get_recipe("sft").tool == "accel-sft" and get_recipe("grpo").schema.__name__ == "GRPOConfig"
     assert get_recipe("dpo").tool == "accel-dpo" and get_recipe("rm").schema.__name__ == "RewardModelConfig"
     assert get_recipe("distill").tool == "accel-distill" and get_recipe("distill").schema.__name__ == "DistillConfig"
     with pytest.raises(RecipeError, match="unknown trainer 'stf' \\(did you mean sft\\?\\): registered trainers are "
-                                          "distill, dpo, grpo, rm, sft"):
+                                          "distill, dpo, grpo, ppo, rm, sft"):
         get_recipe("stf")
     (tmp_path / "clash_trainer.py").write_text(
         "import accel_backends\nfrom engine.train import hookspecs\n\n"

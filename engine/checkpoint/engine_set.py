@@ -1,0 +1,89 @@
+"""One checkpoint of every trained engine of a run (a policy and a critic, say), complete only once all of them are.
+
+A recipe with one trained engine keeps the one-engine format (``store.py``: the step directory is that engine's
+checkpoint). With several, the step is written into ``<path>.partial``: each engine saves its own checkpoint into a
+sub-directory named after it (``policy/``, ``critic/``: each atomic, confirmed by every rank), and only after the
+last of them does rank 0 write the step's ``engine_meta.json`` (format ``accel-run-checkpoint/1``, the engines'
+names, the policy's first) and rename the directory into place, as a one-engine save does. A run killed between
+two engines' saves leaves a ``.partial`` directory that never counts: the previous complete step is the resume
+point. Loading reads every engine's part (each checked against its recorded sizes) or fails naming the missing one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch.distributed as dist
+
+from .store import META_FILE, CorruptCheckpoint, _sync_directory, _write_synced, checkpoint_directory
+
+FORMAT = "accel-run-checkpoint/1"
+
+
+def save_engines(engines: dict, path) -> None:
+    """Save every engine of ``engines`` (name -> FSDPEngine, the policy first) as the one checkpoint ``path``."""
+    if len(engines) == 1:
+        next(iter(engines.values())).save_checkpoint(path)
+        return
+    path = checkpoint_directory(path)
+    first = next(iter(engines.values()))
+    partial, previous = path.with_name(path.name + ".partial"), path.with_name(path.name + ".old")
+    if first.rank == 0:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+    dist.barrier()
+    for name, engine in engines.items():
+        engine.save_checkpoint(partial / name)  # complete only once every rank confirmed its part
+    if first.rank == 0:
+        meta = {"format": FORMAT, "step": first.global_step, "engines": list(engines), "policy": next(iter(engines))}
+        _write_synced(partial / META_FILE, json.dumps(meta, indent=2).encode())
+        _sync_directory(partial)
+        if path.exists():
+            shutil.rmtree(previous, ignore_errors=True)
+            path.rename(previous)
+        partial.rename(path)
+        _sync_directory(path.parent)
+        shutil.rmtree(previous, ignore_errors=True)
+    dist.barrier()
+
+
+def step_meta(path) -> dict:
+    """The step directory's ``engine_meta.json`` (either format)."""
+    try:
+        return json.loads((Path(path) / META_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        raise CorruptCheckpoint(f"checkpoint file {Path(path) / META_FILE} is unreadable: {exc}") from exc
+
+
+def parts_of(path) -> dict[str, Path] | None:
+    """A several-engine checkpoint's parts (name -> directory), or None for a one-engine checkpoint."""
+    meta = step_meta(path)
+    if meta.get("format") != FORMAT:
+        return None
+    return {name: Path(path) / name for name in meta["engines"]}
+
+
+def policy_checkpoint(path) -> Path:
+    """The policy's checkpoint in a step directory: the step itself (one engine) or its policy's part."""
+    meta = step_meta(path)
+    return Path(path) / meta["policy"] if meta.get("format") == FORMAT else Path(path)
+
+
+def load_engines(engines: dict, path) -> None:
+    """Load the checkpoint ``path`` into ``engines`` (name -> FSDPEngine); a one-engine checkpoint loads into a
+    recipe with one engine only."""
+    parts = parts_of(path)
+    if parts is None:
+        if len(engines) != 1:
+            raise ValueError(f"{path} holds one engine's checkpoint; this run trains {', '.join(engines)}: resume "
+                             "it with the recipe that wrote it")
+        next(iter(engines.values())).load_checkpoint(path)
+        return
+    if list(parts) != list(engines):
+        raise ValueError(f"{path} holds the engines {', '.join(parts)}; this run trains {', '.join(engines)}")
+    for name, engine in engines.items():
+        if not (parts[name] / META_FILE).is_file():
+            raise CorruptCheckpoint(f"checkpoint {path} has no complete {name} part ({parts[name]})")
+        engine.load_checkpoint(parts[name])

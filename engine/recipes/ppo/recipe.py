@@ -1,0 +1,62 @@
+"""``accel-ppo``'s recipe: PPO with a critic on the RL layer (``engine/rl``) and the frame (``engine/train``): its
+schema and presets (``schema.py``), checks (here), algorithm (``algorithm.py``) and the trainer adding the critic
+(``trainer.py``)."""
+
+from __future__ import annotations
+
+from ...rl import checks as rl_checks
+from ...rl.losses import AGGREGATION_MODES, KL_KINDS
+from ...rl.recipe import RLRecipe
+from ...rl.rollout_correction import CORRECTION_MODES
+from .schema import PRESETS, PPOConfig
+
+HELP = """PPO post-training of a causal language model with a learned critic (GAE advantages over the response's
+tokens): the policy and a value model, each its own engine and optimizer, checkpointed together.
+
+With no arguments: the CPU demo (2 processes, GRPO's tiny built-in model and synthetic task, with a critic).
+
+examples:
+  accel-ppo                                       # the CPU demo
+  accel-ppo model.path=/models/Qwen2.5-0.5B-Instruct data.path=/data/gsm8k/train.parquet critic.lr=1e-5
+  accel-ppo --resume run.name=ppo-cpu-demo-20261203-101500
+  accel-ppo export runs/NAME /models/NAME-hf      # the policy, as a Hugging Face model directory
+
+Options and metrics: docs/ppo.md.
+"""
+
+CURVES = (("reward_mean", "reward"), ("critic/vf_loss", "critic value loss"), ("pg_loss", "policy loss"))
+
+
+def algorithm_problems(config) -> list[str]:
+    a, c, problems = config.algorithm, config.critic, []
+    if not 0 <= a.gamma <= 1 or not 0 <= a.lam <= 1:
+        problems.append(f"algorithm.gamma and algorithm.lam must be in [0, 1], got {a.gamma} and {a.lam}")
+    if not 0 <= a.clip_low < 1 or a.clip_high <= 0:
+        problems.append(f"algorithm.clip_low must be in [0, 1) and algorithm.clip_high > 0, got {a.clip_low} and "
+                        f"{a.clip_high}")
+    if a.value_clip is not None and a.value_clip <= 0:
+        problems.append(f"algorithm.value_clip must be > 0 or null (off), got {a.value_clip}")
+    if a.loss_agg not in AGGREGATION_MODES:
+        problems.append(f"algorithm.loss_agg must be one of {', '.join(AGGREGATION_MODES)}, got {a.loss_agg!r}")
+    if a.kl_kind not in KL_KINDS:
+        problems.append(f"algorithm.kl_kind must be one of {', '.join(KL_KINDS)}")
+    if a.rollout_correction not in CORRECTION_MODES:
+        problems.append(f"algorithm.rollout_correction must be one of {', '.join(CORRECTION_MODES)}")
+    for name in ("entropy_coeff", "kl_loss_coef"):
+        if getattr(a, name) < 0:
+            problems.append(f"algorithm.{name} must be >= 0, got {getattr(a, name)}")
+    if c.lr <= 0 or c.warmup_steps < 0 or (c.ppo_epochs is not None and c.ppo_epochs < 1):
+        problems.append("critic.lr must be > 0, critic.warmup_steps >= 0 and critic.ppo_epochs >= 1 (or null)")
+    if config.engine.get("sequence_parallel_size", 1) not in (1, None):
+        problems.append("accel-ppo does not run the critic with sequence parallelism yet: set "
+                        "engine.sequence_parallel_size=1")
+    return problems
+
+
+class PPORecipe(RLRecipe):
+    name, tool, help = "ppo", "accel-ppo", HELP
+    schema, presets, curves = PPOConfig, PRESETS, CURVES
+    trainer = "engine.recipes.ppo.trainer:PPOTrainer"
+
+    def check(self, config, world_size):
+        return rl_checks.problems(config, world_size, self.tool, algorithm_problems(config))

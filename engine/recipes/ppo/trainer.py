@@ -1,0 +1,146 @@
+"""PPO's trainer: the RL step (``engine/rl/step.py``) with a critic, a second trained engine. After the step's
+batch is gathered the critic's values of the response tokens and GAE (``engine.grpo.algorithms.gae_advantages``'
+recursion, the advantages whitened over the global batch) give per-token advantages; the policy's update is the
+RL step's (``algorithm.py``'s terms), then the critic's own updates fit its values to the returns (clipped value
+loss) with its own optimizer. For the first ``critic.warmup_steps`` steps only the critic trains. The frame's loop
+checkpoints both engines as one step (``parts.engines``); export writes the policy."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import torch
+
+from ... import FSDPEngine
+from ...rl.advantages import outcome_token_rewards, whiten
+from ...rl.critic import critic_factory, token_values, value_loss
+from ...rl.engine_settings import engine_config
+from ...rl.gae import gae_returns
+from ...rl.model import build_model
+from ...rl.step import RLTrainer
+from ...rl.update import ppo_updates
+from ...runtime import phase
+from .algorithm import PPOAlgorithm
+
+WARMUP_UPDATE = {"loss": 0.0, "pg_loss": 0.0, "clip_frac": 0.0, "approx_kl": 0.0, "entropy": 0.0, "grad_norm": 0.0,
+                 "lr": 0.0, "updates": 0.0, "skipped_updates": 0.0, "peak_memory_gib": 0.0}
+
+
+def critic_engine_config(config, world_size: int):
+    """The policy's engine options with the critic's learning rate and offload (no LoRA: the critic trains whole)."""
+    c = config.critic
+    return dataclasses.replace(engine_config(config, world_size), lr=c.lr, param_offload=c.param_offload,
+                               optimizer_offload=c.optimizer_offload, lora_rank=0)
+
+
+class PPOTrainer(RLTrainer):
+    recipe, tool = "ppo", "accel-ppo"
+
+    def __init__(self, config, run_dir: Path | None = None, resume: bool = False, inputs=None) -> None:
+        super().__init__(config, PPOAlgorithm(config), run_dir, resume, inputs)
+        source = build_model(config.model)[1]
+        self.critic = FSDPEngine(critic_factory(source, config.critic.path, config.train.seed),
+                                 critic_engine_config(config, self.world_size), self.backend)
+        self._step = 0  # the step being trained (collect -> update)
+        self._targets = None  # (returns, old values) of the step's batch, from collect to update
+        self._last_update: dict = {}  # the last update's figures, the critic's among them, for the step's row
+
+    @property
+    def engines(self) -> dict:
+        """Every trained engine, the policy first: the frame checkpoints and resumes them as one."""
+        return {"policy": self.actor, "critic": self.critic}
+
+    def planned_values(self, data) -> torch.Tensor:
+        """The critic's values ``[N, R]`` of this rank's share of the step's sequences (others' rows 0)."""
+        device = self.backend.device()
+        out = torch.zeros(len(data.sequences), data.width)
+        with self.critic.eval_mode(), torch.no_grad():
+            for indices, micro in data.rank_layouts():
+                values = token_values(self.critic.module, micro.to(device)).cpu()
+                if indices:
+                    out[list(indices), :values.size(1)] = values
+        return out
+
+    def collect(self, step: int, ahead=None, dropped=None):
+        data, stats, extras = super().collect(step, ahead, dropped)
+        a = self.config.algorithm
+        own = data.own_rows()
+        mask = data.loss_mask[own]
+        with phase("values"):
+            values = self.planned_values(data)
+        raw, returns = gae_returns(outcome_token_rewards(data.advantages[own], mask), values[own], mask,
+                                   gamma=a.gamma, lam=a.lam)
+
+        def total(sums: dict) -> dict:
+            return self.context.total(self.context.groups.once(sums))
+
+        advantages = torch.zeros(data.loss_mask.shape)
+        advantages[own] = whiten(raw, mask, total)  # over the global batch, each group's rows counted once
+        full_returns = torch.zeros(data.loss_mask.shape)
+        full_returns[own] = returns
+        data.advantages = advantages
+        self._step, self._targets = step, (full_returns, values)
+        return data, stats, extras
+
+    def critic_micro_batches(self, data, mini, returns: torch.Tensor, values: torch.Tensor) -> list[dict]:
+        micro_batches = []
+        for indices, layout in data.layouts(mini):
+            rows, width = list(indices), layout.width
+
+            def part(tensor, rows=rows, width=width):
+                return tensor[rows, :width] if rows else tensor.new_zeros((1, width))
+
+            micro_batches.append({"layout": layout, "mask": part(data.loss_mask), "returns": part(returns),
+                                  "old_values": part(values)})
+        return micro_batches
+
+    def critic_loss_fn(self, module, micro: dict):
+        device = self.backend.device()
+        values = token_values(module, micro["layout"].to(device))
+        mask = micro["mask"].to(device)
+        loss, metrics = value_loss(values, micro["old_values"].to(device), micro["returns"].to(device), mask,
+                                   clip_range=self.config.algorithm.value_clip)
+        return loss, float(mask.sum()), metrics
+
+    def update_critic(self, data) -> dict:
+        returns, values = self._targets
+        epochs = self.config.critic.ppo_epochs or self.config.train.ppo_epochs
+        totals: dict[str, float] = {}
+        updates = 0
+        with phase("critic_update"), self.critic.train_mode():
+            for _ in range(epochs):
+                for mini in data.mini_batches:
+                    metrics = self.critic.forward_backward_batch(
+                        self.critic_micro_batches(data, mini, returns, values), self.critic_loss_fn)
+                    for key in ("peak_memory_gib", "weight", "micro_batches", "time_s"):  # the engine's own
+                        metrics.pop(key, None)
+                    metrics["grad_norm"] = self.critic.optimizer_step()
+                    for key, value in metrics.items():
+                        totals[key] = totals.get(key, 0.0) + value
+                    updates += 1
+        mask = data.loss_mask.bool()
+        figures = {f"critic/{key}": value / updates for key, value in totals.items()}
+        figures["critic/vf_loss"] = figures.pop("critic/loss")
+        figures["critic/lr"] = self.critic.last_step_metrics["lr"]
+        figures["critic/returns_mean"] = float(returns[mask].mean()) if mask.any() else 0.0
+        return figures
+
+    def update(self, data, loss_fn=None) -> dict:
+        """The policy's PPO updates (none during ``critic.warmup_steps``), then the critic's."""
+        if self._step < self.config.critic.warmup_steps:
+            from ...rl.rollout_correction import MismatchStats
+
+            policy = {**WARMUP_UPDATE, "mismatch": MismatchStats()}
+        else:
+            with phase("update"):
+                policy = ppo_updates(self.actor, data, loss_fn or self.loss_fn, self.config.train.ppo_epochs)
+        policy.update(self.update_critic(data))
+        self._targets, self._last_update = None, policy
+        return policy
+
+    def step(self, step: int):
+        result = super().step(step)
+        critic = {key: value for key, value in self._last_update.items() if key.startswith("critic/")}
+        base = result.metrics
+        return dataclasses.replace(result, metrics=lambda totals, largest: {**base(totals, largest), **critic})

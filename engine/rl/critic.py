@@ -1,0 +1,74 @@
+"""PPO's critic: a value head on the policy's architecture (or ``critic.path``), its values at the step's response
+positions, and its clipped value loss. A critic is a second trained engine (its own optimizer and schedule); the
+frame checkpoints it with the policy (``engine/checkpoint/engine_set.py``).
+
+The critic is ``AutoModelForTokenClassification`` with one label: the policy's transformer and a linear head
+``hidden -> 1`` in place of the output layer (new, so every value starts where the head's init puts it). The value
+of a response token is read where the policy's log-prob of that token is: at the position before it (the state in
+which the token was chosen), so ``values``, ``log_probs`` and the response mask share one ``[N, R]`` layout.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def critic_factory(policy_source, critic_path: str | None = None, seed: int = 0):
+    """A zero-argument builder of the critic: ``critic_path``'s model (a critic saved before, or any causal LM
+    directory: its transformer, a new head), else the policy's own (a directory, or a factory of a causal LM)."""
+    def build():
+        from transformers import AutoConfig, AutoModelForTokenClassification
+        from transformers.utils import logging
+
+        verbosity = logging.get_verbosity()
+        logging.set_verbosity_error()  # "score.weight newly initialized" is the point, not a warning
+        try:
+            torch.manual_seed(seed)  # the new head: the same on every rank
+            source = critic_path or (policy_source if isinstance(policy_source, str) else None)
+            if source is not None:
+                if torch.get_default_device().type == "meta":
+                    return AutoModelForTokenClassification.from_config(
+                        AutoConfig.from_pretrained(source, num_labels=1), dtype=torch.float32)
+                return AutoModelForTokenClassification.from_pretrained(source, num_labels=1, dtype=torch.float32)
+            policy = policy_source()  # a causal LM built in code (the CPU demo's): its transformer, copied
+            config = policy.config
+            config.num_labels = 1
+            critic = AutoModelForTokenClassification.from_config(config, dtype=torch.float32)
+            prefix = critic.base_model_prefix
+            getattr(critic, prefix).load_state_dict(getattr(policy, prefix).state_dict())
+            return critic
+        finally:
+            logging.set_verbosity(verbosity)
+
+    return build
+
+
+def token_values(module, layout) -> Tensor:
+    """The critic's value ``[n, R]`` (fp32) of each scored token of ``layout`` (an ``engine.packing.Layout``,
+    packed or padded), read at the position before it; zeros past each sequence's end."""
+    outputs = module(**layout.inputs, use_cache=False).logits  # [rows, width, 1]
+    kept = outputs[:, layout.logits_to_keep.to(outputs.device)]
+    return layout.to_rows(layout.select(kept).squeeze(-1).float())
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
+               clip_range: float | None) -> tuple[Tensor, dict[str, float]]:
+    """PPO's value loss: ``0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)`` averaged over the mask's
+    tokens (``clip_range`` None: unclipped), and its figures (``vf_clip_frac``: the share of tokens where the
+    clipped value was the larger loss)."""
+    mask = mask.to(values.dtype)
+    count = mask.sum().clamp(min=1.0)
+    unclipped = (values - returns) ** 2
+    if clip_range is None:
+        losses, clipped_share = unclipped, torch.zeros((), dtype=values.dtype)
+    else:
+        held = old_values + (values - old_values).clamp(-clip_range, clip_range)
+        clipped = (held - returns) ** 2
+        losses = torch.maximum(unclipped, clipped)
+        clipped_share = ((clipped > unclipped).to(values.dtype) * mask).sum() / count
+    loss = 0.5 * (losses * mask).sum() / count
+    explained = ((returns - values).detach() * mask)
+    metrics = {"vf_clip_frac": float(clipped_share), "values_mean": float((values.detach() * mask).sum() / count),
+               "vf_error": float((explained ** 2).sum() / count)}
+    return loss, metrics

@@ -1,0 +1,138 @@
+"""Model-served rewards for every RL recipe (``reward_model.*``): a sequence-classification model scoring each
+response in the trainer's processes, or an LLM judge behind an OpenAI-compatible chat endpoint (``judge.py``).
+
+Either is one more reward of the run, next to the rule rewards of ``data.reward``: its weight is the last entry of
+``data.reward_weights`` (one per reward function, then one for the model), and without ``data.reward`` it is the
+run's only reward. It is called once per rollout with the whole batch (style ``model``: it sees each ``Sample``,
+response and, multi-turn, the trajectory's messages) and keeps its own figures, which the step reports as
+``reward_model/score_mean`` (over the responses it scored), ``reward_model/failures`` (judge calls that failed,
+each a reward of 0) and ``reward_model/s`` (seconds spent scoring, mean over ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from .judge import JudgeReward
+from .rewards import Reward
+from .scorers import STAT_KEYS, STYLE, ClassifierReward
+
+DEFAULT_JUDGE_PROMPT = (
+    "Rate how well the response answers the prompt, from 0 (wrong or useless) to 10 (correct and complete).\n\n"
+    "Prompt:\n{prompt}\n\nResponse:\n{response}\n\nReference answer (may be empty):\n{answer}\n\n"
+    "Reply with the score only, as a number.")
+
+
+@dataclasses.dataclass
+class RewardModelConfig:
+    path: str | None = None  # a sequence-classification model directory (accel-rm's export): scores each response
+    judge_url: str | None = None  # an OpenAI-compatible chat endpoint (.../v1) whose reply holds the score
+    judge_model: str | None = None  # a model directory for a judge server the run starts (not in this version)
+    judge_name: str | None = None  # the model name sent to judge_url; null: the first one its /models lists
+    judge_prompt: str = DEFAULT_JUDGE_PROMPT  # with {prompt}, {response} and {answer}
+    judge_max_tokens: int = 32  # of the judge's reply
+    timeout_s: float = 60.0  # per judge call; a call past it is retried, then counted as a failure (reward 0)
+    retries: int = 2  # further attempts after a failed judge call
+    max_parallel: int = 8  # judge calls in flight at once, per rank
+    batch_size: int = 16  # responses per forward of reward_model.path
+    max_length: int = 4096  # tokens of prompt + response the reward model reads (the start is cut beyond it)
+
+
+def configured(config) -> RewardModelConfig | None:
+    """The run's ``reward_model`` section when it names a model or a judge (recipes without the section: None)."""
+    section = getattr(config, "reward_model", None)
+    if section is None or not (section.path or section.judge_url or section.judge_model):
+        return None
+    return section
+
+
+def problems(config) -> list[str]:
+    """What is wrong with ``reward_model.*``, one sentence each, before any worker starts."""
+    section = getattr(config, "reward_model", None)
+    if section is None:
+        return []
+    found, given = [], [key for key in ("path", "judge_url", "judge_model") if getattr(section, key)]
+    if len(given) > 1:
+        found.append(f"reward_model.{' and reward_model.'.join(given)} are set: a run scores with one reward "
+                     "model, so set only one")
+    if section.judge_model:
+        found.append("reward_model.judge_model (a judge server the run starts) is not available in this version: "
+                     "serve the model yourself (vllm serve DIR) and set reward_model.judge_url=http://HOST:PORT/v1")
+    if section.path:
+        if not Path(section.path).is_dir():
+            found.append(f"reward_model.path {section.path} is not a directory (a sequence-classification model "
+                         "such as accel-rm's export)")
+        elif not (Path(section.path) / "config.json").is_file():
+            found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
+    if section.judge_url and not str(section.judge_url).startswith(("http://", "https://")):
+        found.append(f"reward_model.judge_url must be an http:// or https:// URL, got {section.judge_url!r}")
+    if "{response}" not in str(section.judge_prompt):
+        found.append("reward_model.judge_prompt must contain {response} (and may use {prompt} and {answer})")
+    for key in ("timeout_s", "judge_max_tokens", "max_parallel", "batch_size", "max_length"):
+        value = getattr(section, key)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            found.append(f"reward_model.{key} must be a positive number, got {value!r}")
+    if isinstance(section.retries, bool) or not isinstance(section.retries, int) or section.retries < 0:
+        found.append(f"reward_model.retries must be an integer >= 0, got {section.retries!r}")
+    return found
+
+
+def split_weights(weights: list | None, rules: int, with_model: bool) -> tuple[list | None, float]:
+    """``data.reward_weights`` as (the rule rewards' weights, the model's): with a reward model the list has one
+    entry more than there are reward functions, the model's last."""
+    if not with_model or weights is None:
+        return weights, 1.0
+    if len(weights) != rules + 1:
+        raise ValueError(f"data.reward_weights has {len(weights)} entries for {rules} reward function(s) and the "
+                         f"reward model: give {rules + 1}, the reward model's last")
+    return list(weights[:-1]), weights[-1]
+
+
+def model_rewards(config, backend=None) -> list[Reward]:
+    """``[Reward]`` for the run's reward model or judge (its weight: ``data.reward_weights``' last entry), else []."""
+    section = configured(config)
+    if section is None:
+        return []
+    _, weight = split_weights(config.data.reward_weights, _rule_count(config), True)
+    if section.path:
+        import accel_backends
+
+        fn = ClassifierReward(section, backend or accel_backends.get_backend())
+        spec = section.path
+    else:
+        fn, spec = JudgeReward(section), section.judge_url
+    return [Reward(spec, fn, STYLE, float(weight))]
+
+
+def _rule_count(config) -> int:
+    reward = config.data.reward
+    return 1 if isinstance(reward, str) else len(reward or [])
+
+
+def take_stats(rewards: list[Reward]) -> dict[str, float]:
+    """The model-served rewards' figures since the last call (empty without one)."""
+    found = [reward.fn for reward in rewards if reward.style == STYLE]
+    if not found:
+        return {}
+    totals = dict.fromkeys(STAT_KEYS, 0.0)
+    for fn in found:
+        for key, value in fn.take_stats().items():
+            totals[key] += value
+    return totals
+
+
+def rank_sums(parts: list[dict]) -> dict[str, float]:
+    """One rank's figures of a step (``parts``: each draw's ``take_stats``), to be summed over ranks."""
+    if not any(parts):
+        return {}
+    return {**{key: sum(part.get(key, 0.0) for part in parts) for key in STAT_KEYS}, "reward_model_ranks": 1.0}
+
+
+def metrics(totals: dict[str, float]) -> dict[str, float]:
+    """``reward_model/*`` from ``rank_sums`` summed over ranks (empty without a reward model)."""
+    if "reward_model_ranks" not in totals:
+        return {}
+    return {"reward_model/score_mean": totals["reward_model_score_sum"] / max(totals["reward_model_scored"], 1.0),
+            "reward_model/failures": totals["reward_model_failures"],
+            "reward_model/s": totals["reward_model_seconds"] / max(totals["reward_model_ranks"], 1.0)}

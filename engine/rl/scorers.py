@@ -1,0 +1,111 @@
+"""The scorers behind ``reward_model.*`` (``reward_model.py``): what every model-served reward keeps (its figures)
+and the sequence-classification model scoring responses in the trainer's processes."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from .prompt_types import Sample
+
+STYLE = "model"  # rewards.py calls such a reward's ``score(samples, responses, completions)``
+STAT_KEYS = ("reward_model_score_sum", "reward_model_scored", "reward_model_failures", "reward_model_seconds")
+
+
+class ModelReward:
+    """A model-served reward: ``score`` returns one number per response and adds to the figures ``take_stats``
+    hands back (and clears)."""
+
+    __name__ = "reward_model"  # the metric reward/reward_model
+
+    def __init__(self) -> None:
+        self.stats = dict.fromkeys(STAT_KEYS, 0.0)
+
+    def score(self, samples: list[Sample], responses: list[str], completions: list | None = None) -> list[float]:
+        began = time.perf_counter()
+        scores, failed = self._score(samples, responses, completions)
+        self.stats["reward_model_seconds"] += time.perf_counter() - began
+        self.stats["reward_model_failures"] += float(sum(failed))
+        scored = [value for value, bad in zip(scores, failed, strict=True) if not bad]
+        self.stats["reward_model_score_sum"] += float(sum(scored))
+        self.stats["reward_model_scored"] += float(len(scored))
+        return scores
+
+    def _score(self, samples, responses, completions) -> tuple[list[float], list[bool]]:
+        """(one score per response, whether each failed: a failed one scores 0)"""
+        raise NotImplementedError
+
+    def take_stats(self) -> dict[str, float]:
+        stats, self.stats = self.stats, dict.fromkeys(STAT_KEYS, 0.0)
+        return stats
+
+
+def prompt_text(sample: Sample) -> str:
+    """The prompt as a judge or a text reward model reads it: the row's text, messages as ``role: content`` lines."""
+    raw = sample.raw_prompt
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):
+        return "\n".join(f"{m.get('role', '')}: {m.get('content') or ''}" for m in raw)
+    return sample.prompt
+
+
+class ClassifierReward(ModelReward):
+    """``reward_model.path``: an ``AutoModelForSequenceClassification`` (one label) replicated in each trainer
+    process, scoring this rank's responses in batches of ``batch_size`` at each sequence's last token (its EOS for
+    text, as accel-rm reads a pair)."""
+
+    def __init__(self, section, backend) -> None:  # RewardModelConfig
+        super().__init__()
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        self.section, self.device = section, backend.device()
+        self.tokenizer = AutoTokenizer.from_pretrained(section.path)
+        model = AutoModelForSequenceClassification.from_pretrained(section.path, dtype=torch.float32)
+        if model.config.num_labels != 1:
+            raise ValueError(f"reward_model.path {section.path} has {model.config.num_labels} labels: a reward "
+                             "model has one (num_labels=1), as accel-rm exports it")
+        # Rows are left-padded, so each one's last token is the last position: an id no token has makes the model
+        # read it there (with the tokenizer's pad id it would skip an EOS that is also the pad token).
+        model.config.pad_token_id = -1
+        self.model = model.to(self.device).eval().requires_grad_(False)
+
+    def text(self, sample: Sample, response: str, completion) -> list[int]:
+        """Token ids of the prompt with its response as accel-rm trained on them: a conversation rendered by the
+        reward model's chat template with the response as the assistant's turn (a multi-turn rollout: its turns),
+        text as the prompt's tokens, the response's and the EOS."""
+        tok = self.tokenizer
+        if isinstance(sample.raw_prompt, list) and getattr(tok, "chat_template", None):
+            turns = completion if isinstance(completion, list) else [{"role": "assistant", "content": response}]
+            text = tok.apply_chat_template(list(sample.raw_prompt) + list(turns), tokenize=False)
+            ids = list(tok(text, add_special_tokens=False)["input_ids"])
+        else:
+            ids = [*tok(prompt_text(sample), add_special_tokens=False)["input_ids"],
+                   *tok(response, add_special_tokens=False)["input_ids"]]
+            if tok.eos_token_id is not None and (not ids or ids[-1] != tok.eos_token_id):
+                ids.append(tok.eos_token_id)
+        return ids[-self.section.max_length:]  # the end, where the score is read, is kept
+
+    def _score(self, samples, responses, completions):
+        rows = [self.text(s, r, completions[i] if completions else None)
+                for i, (s, r) in enumerate(zip(samples, responses, strict=True))]
+        scores: list[float] = []
+        size = self.section.batch_size
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0  # masked out anyway
+        with torch.no_grad():
+            for start in range(0, len(rows), size):
+                chunk = rows[start:start + size]
+                width = max(len(ids) for ids in chunk)
+                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+                mask = torch.zeros((len(chunk), width), dtype=torch.long)
+                for row, tokens in enumerate(chunk):  # left-padded: each row ends at the last position
+                    ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+                    mask[row, width - len(tokens):] = 1
+                positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as if unpadded
+                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                                    position_ids=positions.to(self.device)).logits
+                scores += logits[:, 0].float().cpu().tolist()
+        return scores, [False] * len(scores)

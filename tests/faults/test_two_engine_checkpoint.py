@@ -1,0 +1,59 @@
+"""The frame's checkpoint of every trained engine (engine/checkpoint/engine_set.py), 2 real gloo ranks: a PPO run
+killed (SIGKILL) after the policy's save and before the critic's resumes from the previous complete checkpoint,
+both engines from the same step, to the figures the killed run had computed; the critic trains alone during its
+warmup, then both, each with its own optimizer; export writes the policy."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import REPO, run_python
+
+from engine import checkpoint
+
+HERE = Path(__file__).resolve().parent
+SMALL = ["train.steps=3", "run.save_every=1", "run.keep_checkpoints=5", "train.prompts_per_step=4", "rollout.n=2",
+         "run.progress=false", "run.name=ppo"]
+ENV = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
+
+
+def _rows(run):
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_complete_checkpoint(tmp_path, no_orphans):
+    # The policy trains from step 2 on (critic.warmup_steps=1): its global step is 2 at step 3's save.
+    killed = run_python([str(HERE / "ppo_faults.py"), "0:2", *SMALL, f"run.output_dir={tmp_path}"], env=ENV,
+                        timeout=400)
+    assert killed.returncode != 0 and "killed by SIGKILL" in killed.stderr + killed.stdout, killed.stderr[-2000:]
+    run, checkpoints = tmp_path / "ppo", tmp_path / "ppo" / "checkpoints"
+    half = checkpoints / "step_000003.partial"
+    assert (half / "policy" / checkpoint.META_FILE).is_file() and not (half / "critic").exists()
+    assert not (half / checkpoint.META_FILE).exists()  # never complete: it is not a checkpoint
+    assert [p.name for p in checkpoint.complete_checkpoints(checkpoints)] == ["step_000002", "step_000001"]
+    step = checkpoint.latest_complete(checkpoints)
+    assert sorted(checkpoint.engine_set.parts_of(step)) == ["critic", "policy"]
+    assert checkpoint.policy_checkpoint(step) == step / "policy"  # what export writes
+    before = _rows(run)
+    assert [row["step"] for row in before] == [1, 2, 3]
+
+    resumed = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume"],
+                         env=ENV, timeout=400)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resuming from step 2" in resumed.stdout + resumed.stderr
+    after = _rows(run)
+    assert [row["step"] for row in after] == [1, 2, 3]  # step 3's row is the resumed run's now
+    for key in ("loss", "reward_mean", "critic/vf_loss", "critic/values_mean"):  # both engines back at step 2
+        assert after[-1][key] == pytest.approx(before[2][key], rel=1e-5, abs=1e-7), key
+    assert [p.name for p in checkpoint.complete_checkpoints(checkpoints)][0] == "step_000003"
+    assert not (checkpoints / "step_000003.partial").exists()
+    assert [row["updates"] for row in after] == [0.0, 1.0, 1.0]  # critic.warmup_steps=1: the policy waits a step
+    for row in after:  # the critic trains every step, with its own optimizer and learning rate
+        assert row["critic/grad_norm"] > 0 and row["critic/lr"] == pytest.approx(1e-3)
+        assert {"critic/vf_loss", "critic/vf_clip_frac", "critic/values_mean", "critic/returns_mean"} <= set(row)
+
+    exported = run_python(["-m", "engine.recipes.ppo.cli", "export", str(run), str(tmp_path / "hf")],
+                          env={"ACCEL_BACKEND": "cpu"}, timeout=200)
+    assert exported.returncode == 0, exported.stderr[-2000:]
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen2ForCausalLM"]  # the policy, not the critic

@@ -1,0 +1,56 @@
+"""engine/rl/critic.py: PPO's critic (a value head on the policy's architecture), its values at the response
+positions (packed = padded = one sequence at a time) and the clipped value loss against its formula."""
+
+import pytest
+import torch
+
+from engine.packing import SequenceBatch, build_layout
+from engine.rl.critic import critic_factory, token_values, value_loss
+from engine.tiny_model import tiny_qwen2
+
+
+def _policy():
+    return tiny_qwen2(seed=3, vocab_size=20, hidden_size=16, layers=1, heads=2, kv_heads=1)
+
+
+def test_the_critic_is_the_policys_transformer_with_a_value_head():
+    critic, policy = critic_factory(_policy, seed=1)(), _policy()
+    assert critic.score.weight.shape == (1, 16)
+    for (name, mine), (_, theirs) in zip(critic.model.state_dict().items(), policy.model.state_dict().items(),
+                                         strict=True):
+        assert torch.equal(mine, theirs), name
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_values_are_read_where_each_response_token_was_chosen(packed):
+    critic = critic_factory(_policy, seed=1)().eval()
+    prompts = [torch.tensor([1, 2, 3]), torch.tensor([4, 5]), torch.tensor([6])]
+    responses = [torch.tensor([7, 8]), torch.tensor([9, 10, 11, 12]), torch.tensor([13])]
+    batch = SequenceBatch.from_parts(prompts, responses)
+    with torch.no_grad():
+        values = token_values(critic, build_layout(batch, [0, 1, 2], packed))
+        assert values.shape == (3, 4)
+        for row, (prompt, response) in enumerate(zip(prompts, responses, strict=True)):
+            alone = critic(input_ids=torch.cat([prompt, response]).unsqueeze(0)).logits[0, :, 0]
+            want = alone[len(prompt) - 1:len(prompt) + len(response) - 1]  # the position before each token
+            torch.testing.assert_close(values[row, :len(response)], want, rtol=1e-5, atol=1e-6)
+            assert not values[row, len(response):].any()
+
+
+def test_value_loss_against_its_formula():
+    torch.manual_seed(0)
+    values, old, returns = torch.randn(3, 5), torch.randn(3, 5), torch.randn(3, 5)
+    mask = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 0, 0, 0], [0, 1, 1, 1, 0]])
+    loss, metrics = value_loss(values, old, returns, mask, clip_range=0.2)
+    per_token, clipped = [], 0
+    for b in range(3):
+        for t in range(5):
+            if mask[b, t]:
+                v, o, r = values[b, t].item(), old[b, t].item(), returns[b, t].item()
+                held = min(max(v, o - 0.2), o + 0.2)
+                per_token.append(max((v - r) ** 2, (held - r) ** 2))
+                clipped += (held - r) ** 2 > (v - r) ** 2
+    assert loss.item() == pytest.approx(0.5 * sum(per_token) / len(per_token), rel=1e-6)
+    assert metrics["vf_clip_frac"] == pytest.approx(clipped / len(per_token))
+    unclipped, _ = value_loss(values, old, returns, mask, clip_range=None)
+    assert unclipped.item() == pytest.approx(0.5 * (((values - returns) ** 2) * mask).sum().item() / mask.sum().item())

@@ -1,0 +1,162 @@
+"""engine/rl/reward_model.py and judge.py: model-served rewards (a sequence-classification model, an HTTP judge)
+as rewards of an RL run, their figures, the weights and the config checks. The judge is a local HTTP stand-in
+that answers scores, garbage, errors or nothing in time."""
+
+import json
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from reward_models import make_reward_model
+
+import accel_backends
+from engine.recipes.grpo.config import GRPOConfig, check
+from engine.rl import reward_model, scoring
+from engine.rl.judge import JudgeReward, parse_score
+from engine.rl.prompt_types import Sample
+from engine.rl.prompts import data_spec, echo_reward
+from engine.rl.reward_model import RewardModelConfig, model_rewards
+from engine.rl.rewards import score_all
+from engine.rl.scorers import ClassifierReward
+from engine.rollout import RolloutBatch
+
+
+class Judge(BaseHTTPRequestHandler):
+    """Replies by what the response (after 'Response:') says: 'slow' waits past the timeout, 'garbage' answers
+    no number, 'error' is an HTTP 500, anything else scores its length."""
+
+    requests: list = []
+
+    def log_message(self, *args):
+        pass
+
+    def _reply(self, status: int, body: dict) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def do_GET(self):
+        self._reply(200, {"data": [{"id": "stand-in-judge"}]})
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        Judge.requests.append(body)
+        response = body["messages"][0]["content"].split("Response: ")[1].split("\n")[0]
+        if response == "error":
+            return self._reply(500, {"error": "boom"})
+        if response == "slow":
+            time.sleep(1.5)
+        text = "I cannot judge this." if response == "garbage" else f"Score: {len(response)}"
+        self._reply(200, {"choices": [{"message": {"role": "assistant", "content": text}}]})
+
+
+@pytest.fixture(scope="module")
+def judge_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Judge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.mark.parametrize(("reply", "score"), [
+    ("7", 7.0), ("Score: 8.5/10", 8.5), ('{"score": 3}', 3.0), ("The answer has 2 steps. Score: 9", 9.0),
+    ("no idea", None), ("", None), ("nan", None)])
+def test_parse_score(reply, score):
+    assert parse_score(reply) == score
+
+
+def test_a_judge_that_times_out_errs_or_answers_garbage_is_counted_not_fatal(judge_url):
+    Judge.requests.clear()
+    section = RewardModelConfig(judge_url=judge_url, judge_prompt="Q: {prompt} ({answer})\nResponse: {response}\n",
+                                timeout_s=0.5, retries=1, max_parallel=4)
+    judge = JudgeReward(section)
+    samples = [Sample(prompt="templated", raw_prompt="what?", answer="42")] * 5
+    scores = judge.score(samples, ["good", "slow", "garbage", "error", "ok"], None)
+    assert scores == [4.0, 0.0, 0.0, 0.0, 2.0]
+    stats = judge.take_stats()
+    assert stats["reward_model_failures"] == 3.0 and stats["reward_model_scored"] == 2.0
+    assert stats["reward_model_score_sum"] == 6.0
+    assert judge.take_stats()["reward_model_failures"] == 0.0  # taken: the next step starts from 0
+    # Each failed response was asked retries + 1 times; the prompt was filled from the row's own text.
+    asked = [r["messages"][0]["content"] for r in Judge.requests]
+    assert sum("Response: slow" in text for text in asked) == 2
+    assert sum("Response: error" in text for text in asked) == 2
+    assert "Q: what? (42)" in asked[0] and Judge.requests[0]["model"] == "stand-in-judge"
+
+
+def test_an_unreachable_judge_scores_zero_and_counts_every_response():
+    judge = JudgeReward(RewardModelConfig(judge_url="http://127.0.0.1:9/v1", timeout_s=0.5, retries=0))
+    assert judge.score([Sample(prompt="p")] * 3, ["a", "b", "c"], None) == [0.0, 0.0, 0.0]
+    assert judge.take_stats()["reward_model_failures"] == 3.0
+
+
+def test_classifier_scores_each_response_batched(tmp_path):
+    directory = make_reward_model(tmp_path / "rm")
+    fn = ClassifierReward(RewardModelConfig(path=str(directory), batch_size=2), accel_backends.get_backend("cpu"))
+    responses = ["aaa", "aa", "ab", "bab", "", "bbbb"]
+    scores = fn.score([Sample(prompt="b x2:")] * 6, responses, None)
+    alone = [fn.score([Sample(prompt="b x2:")], [response], None)[0] for response in responses]
+    assert scores == pytest.approx(alone, abs=1e-5)  # batches of 2, left-padded, as one at a time
+    assert scores[0] > scores[1] > scores[2] > scores[3] > scores[4] == pytest.approx(scores[5], abs=1e-6) == 0.0
+    # What it read: the prompt's tokens, the response's and the EOS, as accel-rm reads a text pair.
+    tokenizer = fn.tokenizer
+    assert fn.text(Sample(prompt="b x2:"), "ab", None) == [*tokenizer("b x2:ab", add_special_tokens=False)[
+        "input_ids"], tokenizer.eos_token_id]
+
+
+def _config(**reward_model_keys) -> GRPOConfig:
+    config = GRPOConfig()
+    config.data.task = "echo"
+    for key, value in reward_model_keys.items():
+        setattr(config.reward_model, key, value)
+    return config
+
+
+def test_rollout_figures_and_weights_with_rule_rewards(judge_url):
+    """The judge's weight is data.reward_weights' last entry; its figures reach the step's metrics."""
+    config = _config(judge_url=judge_url, judge_prompt="Response: {response}\n", timeout_s=0.5, retries=0)
+    config.data.reward, config.data.reward_weights = "engine.rl.prompts:echo_reward", [2.0, 0.5]
+    assert [weight for _, weight in data_spec(config).rewards] == [2.0]
+    from engine.rl.rewards import load_rewards
+
+    rewards = load_rewards(list(data_spec(config).rewards)) + model_rewards(config, None)
+    assert rewards[-1].weight == 0.5 and rewards[-1].name == "reward_model"
+    samples = [Sample(prompt="a x2:", answer="aa")]
+    responses = ["aa", "garbage"]
+    ids = torch.zeros((2, 3), dtype=torch.long)
+    batch = RolloutBatch(input_ids=ids, attention_mask=torch.ones_like(ids), response_mask=torch.ones_like(ids),
+                         prompt_length=1, responses=responses, clipped=torch.zeros(2, dtype=torch.bool))
+    scored = scoring.score_rollout(rewards, samples, batch, 2, 4)
+    garbage = 2.0 * echo_reward("a x2:", "garbage", "aa")  # the judge's failure adds 0
+    assert scored.rewards.tolist() == pytest.approx([2.0 * 1.0 + 0.5 * 2.0, garbage])
+    totals = scoring.rollout_sums([scored])
+    metrics = scoring.reward_metrics(totals, ["reward/echo_reward", "reward/reward_model"])
+    assert metrics["reward_model/failures"] == 1.0 and metrics["reward_model/score_mean"] == 2.0
+    assert metrics["reward/reward_model"] == 1.0 and metrics["reward_model/s"] > 0
+    assert score_all(rewards, samples * 2, responses) == pytest.approx([3.0, garbage])
+
+
+def test_without_data_reward_the_model_is_the_only_reward(tmp_path):
+    config = _config(path=str(make_reward_model(tmp_path / "rm")))
+    assert data_spec(config).rewards == ()  # not the echo task's own
+    config.data.reward_weights = [1.0, 2.0]
+    with pytest.raises(ValueError, match="reward_weights has 2 entries for 0 reward function.* give 1"):
+        data_spec(config)
+
+
+def test_config_problems(tmp_path):
+    assert reward_model.problems(_config()) == []
+    found = " | ".join(check(_config(path=str(tmp_path), judge_url="ftp://x", timeout_s=0, retries=-1,
+                                     judge_prompt="no field"), 1))
+    for piece in ("reward_model.path and reward_model.judge_url are set", "has no config.json",
+                  "judge_url must be an http", "judge_prompt must contain {response}", "timeout_s must be a positive",
+                  "retries must be an integer >= 0"):
+        assert piece in found
+    assert "vllm serve DIR" in " ".join(reward_model.problems(_config(judge_model=str(tmp_path))))
