@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .store import META_FILE, CorruptCheckpoint, _sync_directory, _write_synced, checkpoint_directory
+from .store import META_FILE, CorruptCheckpoint, _sync_directory, _write_synced, checkpoint_directory, replace_directory
 
 FORMAT = "accel-run-checkpoint/1"
 
@@ -29,7 +29,7 @@ def save_engines(engines: dict, path) -> None:
         return
     path = checkpoint_directory(path)
     first = next(iter(engines.values()))
-    partial, previous = path.with_name(path.name + ".partial"), path.with_name(path.name + ".old")
+    partial = path.with_name(path.name + ".partial")
     if first.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -40,12 +40,7 @@ def save_engines(engines: dict, path) -> None:
         meta = {"format": FORMAT, "step": first.global_step, "engines": list(engines), "policy": next(iter(engines))}
         _write_synced(partial / META_FILE, json.dumps(meta, indent=2).encode())
         _sync_directory(partial)
-        if path.exists():
-            shutil.rmtree(previous, ignore_errors=True)
-            path.rename(previous)
-        partial.rename(path)
-        _sync_directory(path.parent)
-        shutil.rmtree(previous, ignore_errors=True)
+        replace_directory(partial, path)
     dist.barrier()
 
 

@@ -68,6 +68,18 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+def replace_directory(partial: Path, path: Path) -> None:
+    """Put a complete ``partial`` in ``path``'s place: the old one is renamed ``<path>.old`` first and removed last,
+    so that a crash between the two renames leaves one of them whole (``resolve`` reads ``.old`` then)."""
+    previous = path.with_name(path.name + ".old")
+    if path.exists():
+        shutil.rmtree(previous, ignore_errors=True)
+        path.rename(previous)
+    partial.rename(path)
+    _sync_directory(path.parent)
+    shutil.rmtree(previous, ignore_errors=True)
+
+
 def _sync_directory(path: Path) -> None:
     """Make a rename or a new file in ``path`` durable (a no-op where directories cannot be opened)."""
     try:
@@ -108,7 +120,6 @@ def save(engine, path) -> None:
     if engine.optimizer is None:
         raise ValueError("a frozen engine has no training state to checkpoint: use export_hf() for its weights")
     partial = path.with_name(path.name + ".partial")
-    previous = path.with_name(path.name + ".old")
     if engine.rank == 0:
         shutil.rmtree(partial, ignore_errors=True)
         partial.mkdir(parents=True)
@@ -130,12 +141,7 @@ def save(engine, path) -> None:
         raise RuntimeError(f"saving checkpoint {path} failed; the previous checkpoint there is untouched "
                            f"({error or 'another rank failed'})") from error
     if engine.rank == 0:
-        if path.exists():
-            shutil.rmtree(previous, ignore_errors=True)
-            path.rename(previous)
-        partial.rename(path)
-        _sync_directory(path.parent)
-        shutil.rmtree(previous, ignore_errors=True)
+        replace_directory(partial, path)
     dist.barrier()
 
 
