@@ -51,7 +51,7 @@ def test_a_student_distils_from_a_teacher_on_a_vllm_server(served, tmp_path, mon
     model_dir, url = served
     monkeypatch.setenv("ACCEL_BACKEND", "cpu")
     code = _distill(tmp_path, [f"model.path={model_dir}", f"teacher.server_url={url}", "train.steps=2",
-                               "engine.lr=1e-4"])
+                               "engine.lr=1e-5"])  # step 2: the student has barely moved from the teacher
     assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "served" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 2
