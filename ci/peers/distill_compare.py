@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import statistics
 import subprocess
@@ -27,13 +26,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from peer_common import ROOT, median_ratio, peer_env, publish
+
 SEQUENCES, MICRO, NEW_TOKENS = 64, 16, 64
-
-
-def _env() -> dict:
-    return {**os.environ, "OMP_NUM_THREADS": os.environ.get("PEERS_THREADS", "2"), "ACCEL_BACKEND": "cpu",
-            "PYTHONPATH": str(ROOT)}
 
 
 def write_work(directory: Path) -> tuple[Path, Path, Path]:
@@ -57,7 +52,7 @@ def run_ours(python: str, student: Path, teacher: Path, data: Path, steps: int, 
                  "engine.lr=1e-4", "run.progress=false", "run.log_samples=0", f"run.output_dir={out.parent}",
                  f"run.name={out.name}"]
     subprocess.run([python, "-m", "engine.recipes.distill.cli", "--nproc", "1", *overrides], check=True, cwd=ROOT,
-                   env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   env=peer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"steps": [r["step_time_s"] for r in rows], "response_lengths": [r["response_length"] for r in rows]}
 
@@ -66,7 +61,7 @@ def run_trl(python: str, student: Path, teacher: Path, data: Path, steps: int, o
     subprocess.run([python, str(ROOT / "ci/peers/trl_distill.py"), "--student", str(student), "--teacher",
                     str(teacher), "--data", str(data), "--out", str(out), "--steps", str(steps), "--per-device",
                     str(MICRO), "--accumulation", str(SEQUENCES // MICRO), "--new-tokens", str(NEW_TOKENS)],
-                   check=True, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   check=True, cwd=ROOT, env=peer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
@@ -101,11 +96,8 @@ def main() -> int:
                                                               for r in runs],
                                  "ms_per_response_token": [per_token(r) * 1e3 for r in runs]}
     ours, theirs = (result["sides"][n]["ms_per_response_token"] for n in ("accel-distill", "trl"))
-    result["ours_over_trl_per_token"] = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    result["ours_over_trl_per_token"] = median_ratio(ours, theirs)
+    publish(result, args.json)
     return 0
 
 

@@ -27,9 +27,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from distill_compare import _env
+from peer_common import ROOT, median_ratio, peer_env, publish
 
-ROOT = Path(__file__).resolve().parents[2]
 PAIRS_PER_STEP, PER_DEVICE, MAX_LENGTH, LR = 16, 4, 512, 1e-5
 RECIPES = {"dpo": ("engine.recipes.dpo.cli", "trl_dpo.py", "accel-dpo", "TRL DPOTrainer"),
            "rm": ("engine.recipes.rm.cli", "trl_rm.py", "accel-rm", "TRL RewardTrainer")}
@@ -60,7 +59,7 @@ def run_ours(python: str, module: str, model: Path, data: Path, steps: int, out:
                  f"data.max_length={MAX_LENGTH}", "data.val_fraction=0", "run.val_every=0", "run.progress=false",
                  f"engine.lr={LR}", "engine.lr_schedule=constant", "engine.warmup_steps=0",
                  f"run.output_dir={out.parent}", f"run.name={out.name}"]
-    subprocess.run([python, "-m", module, "--nproc", "1", *overrides], check=True, cwd=ROOT, env=_env(),
+    subprocess.run([python, "-m", module, "--nproc", "1", *overrides], check=True, cwd=ROOT, env=peer_env(),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"steps": [row["step_time_s"] for row in rows], "losses": [row["loss"] for row in rows],
@@ -71,7 +70,7 @@ def run_trl(python: str, script: str, model: Path, data: Path, steps: int, out: 
     subprocess.run([python, str(ROOT / "ci/peers" / script), "--model-dir", str(model), "--data", str(data), "--out",
                     str(out), "--steps", str(steps), "--per-device", str(PER_DEVICE), "--accumulation",
                     str(PAIRS_PER_STEP // PER_DEVICE), "--max-length", str(MAX_LENGTH), "--lr", str(LR)],
-                   check=True, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                   check=True, cwd=ROOT, env=peer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
@@ -102,11 +101,8 @@ def main() -> int:
                                  "ms_per_pair": [1e3 * m / PAIRS_PER_STEP for m in medians],
                                  "first_losses": [run["losses"][0] for run in runs]}
     ours, theirs = (result["sides"][name]["step_s_per_run"] for name in (ours_name, trl_name))
-    result["ours_over_trl_per_pair"] = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+    result["ours_over_trl_per_pair"] = median_ratio(ours, theirs)
+    publish(result, args.json)
     return 0
 
 

@@ -29,15 +29,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from peer_common import ROOT, median_ratio, peer_env, publish
+
 SEQUENCES_PER_STEP, MAX_LENGTH, MICRO_TOKENS = 16, 512, 2048
-
-
-def _env(extra: dict | None = None) -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("PEERS_THREADS", "2"), "ACCEL_BACKEND": "cpu",
-           "PYTHONPATH": str(ROOT)}
-    env.update(extra or {})
-    return env
 
 
 def write_work(directory: Path) -> tuple[Path, Path, float, float]:
@@ -71,7 +65,7 @@ def run_ours(python: str, model: Path, data: Path, steps: int, out: Path) -> lis
                  f"data.max_length={MAX_LENGTH}", "data.val_fraction=0", "run.val_every=0", "run.progress=false",
                  "engine.lr=1e-4", "engine.lr_schedule=constant", "engine.warmup_steps=0",
                  f"run.output_dir={out.parent}", f"run.name={out.name}"]
-    subprocess.run([python, "-m", "engine.sft.cli", "--nproc", "1", *overrides], check=True, cwd=ROOT, env=_env(),
+    subprocess.run([python, "-m", "engine.sft.cli", "--nproc", "1", *overrides], check=True, cwd=ROOT, env=peer_env(),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [row["step_time_s"] for row in rows]
@@ -85,7 +79,7 @@ def run_trl(python: str, site: str, model: Path, data: Path, steps: int, out: Pa
         rows = max(1, round(SEQUENCES_PER_STEP * mean_length / MAX_LENGTH))
         args += ["--packing", "--per-device", "1", "--accumulation", str(rows)]
     subprocess.run([python, str(ROOT / "ci/peers/trl_sft.py"), *args], check=True, cwd=ROOT,
-                   env=_env({"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}), stdout=subprocess.DEVNULL,
+                   env=peer_env({"PYTHONPATH": f"{site}{os.pathsep}{ROOT}"}), stdout=subprocess.DEVNULL,
                    stderr=subprocess.DEVNULL)
     return json.loads(out.read_text())["steps"]
 
@@ -119,10 +113,8 @@ def main() -> int:
     ours = result["sides"]["accel-sft"]["step_s_per_run"]
     for name in ("trl-default", "trl-packing"):
         theirs = result["sides"][name]["step_s_per_run"]
-        result[f"ours_over_{name}_time"] = statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
-    print(json.dumps(result, indent=2))
-    if args.json:
-        args.json.write_text(json.dumps(result, indent=2) + "\n")
+        result[f"ours_over_{name}_time"] = median_ratio(ours, theirs)
+    publish(result, args.json)
     return 0
 
 

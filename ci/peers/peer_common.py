@@ -1,0 +1,32 @@
+"""What the compare scripts (SFT, distillation, preferences against TRL) share: the environment each side's process
+runs in, the ratio they report and where they write it. Imported from the scripts' own folder."""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def peer_env(extra: dict | None = None) -> dict:
+    """One process per side on the CPU backend with ``PEERS_THREADS`` threads (2 unless set), the project importable."""
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("PEERS_THREADS", "2"), "ACCEL_BACKEND": "cpu",
+           "PYTHONPATH": str(ROOT)}
+    env.update(extra or {})
+    return env
+
+
+def median_ratio(ours: list[float], theirs: list[float]) -> float:
+    """The median over rounds of each round's ours / theirs (runs interleaved, so a round shares the machine's load)."""
+    return statistics.median(a / b for a, b in zip(ours, theirs, strict=True))
+
+
+def publish(result: dict, path: Path | None) -> None:
+    """Print the result and, with ``--json PATH``, write it there."""
+    print(json.dumps(result, indent=2))
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
