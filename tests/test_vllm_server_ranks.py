@@ -9,11 +9,11 @@ sampled tokens' log-probs equal the trainer's, it reports every pushed version, 
 model is refused before any weight is sent. A push while requests decode (rollout.partial) switches them to the
 new version's label and weights mid-response (pause mode keep) or lets them finish first (wait); accel-grpo runs
 ahead of the trainer against it with rollout.max_staleness 1 (one rank) and 2 (two ranks, partial), the recorded
-staleness never above the bound and above 0 at least once; a run resumed from a checkpoint samples ahead from the
-checkpoint's weights (borrowing the server's core while it idles). The CPU demo on 2 ranks with a server it
-starts learns as with the colocated engine (max_staleness 0) until a Ctrl-C (the step is saved, the server
-stopped), and a run sampling ahead whose server is killed ends within a bounded time with one line naming it and
-no process left behind. Skipped where vLLM is not importable.
+staleness never above the bound and above 0 at least once, and so does accel-ppo (max_staleness 1); a run resumed
+from a checkpoint samples ahead from the checkpoint's weights (borrowing the server's core while it idles). The
+CPU demo on 2 ranks with a server it starts learns as with the colocated engine (max_staleness 0) until a Ctrl-C
+(the step is saved, the server stopped), and a run sampling ahead whose server is killed ends within a bounded
+time with one line naming it and no process left behind. Skipped where vLLM is not importable.
 """
 
 import json
@@ -435,11 +435,12 @@ def test_a_partial_rollouts_tokens_after_a_push_carry_the_new_version(model_dir,
                                         for mode in ("partial", "wait")}})
 
 
-def _grpo_against(tmp_path, model_dir, url, nproc, name, *extra):
-    """accel-grpo in server mode against the module's running server (no server to start)."""
+def _grpo_against(tmp_path, model_dir, url, nproc, name, *extra, cli="engine.grpo.cli"):
+    """accel-grpo (or the recipe of ``cli``) in server mode against the module's running server (no server to
+    start)."""
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
            "OMP_NUM_THREADS": "1", **ENV}
-    return run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", str(nproc), *SMALL,
+    return run_python(["-m", cli, "--preset", "cpu-demo", "--nproc", str(nproc), *SMALL,
                        f"model.path={model_dir}", f"data.path={_data(tmp_path)}", f"rollout.vllm.server_urls=[{url}]",
                        f"run.output_dir={tmp_path}", f"run.name={name}", *extra], env=env, timeout=400)
 
@@ -465,6 +466,23 @@ def test_grpo_ahead_of_the_trainer_stays_within_the_staleness_bound(tmp_path, mo
     print({"staleness_max": staleness, "trainer_wait_s": [round(r["time/trainer_wait_s"], 2) for r in rows],
            "sampler_busy_frac": [round(r["rollout/sampler_busy_frac"], 2) for r in rows],
            "step_time_s": [round(r["step_time_s"], 2) for r in rows]})
+
+
+def test_ppo_samples_ahead_of_the_trainer_against_a_server(tmp_path, model_dir, server):
+    """accel-ppo (issue 37 item 4: every rollout engine and the asynchronous mode) against the server with
+    rollout.max_staleness 1: the critic's values and GAE on batches sampled ahead, within the bound."""
+    result = _grpo_against(tmp_path, model_dir, server, 1, "ppo", "train.steps=3", "rollout.max_staleness=1",
+                           cli="engine.recipes.ppo.cli")
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1, 2, 3]
+    staleness = [row["rollout/staleness_max"] for row in rows]
+    assert all(0 <= s <= 1 for s in staleness) and max(staleness) == 1, staleness
+    for row in rows:
+        assert row["rollout/weight_sync_s"] > 0 and row["rollout/dropped_stale"] == 0, row
+        assert row["critic/vf_loss"] >= 0 and row["critic/lr"] > 0, row
+    assert rows[-1]["updates"] == 1.0  # critic.warmup_steps=1 (the preset): the policy trains from step 2 on
+    print({"staleness_max": staleness, "step_time_s": [round(r["step_time_s"], 2) for r in rows]})
 
 
 def test_a_resumed_run_samples_ahead_from_its_checkpoints_weights(tmp_path, model_dir, server):

@@ -72,3 +72,24 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
     metrics = {"vf_clip_frac": float(clipped_share), "values_mean": float((values.detach() * mask).sum() / count),
                "vf_error": float((explained ** 2).sum() / count)}
     return loss, metrics
+
+
+def own_micro_batches(plan_ranks, lengths: list[int], *, max_sequences: int | None, max_tokens: int | None,
+                      padded: bool) -> tuple[tuple[tuple[int, ...], ...], ...]:
+    """A second trained engine's own micro-batches of one mini-batch, every rank's (``critic.micro_batch_size`` or
+    ``critic.micro_batch_tokens``): each rank's sequences in the policy's plan (``plan_ranks``) planned again, so
+    the rows whose values and returns a rank computed stay its own; every rank runs as many micro-batches (FSDP's
+    collectives), the short ones with fillers (``()``). ``lengths``: every sequence's tokens."""
+    from ..packing import plan_micro_batches
+
+    def replanned(micro_batches) -> list[tuple[int, ...]]:
+        mine = sorted(i for micro in micro_batches for i in micro)
+        if not mine:
+            return []
+        plan = plan_micro_batches([lengths[i] for i in mine], 1, max_tokens=max_tokens,
+                                  max_sequences=None if max_tokens else max_sequences, padded=padded)
+        return [tuple(mine[j] for j in micro) for micro in plan.ranks[0] if micro]
+
+    every = [replanned(micro_batches) for micro_batches in plan_ranks]
+    count = max(1, max(len(micro_batches) for micro_batches in every))
+    return tuple(tuple(micro_batches + [()] * (count - len(micro_batches))) for micro_batches in every)

@@ -43,12 +43,17 @@ def fill(template: str, prompt: str, response: str, answer: str | None) -> str:
 
 
 class JudgeReward(ModelReward):
-    """Scores through ``reward_model.judge_url``, ``max_parallel`` calls at once."""
+    """Scores through ``reward_model.judge_url`` (or ``judge_model``'s server), ``max_parallel`` calls at once; with
+    ``judge_constrained``, each call asks for a reply of ``judge_answer_regex``'s form."""
 
-    def __init__(self, section) -> None:  # RewardModelConfig
+    def __init__(self, section, url: str | None = None) -> None:  # RewardModelConfig; url: judge_model's server
         super().__init__()
         self.section = section
-        base = section.judge_url.rstrip("/")
+        base = (url or section.judge_url).rstrip("/")
+        constrained = section.judge_constrained
+        # vLLM's structured outputs: the reply can only take the score's form (judge_model: always a vLLM server)
+        self.constraint = ({"structured_outputs": {"regex": section.judge_answer_regex}}
+                           if (bool(section.judge_model) if constrained is None else constrained) else {})
         self.base = base.removesuffix("/chat/completions")
         self.name = section.judge_name
 
@@ -73,7 +78,7 @@ class JudgeReward(ModelReward):
             try:
                 reply = self._post("/chat/completions", {
                     "model": self.model_name(), "messages": [{"role": "user", "content": text}],
-                    "temperature": 0.0, "max_tokens": self.section.judge_max_tokens})
+                    "temperature": 0.0, "max_tokens": self.section.judge_max_tokens, **self.constraint})
                 score = parse_score(str(reply["choices"][0]["message"]["content"]))
             except (OSError, ValueError, LookupError, TypeError):  # timeouts, refused, HTTP errors, bad JSON
                 score = None

@@ -1,5 +1,6 @@
 """Model-served rewards for every RL recipe (``reward_model.*``): a sequence-classification model scoring each
-response in the trainer's processes, or an LLM judge behind an OpenAI-compatible chat endpoint (``judge.py``).
+response in the trainer's processes, or an LLM judge behind an OpenAI-compatible chat endpoint (``judge.py``):
+``judge_url``, or ``judge_model``, a model directory the run serves with vLLM (``judge_server.py``).
 
 Either is one more reward of the run, next to the rule rewards of ``data.reward``: its weight is the last entry of
 ``data.reward_weights`` (one per reward function, then one for the model), and without ``data.reward`` it is the
@@ -12,6 +13,7 @@ each a reward of 0) and ``reward_model/s`` (seconds spent scoring, mean over ran
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 
 from .judge import JudgeReward
@@ -28,10 +30,18 @@ DEFAULT_JUDGE_PROMPT = (
 class RewardModelConfig:
     path: str | None = None  # a sequence-classification model directory (accel-rm's export): scores each response
     judge_url: str | None = None  # an OpenAI-compatible chat endpoint (.../v1) whose reply holds the score
-    judge_model: str | None = None  # a model directory for a judge server the run starts (not in this version)
+    judge_model: str | None = None  # a model directory served by a vLLM server the run starts and stops (judge_*)
     judge_name: str | None = None  # the model name sent to judge_url; null: the first one its /models lists
     judge_prompt: str = DEFAULT_JUDGE_PROMPT  # with {prompt}, {response} and {answer}
     judge_max_tokens: int = 32  # of the judge's reply
+    # the reply's form, imposed through vLLM's structured outputs so that any model answers a parseable score
+    judge_answer_regex: str = r"[0-9]{1,2}(\.[0-9])?"
+    judge_constrained: bool | None = None  # send judge_answer_regex: null: to judge_model only; true: to judge_url too
+    judge_port: int = 0  # judge_model's server port; 0: a free one
+    judge_start_timeout_s: float = 600.0  # how long judge_model's server may take to answer /health
+    judge_max_model_len: int | None = None  # judge_model's context (prompt + reply); null: the model's own
+    judge_kv_cache_gib: float | None = None  # judge_model's KV cache in GiB where the device sizes it so (the CPU)
+    judge_server_args: dict = dataclasses.field(default_factory=dict)  # other api_server arguments of judge_model
     timeout_s: float = 60.0  # per judge call; a call past it is retried, then counted as a failure (reward 0)
     retries: int = 2  # further attempts after a failed judge call
     max_parallel: int = 8  # judge calls in flight at once, per rank
@@ -57,8 +67,10 @@ def problems(config) -> list[str]:
         found.append(f"reward_model.{' and reward_model.'.join(given)} are set: a run scores with one reward "
                      "model, so set only one")
     if section.judge_model:
-        found.append("reward_model.judge_model (a judge server the run starts) is not available in this version: "
-                     "serve the model yourself (vllm serve DIR) and set reward_model.judge_url=http://HOST:PORT/v1")
+        found += judge_model_problems(section)
+    elif changed_server_keys(section):
+        found.append(f"reward_model.{', reward_model.'.join(changed_server_keys(section))}: set only with "
+                     "reward_model.judge_model (the judge server the run starts)")
     if section.path:
         if not Path(section.path).is_dir():
             found.append(f"reward_model.path {section.path} is not a directory (a sequence-classification model "
@@ -75,6 +87,51 @@ def problems(config) -> list[str]:
             found.append(f"reward_model.{key} must be a positive number, got {value!r}")
     if isinstance(section.retries, bool) or not isinstance(section.retries, int) or section.retries < 0:
         found.append(f"reward_model.retries must be an integer >= 0, got {section.retries!r}")
+    if section.judge_constrained not in (None, True, False):
+        found.append(f"reward_model.judge_constrained must be true, false or null, got {section.judge_constrained!r}")
+    try:
+        re.compile(str(section.judge_answer_regex))
+    except re.error as exc:
+        found.append(f"reward_model.judge_answer_regex is not a regular expression ({exc})")
+    return found
+
+
+SERVER_KEYS = ("judge_port", "judge_start_timeout_s", "judge_max_model_len", "judge_kv_cache_gib",
+               "judge_server_args")
+
+
+def changed_server_keys(section) -> list[str]:
+    defaults = RewardModelConfig()
+    return [key for key in SERVER_KEYS if getattr(section, key) != getattr(defaults, key)]
+
+
+def judge_model_problems(section) -> list[str]:
+    """``reward_model.judge_model``'s directory and server keys, and vLLM in this Python (named before any worker
+    starts, with the package this device needs, as for rollout.engine=vllm)."""
+    found = []
+    model = Path(str(section.judge_model))
+    if not (model / "config.json").is_file():
+        found.append(f"reward_model.judge_model {section.judge_model} is not a model directory (no config.json): "
+                     "give a directory vLLM can serve")
+    port = section.judge_port
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+        found.append(f"reward_model.judge_port must be a port number (0: a free one), got {port!r}")
+    for key in ("judge_start_timeout_s", "judge_max_model_len", "judge_kv_cache_gib"):
+        value = getattr(section, key)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+            found.append(f"reward_model.{key} must be a positive number{'' if key.endswith('_s') else ' or null'}, "
+                         f"got {value!r}")
+    if not isinstance(section.judge_server_args, dict):
+        found.append(f"reward_model.judge_server_args must be a mapping of api_server arguments, got "
+                     f"{section.judge_server_args!r}")
+    from ..rollout.engines.vllm_settings import vllm_installed
+
+    if not vllm_installed():
+        import accel_backends
+
+        package = accel_backends.get_backend().inference_engine_facts().package
+        found.insert(0, f"reward_model.judge_model needs vLLM, which is not installed in this Python: install "
+                        f"{package}, or serve the judge elsewhere and set reward_model.judge_url=http://HOST:PORT/v1")
     return found
 
 
@@ -100,6 +157,13 @@ def model_rewards(config, backend=None) -> list[Reward]:
 
         fn = ClassifierReward(section, backend or accel_backends.get_backend())
         spec = section.path
+    elif section.judge_model:
+        import accel_backends
+
+        from .judge_server import served_judge_url
+
+        url = served_judge_url(section, backend or accel_backends.get_backend())
+        fn, spec = JudgeReward(section, url), section.judge_model
     else:
         fn, spec = JudgeReward(section), section.judge_url
     return [Reward(spec, fn, STYLE, float(weight))]

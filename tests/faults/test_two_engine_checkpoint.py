@@ -1,7 +1,8 @@
 """The frame's checkpoint of every trained engine (engine/checkpoint/engine_set.py), 2 real gloo ranks: a PPO run
 killed (SIGKILL) after the policy's save and before the critic's resumes from the previous complete checkpoint,
 both engines from the same step, to the figures the killed run had computed; the critic trains alone during its
-warmup, then both, each with its own optimizer; export writes the policy."""
+warmup, then both, each with its own optimizer (and micro-batches: the resumed run's critic.micro_batch_size=1
+trains the critic as the killed run's one micro-batch did); export writes the policy."""
 
 import json
 from pathlib import Path
@@ -37,14 +38,18 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
     before = _rows(run)
     assert [row["step"] for row in before] == [1, 2, 3]
 
-    resumed = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume"],
-                         env=ENV, timeout=400)
+    # The resumed run splits the critic's passes into micro-batches of one sequence (critic.micro_batch_size): its
+    # values, loss and gradient are the killed run's, which had one micro-batch per rank (train.micro_batch_size).
+    resumed = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume",
+                          "critic.micro_batch_size=1"], env=ENV, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from step 2" in resumed.stdout + resumed.stderr
     after = _rows(run)
     assert [row["step"] for row in after] == [1, 2, 3]  # step 3's row is the resumed run's now
     for key in ("loss", "reward_mean", "critic/vf_loss", "critic/values_mean"):  # both engines back at step 2
         assert after[-1][key] == pytest.approx(before[2][key], rel=1e-5, abs=1e-7), key
+    assert after[-1]["critic/grad_norm"] == pytest.approx(before[2]["critic/grad_norm"], rel=1e-4)
+    assert before[2]["critic/micro_batches"] == 1 and after[-1]["critic/micro_batches"] == 4  # 4 sequences a rank
     assert [p.name for p in checkpoint.complete_checkpoints(checkpoints)][0] == "step_000003"
     assert not (checkpoints / "step_000003.partial").exists()
     assert [row["updates"] for row in after] == [0.0, 1.0, 1.0]  # critic.warmup_steps=1: the policy waits a step

@@ -54,3 +54,45 @@ def test_value_loss_against_its_formula():
     assert metrics["vf_clip_frac"] == pytest.approx(clipped / len(per_token))
     unclipped, _ = value_loss(values, old, returns, mask, clip_range=None)
     assert unclipped.item() == pytest.approx(0.5 * (((values - returns) ** 2) * mask).sum().item() / mask.sum().item())
+
+
+def test_the_critics_own_micro_batches_keep_each_ranks_sequences_and_match_in_count():
+    """critic.micro_batch_size / micro_batch_tokens: each rank's sequences of the policy's plan (whose values and
+    returns that rank computed) planned again within the critic's sizes; as many micro-batches on every rank."""
+    from engine.rl.critic import own_micro_batches
+
+    lengths = [5, 3, 4, 6, 2]
+    policy = (((0, 1), (2,)), ((3, 4), ()))  # rank 0: sequences 0, 1, 2; rank 1: 3, 4 (and a filler)
+    for limits in ({"max_sequences": 1, "max_tokens": None}, {"max_sequences": None, "max_tokens": 8},
+                   {"max_sequences": 16, "max_tokens": None}):
+        for padded in (False, True):
+            ranks = own_micro_batches(policy, lengths, padded=padded, **limits)
+            assert len({len(micro_batches) for micro_batches in ranks}) == 1, ranks  # FSDP: the same count
+            for own, micro_batches in zip(policy, ranks, strict=True):
+                assert sorted(i for micro in micro_batches for i in micro) == sorted(i for m in own for i in m)
+                for micro in micro_batches:
+                    if limits["max_sequences"]:
+                        assert len(micro) <= limits["max_sequences"]
+                    else:
+                        load = len(micro) * max(lengths[i] for i in micro) if padded and micro else \
+                            sum(lengths[i] for i in micro)
+                        assert load <= limits["max_tokens"], (micro, padded)
+    one = own_micro_batches(policy, lengths, max_sequences=1, max_tokens=None, padded=False)
+    assert [len(micro_batches) for micro_batches in one] == [3, 3] and one[1][2] == ()  # rank 1 pads with a filler
+    whole = own_micro_batches(policy, lengths, max_sequences=16, max_tokens=None, padded=False)
+    assert [[sorted(micro) for micro in r] for r in whole] == [[[0, 1, 2]], [[3, 4]]]  # larger: fewer of them
+
+
+def test_the_critics_micro_batch_keys_are_checked_before_any_worker():
+    from engine.recipes.ppo.recipe import algorithm_problems
+    from engine.recipes.ppo.schema import PPOConfig
+
+    config = PPOConfig()
+    assert algorithm_problems(config) == []
+    config.critic.micro_batch_size, config.critic.micro_batch_tokens = 0, 8
+    found = " | ".join(algorithm_problems(config))
+    assert "critic.micro_batch_size must be a positive integer or null (the policy's), got 0" in found
+    assert "critic.micro_batch_tokens needs data.max_prompt_tokens" in found
+    config.critic.micro_batch_size, config.data.max_prompt_tokens = None, 64
+    assert algorithm_problems(config) == [f"critic.micro_batch_tokens=8 is smaller than the longest possible sequence, "
+                                          f"{64 + config.rollout.max_new_tokens} tokens: raise it to at least that"]

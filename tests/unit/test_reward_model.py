@@ -2,6 +2,7 @@
 as rewards of an RL run, their figures, the weights and the config checks. The judge is a local HTTP stand-in
 that answers scores, garbage, errors or nothing in time."""
 
+import importlib.util
 import json
 import threading
 import time
@@ -159,4 +160,53 @@ def test_config_problems(tmp_path):
                   "judge_url must be an http", "judge_prompt must contain {response}", "timeout_s must be a positive",
                   "retries must be an integer >= 0"):
         assert piece in found
-    assert "vllm serve DIR" in " ".join(reward_model.problems(_config(judge_model=str(tmp_path))))
+    served = " | ".join(reward_model.problems(_config(judge_model=str(tmp_path), judge_port=-1,
+                                                      judge_max_model_len=0, judge_server_args=[])))
+    for piece in ("judge_model %s is not a model directory" % tmp_path, "judge_port must be a port number",
+                  "judge_max_model_len must be a positive number or null", "judge_server_args must be a mapping"):
+        assert piece in served
+    assert ("needs vLLM, which is not installed" in served) == (importlib.util.find_spec("vllm") is None)
+    # The judge server's keys do nothing without judge_model: refused, as every inert key is.
+    assert reward_model.problems(_config(judge_url="http://x/v1", judge_port=8000, judge_kv_cache_gib=1.0)) == [
+        "reward_model.judge_port, reward_model.judge_kv_cache_gib: set only with reward_model.judge_model (the "
+        "judge server the run starts)"]
+    assert "judge_answer_regex is not a regular expression" in " ".join(
+        reward_model.problems(_config(judge_url="http://x/v1", judge_answer_regex="(")))
+
+
+def test_a_constrained_judge_asks_for_the_score_form_and_an_unconstrained_one_does_not(judge_url):
+    """judge_constrained: vLLM's structured outputs (a regex) go with each call to judge_model's server always,
+    to judge_url only when asked (another OpenAI-compatible endpoint may refuse the field)."""
+    sample, asked = [Sample(prompt="p")], []
+    for constrained in (None, True, False):
+        Judge.requests.clear()
+        JudgeReward(RewardModelConfig(judge_url=judge_url, judge_prompt="Response: {response}\n",
+                                      judge_constrained=constrained)).score(sample, ["abc"], None)
+        asked.append(Judge.requests[0].get("structured_outputs"))
+    assert asked == [None, {"regex": r"[0-9]{1,2}(\.[0-9])?"}, None]
+    Judge.requests.clear()
+    served = RewardModelConfig(judge_model="/some/model", judge_prompt="Response: {response}\n",
+                               judge_answer_regex="[0-9]")
+    assert JudgeReward(served, judge_url).score(sample, ["abcd"], None) == [4.0]  # judge_model's server, by URL
+    assert Judge.requests[0]["structured_outputs"] == {"regex": "[0-9]"}
+
+
+def test_the_judge_server_is_started_as_rollout_servers_are_with_its_own_keys():
+    """judge_model's server: the rollout servers' launcher (guard, log, readiness) with the judge's port, context,
+    KV cache and arguments; the device's variables and arguments, the user's last."""
+    from engine.rl.judge_server import judge_server_options, judge_server_spec
+    from engine.rollout.vllm_server.manager import ServerManager
+
+    facts = accel_backends.get_backend("cpu").inference_engine_facts()
+    section = RewardModelConfig(judge_model="/models/judge", judge_max_model_len=512, judge_kv_cache_gib=2.0,
+                                judge_server_args={"max_num_seqs": 8, "seed": 3})
+    assert judge_server_options(section, facts) == {"enforce_eager": True, "seed": 3, "generation_config": "vllm",
+                                                    "max_model_len": 512, "enable_chunked_prefill": False,
+                                                    "max_num_seqs": 8}
+    spec = judge_server_spec(section, facts, free_port=lambda: 4321)
+    assert spec.port == 4321 and spec.env["VLLM_CPU_KVCACHE_SPACE"] == "2" and spec.cores == []
+    assert "--max-model-len 512" in " ".join(spec.arguments) and "--no-enable-chunked-prefill" in spec.arguments
+    assert judge_server_spec(RewardModelConfig(judge_port=8123), facts, free_port=lambda: 1).port == 8123
+    command = ServerManager("/models/judge", [spec], "/tmp/logs").command(spec)
+    assert command[2] == "engine.rollout.vllm_server.guard" and "vllm.entrypoints.openai.api_server" in command
+    assert "--skip-tokenizer-init" not in command  # a chat server: the judge's own tokenizer and chat template

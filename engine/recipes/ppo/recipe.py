@@ -8,6 +8,7 @@ from ...rl import checks as rl_checks
 from ...rl.losses import AGGREGATION_MODES, KL_KINDS
 from ...rl.recipe import RLRecipe
 from ...rl.rollout_correction import CORRECTION_MODES
+from ...rl.sizes import prompt_token_limit
 from .schema import PRESETS, PPOConfig
 
 HELP = """PPO post-training of a causal language model with a learned critic (GAE advantages over the response's
@@ -47,6 +48,18 @@ def algorithm_problems(config) -> list[str]:
             problems.append(f"algorithm.{name} must be >= 0, got {getattr(a, name)}")
     if c.lr <= 0 or c.warmup_steps < 0 or (c.ppo_epochs is not None and c.ppo_epochs < 1):
         problems.append("critic.lr must be > 0, critic.warmup_steps >= 0 and critic.ppo_epochs >= 1 (or null)")
+    for name in ("micro_batch_size", "micro_batch_tokens"):
+        value = getattr(c, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            problems.append(f"critic.{name} must be a positive integer or null (the policy's), got {value!r}")
+    longest = prompt_token_limit(config)
+    if isinstance(c.micro_batch_tokens, int) and longest is not None and \
+            longest + config.rollout.max_new_tokens > c.micro_batch_tokens:
+        problems.append(f"critic.micro_batch_tokens={c.micro_batch_tokens} is smaller than the longest possible "
+                        f"sequence, {longest + config.rollout.max_new_tokens} tokens: raise it to at least that")
+    elif c.micro_batch_tokens is not None and longest is None:
+        problems.append("critic.micro_batch_tokens needs data.max_prompt_tokens (the longest prompt kept), as "
+                        "train.micro_batch_tokens does")
     if config.engine.get("sequence_parallel_size", 1) not in (1, None):
         problems.append("accel-ppo does not run the critic with sequence parallelism yet: set "
                         "engine.sequence_parallel_size=1")

@@ -33,6 +33,10 @@ class CriticConfig:
     lr: float = 1e-5  # its own optimizer's learning rate (the schedule is engine.lr_schedule's)
     warmup_steps: int = 0  # the first N steps train the critic alone (the policy waits for sensible values)
     ppo_epochs: int | None = None  # passes over the step's mini-batches; null: train.ppo_epochs
+    # Its own micro-batches per rank (values and updates): micro_batch_tokens (a token budget) else micro_batch_size
+    # (sequences); both null: the policy's (train.micro_batch_tokens / train.micro_batch_size)
+    micro_batch_size: int | None = None
+    micro_batch_tokens: int | None = None
     param_offload: bool = False  # the critic's parameters in host memory outside its own passes
     optimizer_offload: bool = False  # and its optimizer state
 

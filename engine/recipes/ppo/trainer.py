@@ -14,7 +14,8 @@ import torch
 
 from ... import FSDPEngine
 from ...rl.advantages import outcome_token_rewards, whiten
-from ...rl.critic import critic_factory, token_values, value_loss
+from ...rl.batches import StepData
+from ...rl.critic import critic_factory, own_micro_batches, token_values, value_loss
 from ...rl.engine_settings import engine_config
 from ...rl.gae import gae_returns
 from ...rl.model import build_model
@@ -34,6 +35,20 @@ def critic_engine_config(config, world_size: int):
                                optimizer_offload=c.optimizer_offload, lora_rank=0)
 
 
+@dataclasses.dataclass
+class CriticStepData(StepData):
+    """The step's batch with what the critic's update needs from the step's collection: the step (the policy waits
+    for ``critic.warmup_steps``), the GAE returns and the values they came from (``[N, R]``, this rank's rows)."""
+
+    step: int = 0
+    returns: torch.Tensor | None = None
+    old_values: torch.Tensor | None = None
+
+    @classmethod
+    def of(cls, data: StepData, **critic) -> CriticStepData:
+        return cls(**{field.name: getattr(data, field.name) for field in dataclasses.fields(StepData)}, **critic)
+
+
 class PPOTrainer(RLTrainer):
     recipe, tool = "ppo", "accel-ppo"
 
@@ -42,21 +57,28 @@ class PPOTrainer(RLTrainer):
         source = build_model(config.model)[1]
         self.critic = FSDPEngine(critic_factory(source, config.critic.path, config.train.seed),
                                  critic_engine_config(config, self.world_size), self.backend)
-        self._step = 0  # the step being trained (collect -> update)
-        self._targets = None  # (returns, old values) of the step's batch, from collect to update
-        self._last_update: dict = {}  # the last update's figures, the critic's among them, for the step's row
 
     @property
     def engines(self) -> dict:
         """Every trained engine, the policy first: the frame checkpoints and resumes them as one."""
         return {"policy": self.actor, "critic": self.critic}
 
+    def critic_layouts(self, data, mini) -> list:
+        """The critic's micro-batches of ``mini`` on this rank: its own sizes (``critic.micro_batch_*``), else the
+        policy's."""
+        c = self.config.critic
+        if c.micro_batch_size is None and c.micro_batch_tokens is None:
+            return data.layouts(mini)
+        ranks = own_micro_batches(mini.plan.ranks, data.sequences.lengths.tolist(), max_sequences=c.micro_batch_size,
+                                  max_tokens=c.micro_batch_tokens, padded=not data.packed)
+        return data.layouts(dataclasses.replace(mini, plan=dataclasses.replace(mini.plan, ranks=ranks)))
+
     def planned_values(self, data) -> torch.Tensor:
         """The critic's values ``[N, R]`` of this rank's share of the step's sequences (others' rows 0)."""
         device = self.backend.device()
         out = torch.zeros(len(data.sequences), data.width)
         with self.critic.eval_mode(), torch.no_grad():
-            for indices, micro in data.rank_layouts():
+            for indices, micro in (layout for mini in data.mini_batches for layout in self.critic_layouts(data, mini)):
                 values = token_values(self.critic.module, micro.to(device)).cpu()
                 if indices:
                     out[list(indices), :values.size(1)] = values
@@ -80,12 +102,11 @@ class PPOTrainer(RLTrainer):
         full_returns = torch.zeros(data.loss_mask.shape)
         full_returns[own] = returns
         data.advantages = advantages
-        self._step, self._targets = step, (full_returns, values)
-        return data, stats, extras
+        return CriticStepData.of(data, step=step, returns=full_returns, old_values=values), stats, extras
 
     def critic_micro_batches(self, data, mini, returns: torch.Tensor, values: torch.Tensor) -> list[dict]:
         micro_batches = []
-        for indices, layout in data.layouts(mini):
+        for indices, layout in self.critic_layouts(data, mini):
             rows, width = list(indices), layout.width
 
             def part(tensor, rows=rows, width=width):
@@ -103,8 +124,8 @@ class PPOTrainer(RLTrainer):
                                    clip_range=self.config.algorithm.value_clip)
         return loss, float(mask.sum()), metrics
 
-    def update_critic(self, data) -> dict:
-        returns, values = self._targets
+    def update_critic(self, data: CriticStepData) -> dict:
+        returns, values = data.returns, data.old_values
         epochs = self.config.critic.ppo_epochs or self.config.train.ppo_epochs
         totals: dict[str, float] = {}
         updates = 0
@@ -113,8 +134,10 @@ class PPOTrainer(RLTrainer):
                 for mini in data.mini_batches:
                     metrics = self.critic.forward_backward_batch(
                         self.critic_micro_batches(data, mini, returns, values), self.critic_loss_fn)
-                    for key in ("peak_memory_gib", "weight", "micro_batches", "time_s"):  # the engine's own
+                    micro_batches = metrics.pop("micro_batches", 0.0)
+                    for key in ("peak_memory_gib", "weight", "time_s"):  # the engine's own
                         metrics.pop(key, None)
+                    metrics["micro_batches"] = float(micro_batches)
                     metrics["grad_norm"] = self.critic.optimizer_step()
                     for key, value in metrics.items():
                         totals[key] = totals.get(key, 0.0) + value
@@ -126,9 +149,10 @@ class PPOTrainer(RLTrainer):
         figures["critic/returns_mean"] = float(returns[mask].mean()) if mask.any() else 0.0
         return figures
 
-    def update(self, data, loss_fn=None) -> dict:
-        """The policy's PPO updates (none during ``critic.warmup_steps``), then the critic's."""
-        if self._step < self.config.critic.warmup_steps:
+    def update(self, data: CriticStepData, loss_fn=None) -> dict:
+        """The policy's PPO updates (none during ``critic.warmup_steps``), then the critic's; its ``critic/*``
+        figures join the step's row (``step_metrics.step_row`` keeps an update's keys with a ``/``)."""
+        if data.step < self.config.critic.warmup_steps:
             from ...rl.rollout_correction import MismatchStats
 
             policy = {**WARMUP_UPDATE, "mismatch": MismatchStats()}
@@ -136,11 +160,4 @@ class PPOTrainer(RLTrainer):
             with phase("update"):
                 policy = ppo_updates(self.actor, data, loss_fn or self.loss_fn, self.config.train.ppo_epochs)
         policy.update(self.update_critic(data))
-        self._targets, self._last_update = None, policy
         return policy
-
-    def step(self, step: int):
-        result = super().step(step)
-        critic = {key: value for key, value in self._last_update.items() if key.startswith("critic/")}
-        base = result.metrics
-        return dataclasses.replace(result, metrics=lambda totals, largest: {**base(totals, largest), **critic})
