@@ -3,8 +3,9 @@ two data-parallel ranks (packed within a token budget, and padded two pairs per 
 sequence-parallel group of both ranks (packed), the loss, metrics and every gradient equal those of one plain
 process computing all the pairs in one padded micro-batch (the formulas themselves: tests/unit/test_dpo_loss.py,
 test_rm_loss.py). DPO's reference is a frozen engine of another model (so the implicit rewards are not zero), with
-the RPO NLL term on; the reward model has margins and the centring term. One spawn; each test asserts one
-property."""
+the RPO NLL term on; the reward model has margins and the centring term. The same spawn scores responses with a
+trained reward model in RL's way (reward_model.path) sharded across both ranks, each rank a different number of
+responses: the scores are the replicated model's. One spawn; each test asserts one property."""
 
 import pytest
 from distributed import run_ranks
@@ -121,14 +122,45 @@ def _exactness(rank: int, policy_dir: str, reference_dir: str) -> dict:
     return results
 
 
+def _sharded_scores(rank: int, reward_model_dir: str) -> dict:
+    """reward_model.path's scores of this rank's responses (rank 0: 5, rank 1: 2; batches of 2, so 3 forwards
+    and 1), from a replicated copy and from the model sharded across both ranks (FSDP2)."""
+    import dataclasses
+
+    import accel_backends
+    from engine.recipes.grpo.config import GRPOConfig
+    from engine.rl.prompt_types import Sample
+    from engine.rl.reward_model import classifier_engine
+    from engine.rl.scorers import ClassifierReward
+
+    config = GRPOConfig()
+    config.engine = {"fsdp_version": 2}
+    backend = accel_backends.get_backend()
+    responses = ["aab", "ba", "aaaa", "b", "abab"] if rank == 0 else ["a", "bbba"]
+    samples = [Sample(prompt="b x2:")] * len(responses)
+    scores = {}
+    for sharding in ("replicated", "sharded"):
+        section = dataclasses.replace(config.reward_model, path=reward_model_dir, batch_size=2, sharding=sharding)
+        fn = ClassifierReward(section, backend, classifier_engine(config, section))
+        scores[sharding] = {"engine": fn.engine is not None, "scores": fn.score(samples, responses, None)}
+    return scores
+
+
+def _spawned(rank: int, policy_dir: str, reference_dir: str, reward_model_dir: str) -> dict:
+    return {**_exactness(rank, policy_dir, reference_dir), "scoring": _sharded_scores(rank, reward_model_dir)}
+
+
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
+    from reward_models import make_reward_model
+
     from engine.demo_model import make_tiny_model
 
     root = tmp_path_factory.mktemp("preference-ranks")
     policy = make_tiny_model(root / "policy", vocab_size=512, seed=0)
     reference = make_tiny_model(root / "reference", vocab_size=512, seed=1)
-    return run_ranks(_exactness, str(policy), str(reference), world_size=2)
+    reward_model = make_reward_model(root / "reward-model")
+    return run_ranks(_spawned, str(policy), str(reference), str(reward_model), world_size=2)
 
 
 def test_the_reference_differs_from_the_policy_and_the_reward_model_is_not_trivial(results):
@@ -151,3 +183,12 @@ def test_the_splits_are_what_they_claim(results):
     packed, padded = (results[0][name] for name in list(VARIANTS)[:2])
     assert packed["micro_batches"] > 1 and packed["pad_tokens"] == 0
     assert padded["micro_batches"] == PAIRS / 2 / 2 and padded["pad_tokens"] > 0
+
+
+def test_a_sharded_reward_model_scores_as_a_replicated_one(results):
+    for rank, result in enumerate(results):
+        scoring = result["scoring"]
+        assert not scoring["replicated"]["engine"] and scoring["sharded"]["engine"]  # two ways, really
+        assert len(scoring["sharded"]["scores"]) == (5 if rank == 0 else 2)  # rank 1 ran 2 filler forwards
+        assert scoring["sharded"]["scores"] == pytest.approx(scoring["replicated"]["scores"], abs=1e-5)
+        assert max(scoring["sharded"]["scores"]) > min(scoring["sharded"]["scores"]) + 0.1  # not all the same

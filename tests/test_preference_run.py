@@ -3,8 +3,9 @@ tests/test_preference_ranks.py): each learns the demo's synthetic preferences to
 pairs; a DPO run resumed from its middle checkpoint repeats its last steps exactly; eval of a run gives the run's
 own validation figures; export writes a causal LM (DPO) and a directory that loads with
 AutoModelForSequenceClassification and, scored by Hugging Face alone, prefers the held-out chosen responses (the
-reward model); with LoRA the reference is the base model (the first loss is ln 2, the next rewards are not zero);
-`accel-train dpo|rm` are the same commands; a bad pair row is refused in one line before any run directory."""
+reward model), and GRPO with that export as its only reward raises its score; with LoRA the reference is the base
+model (the first loss is ln 2, the next rewards are not zero); `accel-train dpo|rm` are the same commands; a bad
+pair row is refused in one line before any run directory."""
 
 import json
 import math
@@ -95,7 +96,14 @@ def test_the_lora_reference_is_the_base_model(root):
     assert rows[0]["rewards/chosen"] == 0.0 and abs(rows[1]["rewards/chosen"]) > 1e-4
 
 
-def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, capsys):
+@pytest.fixture(scope="module")
+def rm_export(root, rm_run):
+    out = root / "rm-export"
+    assert rm_main(["export", str(root / "runs" / "rm"), str(out)]) == 0
+    return out
+
+
+def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, rm_export, capsys):
     assert rm_run[0]["loss"] == pytest.approx(math.log(2), abs=1e-2)  # a new head scores near 0
     assert rm_run[-1]["val/accuracy"] >= 0.9 and rm_run[-1]["val/pairs"] == 102
     figures = evaluated(rm_main, capsys, root / "runs" / "rm")
@@ -106,10 +114,8 @@ def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, cap
 
     from engine.rl.offline.pair_data import PairDataConfig, evaluation_pairs
 
-    out = root / "rm-export"
-    assert rm_main(["export", str(root / "runs" / "rm"), str(out)]) == 0
-    model = AutoModelForSequenceClassification.from_pretrained(out).eval()
-    held_out = evaluation_pairs(PairDataConfig(), AutoTokenizer.from_pretrained(out), seed=0)
+    model = AutoModelForSequenceClassification.from_pretrained(rm_export).eval()
+    held_out = evaluation_pairs(PairDataConfig(), AutoTokenizer.from_pretrained(rm_export), seed=0)
     assert len(held_out) == 102
 
     def reward(sequence):  # Hugging Face's own reading: the score at the last token
@@ -118,6 +124,25 @@ def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, cap
 
     preferred = [reward(p.chosen) > reward(p.rejected) for p in held_out]
     assert sum(preferred) / len(preferred) >= 0.9
+
+
+def test_grpo_with_the_trained_reward_model_as_its_reward_raises_its_score(root, rm_export):
+    """The pipeline of docs/preference.md: accel-rm's export is GRPO's only reward (reward_model.path), on the demo
+    preferences' prompts, the policy the causal LM the reward model started from."""
+    from engine.grpo.cli import main as grpo_main
+    from engine.rl.offline.pair_data import demo_pairs
+
+    prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": pair.prompt} for pair in demo_pairs(64, seed=11)])
+    policy = next((root / "runs" / ".models").glob("tiny-chat-*"))  # the reward model's base, written by its run
+    assert grpo_main([*ONE, f"model.path={policy}", f"data.path={prompts}", f"reward_model.path={rm_export}",
+                      "train.steps=12", "train.prompts_per_step=8", "rollout.n=8", "rollout.max_new_tokens=4",
+                      "engine.lr=2e-2", "algorithm.kl_loss_coef=0", f"run.output_dir={root / 'runs'}",
+                      "run.name=grpo-rm"]) == 0
+    rows = metrics(root, "grpo-rm")
+    assert len(rows) == 12 and all(row["reward_model/failures"] == 0 for row in rows)
+    # The random policy (entropy ln 1024) starts near -2 and, at this high lr, ends near +2 (seed 0 here).
+    scores = [row["reward_model/score_mean"] for row in rows]
+    assert sum(scores[-3:]) / 3 > sum(scores[:3]) / 3 + 1.0, scores
 
 
 def test_accel_train_names_the_same_recipes(root, capsys):

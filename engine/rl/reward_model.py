@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .judge import JudgeReward
 from .rewards import Reward
-from .scorers import STAT_KEYS, STYLE, ClassifierReward
+from .scorers import STAT_KEYS, STYLE, ClassifierReward, shards_across_ranks
 
 DEFAULT_JUDGE_PROMPT = (
     "Rate how well the response answers the prompt, from 0 (wrong or useless) to 10 (correct and complete).\n\n"
@@ -46,6 +46,11 @@ class RewardModelConfig:
     retries: int = 2  # further attempts after a failed judge call
     max_parallel: int = 8  # judge calls in flight at once, per rank
     batch_size: int = 16  # responses per forward of reward_model.path
+    # reward_model.path on several ranks: auto (sharded when its weight files exceed replicate_max_gib), replicated
+    # (a full copy on each rank) or sharded (one frozen engine across the trainer's ranks, as the policy)
+    sharding: str = "auto"
+    replicate_max_gib: float = 2.0  # sharding=auto replicates a model whose weight files take at most this (GiB)
+    param_offload: bool = False  # a sharded reward model's parameters in host memory between its scorings
     max_length: int = 4096  # tokens of prompt + response the reward model reads (the start is cut beyond it)
 
 
@@ -77,6 +82,11 @@ def problems(config) -> list[str]:
                          "such as accel-rm's export)")
         elif not (Path(section.path) / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
+    if section.sharding not in SHARDINGS:
+        found.append(f"reward_model.sharding must be one of {', '.join(SHARDINGS)}, got {section.sharding!r}")
+    if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \
+            section.replicate_max_gib < 0:
+        found.append(f"reward_model.replicate_max_gib must be a number >= 0, got {section.replicate_max_gib!r}")
     if section.judge_url and not str(section.judge_url).startswith(("http://", "https://")):
         found.append(f"reward_model.judge_url must be an http:// or https:// URL, got {section.judge_url!r}")
     if "{response}" not in str(section.judge_prompt):
@@ -96,6 +106,7 @@ def problems(config) -> list[str]:
     return found
 
 
+SHARDINGS = ("auto", "replicated", "sharded")
 SERVER_KEYS = ("judge_port", "judge_start_timeout_s", "judge_max_model_len", "judge_kv_cache_gib",
                "judge_server_args")
 
@@ -155,7 +166,8 @@ def model_rewards(config, backend=None) -> list[Reward]:
     if section.path:
         import accel_backends
 
-        fn = ClassifierReward(section, backend or accel_backends.get_backend())
+        backend = backend or accel_backends.get_backend()
+        fn = ClassifierReward(section, backend, classifier_engine(config, section))
         spec = section.path
     elif section.judge_model:
         import accel_backends
@@ -167,6 +179,20 @@ def model_rewards(config, backend=None) -> list[Reward]:
     else:
         fn, spec = JudgeReward(section), section.judge_url
     return [Reward(spec, fn, STYLE, float(weight))]
+
+
+def classifier_engine(config, section):
+    """The frozen engine options of ``reward_model.path`` sharded across the trainer's ranks (the policy's sharding
+    and precision, without LoRA or sequence parallelism: each rank scores whole responses), or None: replicated."""
+    import torch.distributed as dist
+
+    from .engine_settings import engine_config
+
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if not shards_across_ranks(section, world_size):
+        return None
+    options = engine_config(config, world_size, frozen_offload=bool(section.param_offload))
+    return dataclasses.replace(options, lora_rank=0, sequence_parallel_size=1)
 
 
 def _rule_count(config) -> int:

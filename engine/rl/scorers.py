@@ -3,9 +3,11 @@ and the sequence-classification model scoring responses in the trainer's process
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import torch
+import torch.distributed as dist
 
 from .prompt_types import Sample
 
@@ -51,27 +53,67 @@ def prompt_text(sample: Sample) -> str:
     return sample.prompt
 
 
-class ClassifierReward(ModelReward):
-    """``reward_model.path``: an ``AutoModelForSequenceClassification`` (one label) replicated in each trainer
-    process, scoring this rank's responses in batches of ``batch_size`` at each sequence's last token (its EOS for
-    text, as accel-rm reads a pair)."""
+def weight_bytes(path: str) -> int:
+    """The size of a model directory's weight files (safetensors or PyTorch bins), as stored."""
+    from pathlib import Path
 
-    def __init__(self, section, backend) -> None:  # RewardModelConfig
-        super().__init__()
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-        from transformers.utils import logging
+    return sum(f.stat().st_size for pattern in ("*.safetensors", "*.bin") for f in Path(path).glob(pattern))
 
-        logging.disable_progress_bar()
-        self.section, self.device = section, backend.device()
-        self.tokenizer = AutoTokenizer.from_pretrained(section.path)
-        model = AutoModelForSequenceClassification.from_pretrained(section.path, dtype=torch.float32)
+
+def shards_across_ranks(section, world_size: int) -> bool:
+    """Whether ``reward_model.path`` is sharded across the trainer's ranks (``reward_model.sharding``): ``auto``
+    shards a model whose weight files exceed ``reward_model.replicate_max_gib`` and replicates a smaller one, whose
+    full copy on each rank costs less than a sharded forward's gathers. One process has nothing to shard over."""
+    if world_size < 2 or section.sharding == "replicated":
+        return False
+    return section.sharding == "sharded" or weight_bytes(section.path) > section.replicate_max_gib * 2 ** 30
+
+
+def classifier_builder(path: str):
+    """A zero-argument builder of ``path``'s sequence-classification model (fp32; on the meta device, as the ranks
+    that receive their shards from rank 0 build it, the structure alone), whose last position is its score."""
+    def build():
+        from transformers import AutoConfig, AutoModelForSequenceClassification
+
+        if torch.get_default_device().type == "meta":
+            model = AutoModelForSequenceClassification.from_config(AutoConfig.from_pretrained(path),
+                                                                   dtype=torch.float32)
+        else:
+            model = AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32)
         if model.config.num_labels != 1:
-            raise ValueError(f"reward_model.path {section.path} has {model.config.num_labels} labels: a reward "
-                             "model has one (num_labels=1), as accel-rm exports it")
+            raise ValueError(f"reward_model.path {path} has {model.config.num_labels} labels: a reward model has "
+                             "one (num_labels=1), as accel-rm exports it")
         # Rows are left-padded, so each one's last token is the last position: an id no token has makes the model
         # read it there (with the tokenizer's pad id it would skip an EOS that is also the pad token).
         model.config.pad_token_id = -1
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        return model
+
+    return build
+
+
+class ClassifierReward(ModelReward):
+    """``reward_model.path``: an ``AutoModelForSequenceClassification`` (one label) scoring this rank's responses in
+    batches of ``batch_size`` at each sequence's last token (its EOS for text, as accel-rm reads a pair); a full
+    copy in each trainer process, or with ``engine`` (an ``EngineConfig`` with ``frozen=True``) one frozen engine
+    sharded across them, every rank then running as many forwards (``shards_across_ranks``)."""
+
+    def __init__(self, section, backend, engine=None) -> None:  # RewardModelConfig
+        super().__init__()
+        from transformers import AutoTokenizer
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        self.section, self.backend, self.device = section, backend, backend.device()
+        self.tokenizer = AutoTokenizer.from_pretrained(section.path)
+        build = classifier_builder(section.path)
+        self.engine = None
+        if engine is not None:
+            from .. import FSDPEngine
+
+            self.engine = FSDPEngine(build, engine, backend)
+            self.model = self.engine.module
+        else:
+            self.model = build().to(self.device).eval().requires_grad_(False)
 
     def text(self, sample: Sample, response: str, completion) -> list[int]:
         """Token ids of the prompt with its response as accel-rm trained on them: a conversation rendered by the
@@ -92,20 +134,33 @@ class ClassifierReward(ModelReward):
     def _score(self, samples, responses, completions):
         rows = [self.text(s, r, completions[i] if completions else None)
                 for i, (s, r) in enumerate(zip(samples, responses, strict=True))]
-        scores: list[float] = []
         size = self.section.batch_size
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0  # masked out anyway
-        with torch.no_grad():
-            for start in range(0, len(rows), size):
+        forwards = -(-len(rows) // size)
+        if self.engine is not None:  # a sharded forward is a collective: every rank runs the most any rank needs
+            count = torch.tensor([float(forwards)], device=self.backend.metrics_device())
+            dist.all_reduce(count, op=dist.ReduceOp.MAX)
+            forwards = int(count.item())
+        scores: list[float] = []
+        with torch.no_grad(), self.engine.eval_mode() if self.engine is not None else contextlib.nullcontext():
+            for start in range(0, forwards * size, size):
                 chunk = rows[start:start + size]
-                width = max(len(ids) for ids in chunk)
-                ids = torch.full((len(chunk), width), pad, dtype=torch.long)
-                mask = torch.zeros((len(chunk), width), dtype=torch.long)
-                for row, tokens in enumerate(chunk):  # left-padded: each row ends at the last position
-                    ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
-                    mask[row, width - len(tokens):] = 1
-                positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as if unpadded
-                logits = self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
-                                    position_ids=positions.to(self.device)).logits
-                scores += logits[:, 0].float().cpu().tolist()
+                logits = self.forward(chunk or [[self.pad_id]])  # a filler: this rank has no rows left
+                if chunk:
+                    scores += logits[:, 0].float().cpu().tolist()
         return scores, [False] * len(scores)
+
+    @property
+    def pad_id(self) -> int:
+        return self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0  # masked out anyway
+
+    def forward(self, chunk: list[list[int]]) -> torch.Tensor:
+        """The logits ``[rows, 1]`` of token-id rows, left-padded so that each row ends at the last position."""
+        width = max(len(ids) for ids in chunk)
+        ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, tokens in enumerate(chunk):
+            ids[row, width - len(tokens):] = torch.tensor(tokens, dtype=torch.long)
+            mask[row, width - len(tokens):] = 1
+        positions = (mask.cumsum(dim=1) - 1).clamp(min=0)  # as if unpadded
+        return self.model(input_ids=ids.to(self.device), attention_mask=mask.to(self.device),
+                          position_ids=positions.to(self.device)).logits

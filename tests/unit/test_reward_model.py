@@ -112,6 +112,28 @@ def test_classifier_scores_each_response_batched(tmp_path):
         "input_ids"], tokenizer.eos_token_id]
 
 
+def test_a_reward_model_is_sharded_as_its_size_asks(tmp_path):
+    """reward_model.sharding: auto shards across ranks only a model whose weight files exceed replicate_max_gib;
+    one process never shards; a bad value is named before any worker."""
+    from engine.rl.scorers import shards_across_ranks, weight_bytes
+
+    directory = make_reward_model(tmp_path / "rm")
+    size = weight_bytes(str(directory))
+    assert size > 0
+    section = RewardModelConfig(path=str(directory))
+    assert not shards_across_ranks(section, 2)  # auto, a few KiB: under the default 2 GiB
+    section.replicate_max_gib = size / 2 ** 30 / 2
+    assert shards_across_ranks(section, 2) and not shards_across_ranks(section, 1)
+    section.sharding = "replicated"
+    assert not shards_across_ranks(section, 2)
+    section.sharding, section.replicate_max_gib = "sharded", 100.0
+    assert shards_across_ranks(section, 2)
+    config = _config(path=str(directory), sharding="split", replicate_max_gib=-1)
+    found = " | ".join(reward_model.problems(config))
+    assert "reward_model.sharding must be one of auto, replicated, sharded, got 'split'" in found
+    assert "reward_model.replicate_max_gib must be a number >= 0, got -1" in found
+
+
 def _config(**reward_model_keys) -> GRPOConfig:
     config = GRPOConfig()
     config.data.task = "echo"
