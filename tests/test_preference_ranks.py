@@ -129,8 +129,8 @@ def _sharded_scores(rank: int, reward_model_dir: str) -> dict:
 
     import accel_backends
     from engine.recipes.grpo.config import GRPOConfig
+    from engine.rl.engine_settings import reward_model_engine
     from engine.rl.prompt_types import Sample
-    from engine.rl.reward_model import classifier_engine
     from engine.rl.scorers import ClassifierReward
 
     config = GRPOConfig()
@@ -141,7 +141,7 @@ def _sharded_scores(rank: int, reward_model_dir: str) -> dict:
     scores = {}
     for sharding in ("replicated", "sharded"):
         section = dataclasses.replace(config.reward_model, path=reward_model_dir, batch_size=2, sharding=sharding)
-        fn = ClassifierReward(section, backend, classifier_engine(config, section))
+        fn = ClassifierReward(section, backend, reward_model_engine(config, section))
         scores[sharding] = {"engine": fn.engine is not None, "scores": fn.score(samples, responses, None)}
     return scores
 

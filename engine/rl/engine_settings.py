@@ -26,6 +26,20 @@ def engine_config(config, world_size: int, frozen_offload: bool | None = None) -
     return train_config.engine_options(options, {})
 
 
+def reward_model_engine(config, section):
+    """The frozen engine options of ``reward_model.path`` sharded across the trainer's ranks (the policy's sharding
+    and precision, without LoRA or sequence parallelism: each rank scores whole responses), or None: replicated."""
+    import torch.distributed as dist
+
+    from .scorers import shards_across_ranks
+
+    world_size = dist.get_world_size() if dist.is_initialized() else 1
+    if not shards_across_ranks(section, world_size):
+        return None
+    options = engine_config(config, world_size, frozen_offload=bool(section.param_offload))
+    return dataclasses.replace(options, lora_rank=0, sequence_parallel_size=1)
+
+
 def resolved(config, world_size: int) -> dict:
     """The whole configuration as a run uses it: every option, every engine default, and the derived values."""
     data = config.to_dict()

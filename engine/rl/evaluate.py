@@ -12,7 +12,7 @@ import dataclasses
 from pathlib import Path
 
 from ..train.recipe import Evaluation
-from .engine_settings import engine_config
+from .engine_settings import engine_config, reward_model_engine
 from .model import BUILTIN_MODEL, check_model_dir
 from .sizes import prompts_per_rank
 
@@ -104,7 +104,8 @@ def evaluate(config, model_dir: str | None, backend, offload: bool = False) -> E
     spec = data_spec(config)  # the config enters data loading here, once: spec -> rewards -> prompts
     rewards = load_rewards(list(spec.rewards), spec.reward_style)
     samples = validation_set(spec, tokenizer, needs_answers(rewards), verbose=False)
-    rewards += model_rewards(config, backend)  # the run's reward model or judge scores held-out responses too
+    # the run's reward model or judge scores held-out responses too
+    rewards += model_rewards(config, backend, reward_model_engine)
     # An exported checkpoint has its LoRA merged: the model is evaluated as it is. Evaluation only generates, on
     # whole sequences: a run trained with sequence parallelism is evaluated without it, on any number of processes.
     options = dataclasses.replace(engine_config(config, world_size, frozen_offload=offload), lora_rank=0,

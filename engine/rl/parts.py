@@ -10,6 +10,7 @@ from .. import runtime
 from ..rollout import RolloutContext, build_sampler, create_rollout_engine, eos_token_ids, sampling_configs
 from ..rollout.borrowing import borrow_idle_cores
 from ..runtime import BorrowedThreads
+from .engine_settings import reward_model_engine
 from .frozen import FrozenModel
 from .model import build_model
 from .prompts import build_tasks, data_spec, needs_answers
@@ -31,7 +32,7 @@ def run_rewards(config, file_rewards: list) -> list:
     """The run's reward functions: the data's, an environment's ``get_reward()`` as a reward of its own (then
     ``data.reward`` is optional), and a reward model or judge (``reward_model.*``, loaded on this rank)."""
     used = [] if config.rollout.environment and not config.data.reward else file_rewards
-    return used + environment_rewards(config.rollout.environment) + model_rewards(config)
+    return used + environment_rewards(config.rollout.environment) + model_rewards(config, None, reward_model_engine)
 
 
 def frozen_models(specs: dict, policy_source, policy, backend) -> dict[str, FrozenModel]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .judge import JudgeReward
 from .rewards import Reward
-from .scorers import STAT_KEYS, STYLE, ClassifierReward, shards_across_ranks
+from .scorers import STAT_KEYS, STYLE, ClassifierReward
 
 DEFAULT_JUDGE_PROMPT = (
     "Rate how well the response answers the prompt, from 0 (wrong or useless) to 10 (correct and complete).\n\n"
@@ -157,8 +157,10 @@ def split_weights(weights: list | None, rules: int, with_model: bool) -> tuple[l
     return list(weights[:-1]), weights[-1]
 
 
-def model_rewards(config, backend=None) -> list[Reward]:
-    """``[Reward]`` for the run's reward model or judge (its weight: ``data.reward_weights``' last entry), else []."""
+def model_rewards(config, backend=None, engine_options=None) -> list[Reward]:
+    """``[Reward]`` for the run's reward model or judge (its weight: ``data.reward_weights``' last entry), else [].
+    ``engine_options(config, section)``: a sharded ``reward_model.path``'s frozen engine options, or None for a
+    replicated one (``engine_settings.reward_model_engine``)."""
     section = configured(config)
     if section is None:
         return []
@@ -167,7 +169,7 @@ def model_rewards(config, backend=None) -> list[Reward]:
         import accel_backends
 
         backend = backend or accel_backends.get_backend()
-        fn = ClassifierReward(section, backend, classifier_engine(config, section))
+        fn = ClassifierReward(section, backend, engine_options(config, section) if engine_options else None)
         spec = section.path
     elif section.judge_model:
         import accel_backends
@@ -179,20 +181,6 @@ def model_rewards(config, backend=None) -> list[Reward]:
     else:
         fn, spec = JudgeReward(section), section.judge_url
     return [Reward(spec, fn, STYLE, float(weight))]
-
-
-def classifier_engine(config, section):
-    """The frozen engine options of ``reward_model.path`` sharded across the trainer's ranks (the policy's sharding
-    and precision, without LoRA or sequence parallelism: each rank scores whole responses), or None: replicated."""
-    import torch.distributed as dist
-
-    from .engine_settings import engine_config
-
-    world_size = dist.get_world_size() if dist.is_initialized() else 1
-    if not shards_across_ranks(section, world_size):
-        return None
-    options = engine_config(config, world_size, frozen_offload=bool(section.param_offload))
-    return dataclasses.replace(options, lora_rank=0, sequence_parallel_size=1)
 
 
 def _rule_count(config) -> int:
