@@ -15,6 +15,7 @@ from ...config import EngineConfig
 from ...rl.offline.model_files import DEMO_MODEL
 from ...rl.offline.pair_config import PairTrainConfig, pair_problems
 from ...rl.offline.pair_data import PairDataConfig
+from ...rl.offline.run_config import accelerator_presets
 from ...train import config as train_config
 from ...train.settings import RunConfig, TrainerConfig
 from .loss import LOSS_TYPES
@@ -50,17 +51,8 @@ PRESETS: dict[str, dict] = {
         "run": {"val_every": 10},
         "engine": {"fsdp_version": 2, "lr": 2e-3, "lr_schedule": "constant", "max_grad_norm": 1.0},
     },
-    "h100": {
-        "nproc": "auto",
-        "model": {"path": None},
-        "data": {"max_length": 2048},
-        "train": {"batch_size": 64, "micro_batch_tokens": 16384},
-        "engine": {"fsdp_version": 2, "lr": 1e-6, "lr_schedule": "cosine", "warmup_steps": 10,
-                   "mixed_precision": "auto", "gradient_checkpointing": True},
-    },
+    **accelerator_presets(max_length=2048, batch_size=64, micro_batch_tokens=16384, lr=1e-6, warmup_steps=10),
 }
-# Ascend 910B (64 GB HBM): the H100 settings with half the tokens per micro-batch.
-PRESETS["ascend-910b"] = {**PRESETS["h100"], "train": {"batch_size": 64, "micro_batch_tokens": 8192}}
 
 
 def reference_config(config: DPOConfig) -> EngineConfig:

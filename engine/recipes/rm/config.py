@@ -10,6 +10,7 @@ from typing import Any
 from ...rl.offline.model_files import DEMO_MODEL
 from ...rl.offline.pair_config import PairTrainConfig, pair_problems
 from ...rl.offline.pair_data import PairDataConfig
+from ...rl.offline.run_config import accelerator_presets
 from ...train.settings import RunConfig, TrainerConfig
 
 
@@ -43,17 +44,8 @@ PRESETS: dict[str, dict] = {
         "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10,
                    "max_grad_norm": 1.0},
     },
-    "h100": {
-        "nproc": "auto",
-        "model": {"path": None},
-        "data": {"max_length": 2048},
-        "train": {"batch_size": 64, "micro_batch_tokens": 16384},
-        "engine": {"fsdp_version": 2, "lr": 1e-5, "lr_schedule": "cosine", "warmup_steps": 10,
-                   "mixed_precision": "auto", "gradient_checkpointing": True},
-    },
+    **accelerator_presets(max_length=2048, batch_size=64, micro_batch_tokens=16384, lr=1e-5, warmup_steps=10),
 }
-# Ascend 910B (64 GB HBM): the H100 settings with half the tokens per micro-batch.
-PRESETS["ascend-910b"] = {**PRESETS["h100"], "train": {"batch_size": 64, "micro_batch_tokens": 8192}}
 
 
 def check(config: RewardModelConfig, world_size: int) -> list[str]:

@@ -9,7 +9,7 @@ from typing import Any
 from accel_backends.names import did_you_mean
 
 from ...rl.offline.model_files import DEMO_MODEL
-from ...rl.offline.run_config import input_problems, size_problems, sizing_problems
+from ...rl.offline.run_config import accelerator_presets, input_problems, size_problems, sizing_problems
 from ...train import config as train_config
 from ...train.settings import RunConfig, TrainerConfig
 
@@ -68,17 +68,8 @@ PRESETS: dict[str, dict] = {
         "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10,
                    "max_grad_norm": 1.0},
     },
-    "h100": {
-        "nproc": "auto",
-        "model": {"path": None},
-        "data": {"max_length": 4096},
-        "train": {"batch_size": 128, "micro_batch_tokens": 16384},
-        "engine": {"fsdp_version": 2, "lr": 1e-5, "lr_schedule": "cosine", "warmup_steps": 20,
-                   "mixed_precision": "auto", "gradient_checkpointing": True},
-    },
+    **accelerator_presets(max_length=4096, batch_size=128, micro_batch_tokens=16384, lr=1e-5, warmup_steps=20),
 }
-# Ascend 910B (64 GB HBM): the H100 settings with half the tokens per micro-batch.
-PRESETS["ascend-910b"] = {**PRESETS["h100"], "train": {"batch_size": 128, "micro_batch_tokens": 8192}}
 
 
 def build_config(preset: str | None, config_file: str | None, overrides: list[str]) -> SFTConfig:

@@ -14,6 +14,18 @@ from ...train.settings import missing_model, run_problems
 from .model_files import DEMO_MODEL
 
 
+def accelerator_presets(*, max_length: int, batch_size: int, micro_batch_tokens: int, lr: float,
+                        warmup_steps: int) -> dict[str, dict]:
+    """An offline trainer's ``h100`` preset (80 GB HBM: a user's model and data, bf16 where the device has it,
+    gradient checkpointing) and its ``ascend-910b`` twin (64 GB HBM: half the tokens per micro-batch)."""
+    h100 = {"nproc": "auto", "model": {"path": None}, "data": {"max_length": max_length},
+            "train": {"batch_size": batch_size, "micro_batch_tokens": micro_batch_tokens},
+            "engine": {"fsdp_version": 2, "lr": lr, "lr_schedule": "cosine", "warmup_steps": warmup_steps,
+                       "mixed_precision": "auto", "gradient_checkpointing": True}}
+    return {"h100": h100, "ascend-910b": {**h100, "train": {"batch_size": batch_size,
+                                                            "micro_batch_tokens": micro_batch_tokens // 2}}}
+
+
 def engine_config(config, total_steps: int | None = None) -> EngineConfig:
     """The engine's options: ``engine.*``, with the seed and (for the LR schedule) the run's optimizer steps."""
     defaults: dict[str, Any] = {"seed": config.train.seed}
