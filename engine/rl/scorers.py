@@ -7,8 +7,8 @@ import contextlib
 import time
 
 import torch
-import torch.distributed as dist
 
+from ..runtime import max_over_ranks
 from .prompt_types import Sample
 
 STYLE = "model"  # rewards.py calls such a reward's ``score(samples, responses, completions)``
@@ -137,9 +137,7 @@ class ClassifierReward(ModelReward):
         size = self.section.batch_size
         forwards = -(-len(rows) // size)
         if self.engine is not None:  # a sharded forward is a collective: every rank runs the most any rank needs
-            count = torch.tensor([float(forwards)], device=self.backend.metrics_device())
-            dist.all_reduce(count, op=dist.ReduceOp.MAX)
-            forwards = int(count.item())
+            forwards = int(max_over_ranks({"forwards": forwards}, self.backend.metrics_device())["forwards"])
         scores: list[float] = []
         with torch.no_grad(), self.engine.eval_mode() if self.engine is not None else contextlib.nullcontext():
             for start in range(0, forwards * size, size):
