@@ -78,8 +78,8 @@ def require_finite(row: dict, step: int) -> None:
     if bad:
         raise OneLineError(
             f"step {step + 1}: {', '.join(f'{key} is {row[key]}' for key in bad)}: not a finite number, so the run "
-            "stops rather than train on it (a reward beyond float32's range, about 3.4e38, or a diverged update: "
-            "check the reward functions and reward model, or lower engine.lr)")
+            "stops rather than train on it (rewards too large to sum in float32, whose range ends near 3.4e38, or "
+            "a diverged update: check the reward functions and reward model, or lower engine.lr)")
 
 
 def shown(row: dict) -> dict:
