@@ -18,6 +18,7 @@ worker starts (``reach_problems``).
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
@@ -89,6 +90,8 @@ def problems(config) -> list[str]:
                          "such as accel-rm's export)")
         elif not (Path(section.path) / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
+        else:
+            found += classifier_problems(section.path)
     if section.sharding not in SHARDINGS:
         found.append(f"reward_model.sharding must be one of {', '.join(SHARDINGS)}, got {section.sharding!r}")
     if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \
@@ -114,6 +117,25 @@ def problems(config) -> list[str]:
     except re.error as exc:
         found.append(f"reward_model.judge_answer_regex is not a regular expression ({exc})")
     return found
+
+
+def classifier_problems(path: str) -> list[str]:
+    """``reward_model.path``'s ``config.json``: a sequence-classification model with one label (a causal LM there
+    would otherwise fail in every worker, late and at length)."""
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [f"reward_model.path {path}: its config.json is not valid JSON ({exc})"]
+    names = [str(name) for name in raw.get("architectures") or []]
+    if names and not any(name.endswith("ForSequenceClassification") for name in names):
+        return [f"reward_model.path {path} is a {names[0]}, not a sequence-classification model: a reward model "
+                "scores with one label (AutoModelForSequenceClassification, num_labels=1, as accel-rm exports it); "
+                "to score with a causal LM, serve it as a judge (reward_model.judge_model=DIR)"]
+    labels = len(raw.get("id2label") or {}) or raw.get("num_labels", 2)
+    if labels != 1:
+        return [f"reward_model.path {path} has {labels} labels: a reward model has one (num_labels=1), as accel-rm "
+                "exports it"]
+    return []
 
 
 SHARDINGS = ("auto", "replicated", "sharded")
