@@ -170,3 +170,16 @@ def test_a_non_finite_reward_or_loss_stops_the_run():
         require_finite({"reward_mean": float("inf"), "loss": float("nan")}, step=2)
     with pytest.raises(OneLineError, match="critic/vf_loss is nan"):
         require_finite({"reward_mean": 0.0, "critic/vf_loss": float("nan")}, step=0)
+
+
+def test_eval_refuses_a_judge_that_does_not_answer(tmp_path):
+    from engine.recipes.grpo.config import GRPOConfig
+    from engine.rl.evaluate import problems
+
+    config = GRPOConfig()
+    config.data.val_path = str(tmp_path / "val.jsonl")
+    (tmp_path / "val.jsonl").write_text('{"prompt": "p"}\n')
+    config.reward_model.judge_url = "http://127.0.0.1:9/v1"
+    assert [p for p in problems(config, {}, 1) if "unreachable" in p] == [
+        "reward_model.judge_url http://127.0.0.1:9/v1: unreachable (Connection refused): start the judge, or correct "
+        "the URL (checked before any worker starts)"]
