@@ -129,7 +129,7 @@ def save(engine, path) -> None:
         fresh = never_stepped(engine.optimizer)
         model_state, optim_state = get_state_dict(engine.module, engine.optimizer)
         if fresh:  # the state get_state_dict made took a zero step: a fresh one's, as saved and as kept
-            unstep(engine.optimizer.state.values(), optim_state["state"].values())
+            unstep(engine.optimizer.state.values(), optim_state.get("state", {}).values())
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(partial))
     error = None
     try:
