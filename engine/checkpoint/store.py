@@ -25,6 +25,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..runtime import on_every_rank
+from .fresh_optimizer import never_stepped, unstep
 from .safe_reader import SafeLoadPlanner, SafeReader
 
 FORMAT = "accel-engine-checkpoint/1"
@@ -125,7 +126,10 @@ def save(engine, path) -> None:
         partial.mkdir(parents=True)
     dist.barrier()
     with on_device(engine):
+        fresh = never_stepped(engine.optimizer)
         model_state, optim_state = get_state_dict(engine.module, engine.optimizer)
+        if fresh:  # the state get_state_dict made took a zero step: a fresh one's, as saved and as kept
+            unstep(engine.optimizer.state.values(), optim_state.get("state", {}).values())
         dcp.save({"model": model_state, "optimizer": optim_state}, checkpoint_id=str(partial))
     error = None
     try:

@@ -124,6 +124,7 @@ def setup_problems(config, world_size: int) -> list[str]:
     found += multi_turn.check(config, lambda: build_model(config.model)[0], prompt_token_limit(config))
     if r.engine == "vllm":
         found += vllm_check(config, world_size)
+    found += reward_model.reach_problems(config)  # a judge_url that does not answer: every reward would be 0
     try:
         engine_config(config, world_size)
     except (ValueError, TypeError) as exc:

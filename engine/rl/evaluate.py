@@ -48,6 +48,10 @@ def problems(config, target: dict, world_size: int) -> list[str]:
         from .checks import vllm_check
 
         found += vllm_check(config, world_size)
+    if not found:  # a judge that does not answer would score every held-out response 0
+        from .reward_model import reach_problems
+
+        found += reach_problems(config)
     return found
 
 

@@ -1,16 +1,21 @@
 """An LLM judge behind an OpenAI-compatible chat endpoint (``reward_model.judge_url``): each response becomes one
 chat request (``reward_model.judge_prompt`` with ``{prompt}``, ``{response}``, ``{answer}`` filled in), its reply
-one score. A call that times out, fails or answers no number is retried ``reward_model.retries`` times, then
-counted as a failure with reward 0: a flaky judge never stops the run."""
+one score. Every failed call (an HTTP status, no connection, a reply that is not HTTP, cut short, too big, slower
+than ``reward_model.timeout_s`` in all, or holding no usable number: ``judge_http.py``) is retried
+``reward_model.retries`` times, then counted as a failure with reward 0 and its cause kept: a flaky judge costs a
+few rewards, but a step where more than ``reward_model.max_failure_frac`` of the responses failed stops the run
+(``reward_model.failure_stop``), and a judge that does not answer at all is refused before any worker starts
+(``reachability_problem``)."""
 
 from __future__ import annotations
 
 import json
 import math
 import re
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from .judge_http import JudgeFailure, call
+from .rewards import FLOAT32_MAX
 from .scorers import ModelReward, prompt_text
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)"
@@ -19,7 +24,7 @@ _LABELLED = re.compile(rf"score\W{{0,3}}({_NUMBER})", re.IGNORECASE)
 
 def parse_score(reply: str) -> float | None:
     """The score in a judge's reply: JSON ``{"score": x}``, a number after the word "score", else the first
-    number; None when there is none (garbage)."""
+    number; None when there is none (garbage) or it is not a number a float32 reward holds (1e300, inf, nan)."""
     text = reply.strip()
     try:
         value = json.loads(text)
@@ -27,13 +32,16 @@ def parse_score(reply: str) -> float | None:
         value = None
     if isinstance(value, dict):
         value = value.get("score")
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        return float(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _usable(float(value))
     found = _LABELLED.search(text) or re.search(_NUMBER, text)
     if found is None:
         return None
-    number = float(found.group(1) if found.re is _LABELLED else found.group(0))
-    return number if math.isfinite(number) else None
+    return _usable(float(found.group(1) if found.re is _LABELLED else found.group(0)))
+
+
+def _usable(number: float) -> float | None:
+    return number if math.isfinite(number) and abs(number) <= FLOAT32_MAX else None
 
 
 def fill(template: str, prompt: str, response: str, answer: str | None) -> str:
@@ -49,6 +57,7 @@ class JudgeReward(ModelReward):
     def __init__(self, section, url: str | None = None) -> None:  # RewardModelConfig; url: judge_model's server
         super().__init__()
         self.section = section
+        self.last_failure = ""
         base = (url or section.judge_url).rstrip("/")
         constrained = section.judge_constrained
         # vLLM's structured outputs: the reply can only take the score's form (judge_model: always a vLLM server)
@@ -57,33 +66,60 @@ class JudgeReward(ModelReward):
         self.base = base.removesuffix("/chat/completions")
         self.name = section.judge_name
 
-    def _post(self, path: str, body: dict | None) -> dict:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=self.section.timeout_s) as reply:
-            return json.loads(reply.read().decode())
+    @property
+    def where(self) -> str:
+        """What the run's stop line names: the endpoint."""
+        return self.base
+
+    def headers(self) -> dict:
+        """Every judge request's headers (the one place they are made)."""
+        return {"Content-Type": "application/json"}
+
+    def _post(self, path: str, body: dict | None, timeout_s: float | None = None) -> dict:
+        """One bounded call (``judge_http.call``); ``JudgeFailure`` names why it failed."""
+        return call(self.base + path, body, self.headers(), timeout_s or self.section.timeout_s)
 
     def model_name(self) -> str:
         """``reward_model.judge_name``, else the first model the endpoint lists (asked once), else ``default``."""
         if self.name is None:
             try:
                 self.name = str(self._post("/models", None)["data"][0]["id"])
-            except (OSError, ValueError, LookupError, TypeError):
+            except (JudgeFailure, LookupError, TypeError):
                 return "default"  # asked again next time: the endpoint may not be up yet
         return self.name
 
     def ask(self, text: str) -> float | None:
-        """One judged response: its score, or None when every attempt failed."""
+        """One judged response: its score, or None when every attempt failed (the last cause kept in
+        ``last_failure``)."""
         for _ in range(self.section.retries + 1):
             try:
                 reply = self._post("/chat/completions", {
                     "model": self.model_name(), "messages": [{"role": "user", "content": text}],
                     "temperature": 0.0, "max_tokens": self.section.judge_max_tokens, **self.constraint})
-                score = parse_score(str(reply["choices"][0]["message"]["content"]))
-            except (OSError, ValueError, LookupError, TypeError):  # timeouts, refused, HTTP errors, bad JSON
-                score = None
+                content = reply["choices"][0]["message"]["content"]
+            except JudgeFailure as exc:
+                self.last_failure = str(exc)
+                continue
+            except (LookupError, TypeError):
+                self.last_failure = "a reply without choices[0].message.content"
+                continue
+            score = parse_score(str(content))
             if score is not None:
                 return score
+            self.last_failure = f"a reply holding no usable score ({' '.join(str(content).split())[:80]!r})"
+        return None
+
+    def reachability_problem(self, timeout_s: float = 30.0) -> str | None:
+        """One sentence when the endpoint gives no HTTP answer at all (or refuses us: 401/403), else None: asked
+        before any worker starts, as a served teacher is."""
+        try:
+            self._post("/models", None, min(self.section.timeout_s, timeout_s))
+        except JudgeFailure as exc:
+            cause = str(exc)
+            if cause.startswith("answered HTTP") and not cause.startswith(("answered HTTP 401", "answered HTTP 403")):
+                return None  # it answers: a judge need not list its models
+            return (f"reward_model.judge_url {self.base}: {cause}: start the judge, or correct the URL "
+                    "(checked before any worker starts)")
         return None
 
     def _score(self, samples, responses, completions):

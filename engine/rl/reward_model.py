@@ -8,14 +8,21 @@ run's only reward. It is called once per rollout with the whole batch (style ``m
 response and, multi-turn, the trajectory's messages) and keeps its own figures, which the step reports as
 ``reward_model/score_mean`` (over the responses it scored), ``reward_model/failures`` (judge calls that failed,
 each a reward of 0) and ``reward_model/s`` (seconds spent scoring, mean over ranks).
+
+Failures are failures: a step where more than ``reward_model.max_failure_frac`` of the responses the model scored
+failed stops the run in one line naming the endpoint and the last cause (``failure_stop``, on the counts summed over
+ranks, so every rank stops at the same step), and a ``judge_url`` that gives no HTTP answer is refused before any
+worker starts (``reach_problems``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 
+from ..runtime import OneLineError
 from .judge import JudgeReward
 from .rewards import Reward
 from .scorers import STAT_KEYS, STYLE, ClassifierReward
@@ -42,8 +49,9 @@ class RewardModelConfig:
     judge_max_model_len: int | None = None  # judge_model's context (prompt + reply); null: the model's own
     judge_kv_cache_gib: float | None = None  # judge_model's KV cache in GiB where the device sizes it so (the CPU)
     judge_server_args: dict = dataclasses.field(default_factory=dict)  # other api_server arguments of judge_model
-    timeout_s: float = 60.0  # per judge call; a call past it is retried, then counted as a failure (reward 0)
-    retries: int = 2  # further attempts after a failed judge call
+    timeout_s: float = 60.0  # per judge call, all of it (connect to last byte); past it: retried, then a failure
+    retries: int = 2  # further attempts after a failed judge call (any failure: status, no reply, timeout, garbage)
+    max_failure_frac: float = 0.5  # a step whose failed responses exceed this share of those scored stops the run
     max_parallel: int = 8  # judge calls in flight at once, per rank
     batch_size: int = 16  # responses per forward of reward_model.path
     # reward_model.path on several ranks: auto (sharded when its weight files exceed replicate_max_gib), replicated
@@ -82,6 +90,8 @@ def problems(config) -> list[str]:
                          "such as accel-rm's export)")
         elif not (Path(section.path) / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
+        else:
+            found += classifier_problems(section.path)
     if section.sharding not in SHARDINGS:
         found.append(f"reward_model.sharding must be one of {', '.join(SHARDINGS)}, got {section.sharding!r}")
     if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \
@@ -95,6 +105,9 @@ def problems(config) -> list[str]:
         value = getattr(section, key)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             found.append(f"reward_model.{key} must be a positive number, got {value!r}")
+    frac = section.max_failure_frac
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac <= 1:
+        found.append(f"reward_model.max_failure_frac must be a number in [0, 1], got {frac!r}")
     if isinstance(section.retries, bool) or not isinstance(section.retries, int) or section.retries < 0:
         found.append(f"reward_model.retries must be an integer >= 0, got {section.retries!r}")
     if section.judge_constrained not in (None, True, False):
@@ -104,6 +117,25 @@ def problems(config) -> list[str]:
     except re.error as exc:
         found.append(f"reward_model.judge_answer_regex is not a regular expression ({exc})")
     return found
+
+
+def classifier_problems(path: str) -> list[str]:
+    """``reward_model.path``'s ``config.json``: a sequence-classification model with one label (a causal LM there
+    would otherwise fail in every worker, late and at length)."""
+    try:
+        raw = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return [f"reward_model.path {path}: its config.json is not valid JSON ({exc})"]
+    names = [str(name) for name in raw.get("architectures") or []]
+    if names and not any(name.endswith("ForSequenceClassification") for name in names):
+        return [f"reward_model.path {path} is a {names[0]}, not a sequence-classification model: a reward model "
+                "scores with one label (AutoModelForSequenceClassification, num_labels=1, as accel-rm exports it); "
+                "to score with a causal LM, serve it as a judge (reward_model.judge_model=DIR)"]
+    labels = len(raw.get("id2label") or {}) or raw.get("num_labels", 2)
+    if labels != 1:
+        return [f"reward_model.path {path} has {labels} labels: a reward model has one (num_labels=1), as accel-rm "
+                "exports it"]
+    return []
 
 
 SHARDINGS = ("auto", "replicated", "sharded")
@@ -214,3 +246,38 @@ def metrics(totals: dict[str, float]) -> dict[str, float]:
     return {"reward_model/score_mean": totals["reward_model_score_sum"] / max(totals["reward_model_scored"], 1.0),
             "reward_model/failures": totals["reward_model_failures"],
             "reward_model/s": totals["reward_model_seconds"] / max(totals["reward_model_ranks"], 1.0)}
+
+
+def reach_problems(config) -> list[str]:
+    """``reward_model.judge_url`` that gives no HTTP answer (or refuses the run), one sentence, before any worker:
+    a run would otherwise score every response 0. A judge the run serves itself (``judge_model``) is not up yet."""
+    section = configured(config)
+    if section is None or not section.judge_url:
+        return []
+    problem = JudgeReward(section).reachability_problem()
+    return [problem] if problem else []
+
+
+def failure_stop(rewards: list[Reward], totals: dict[str, float], step: int) -> str | None:
+    """The stop line when more than ``reward_model.max_failure_frac`` of the step's model-scored responses failed
+    (``totals``: ``rank_sums`` summed over ranks, the same on every rank), else None."""
+    if "reward_model_ranks" not in totals:
+        return None
+    failed = int(totals["reward_model_failures"])
+    asked = failed + int(totals["reward_model_scored"])
+    fns = [reward.fn for reward in rewards if reward.style == STYLE]
+    limit = fns[0].section.max_failure_frac if fns else 0.5
+    if not asked or failed <= limit * asked:
+        return None
+    cause = next((fn.last_failure for fn in fns if fn.last_failure), "") or "the cause was seen on another rank"
+    where = ", ".join(fn.where for fn in fns)
+    return (f"reward_model: step {step + 1}: {failed} of {asked} responses could not be scored by {where} (more than "
+            f"reward_model.max_failure_frac={limit:g}); last failure: {cause}. Check the judge (or raise "
+            "reward_model.timeout_s / retries); the run stops rather than train on rewards of 0")
+
+
+def stop_on_failures(rewards: list[Reward], totals: dict[str, float], step: int) -> None:
+    """``failure_stop``'s line raised as a ``OneLineError`` (the launcher's one line, exit status != 0)."""
+    line = failure_stop(rewards, totals, step)
+    if line:
+        raise OneLineError(line)

@@ -18,6 +18,7 @@ from ..object_loader import load_object
 from .prompt_types import Sample
 
 STYLES = ("auto", "simple", "verl", "trl")
+FLOAT32_MAX = 3.4028234663852886e38  # rewards are summed over ranks in float32: a larger one would be inf
 
 
 @dataclasses.dataclass
@@ -94,9 +95,10 @@ def _number(value: Any, reward: Reward, sample: Sample, response: str) -> float:
         raise ValueError(f"reward function {reward.name} returned {value!r} ({type(value).__name__}) for "
                          f"{_where(sample)}: it must return a real number (int, float, bool, a numpy or torch "
                          "scalar), not text or a container") from None
-    if not math.isfinite(number):
+    if not math.isfinite(number) or abs(number) > FLOAT32_MAX:
         raise ValueError(f"reward function {reward.name} returned {number} for {_where(sample)} and response "
-                         f"{response!r}: rewards must be finite")
+                         f"{response!r}: rewards must be finite numbers within float32's range (about 3.4e38), "
+                         "which is how they are summed over ranks")
     return number
 
 

@@ -20,9 +20,15 @@ class ModelReward:
     hands back (and clears)."""
 
     __name__ = "reward_model"  # the metric reward/reward_model
+    last_failure = ""  # why the latest failed response failed (a judge's cause), for the run's stop line
 
     def __init__(self) -> None:
         self.stats = dict.fromkeys(STAT_KEYS, 0.0)
+
+    @property
+    def where(self) -> str:
+        """What a stop line names: the model's directory or the judge's endpoint."""
+        return str(self.section.path)
 
     def score(self, samples: list[Sample], responses: list[str], completions: list | None = None) -> list[float]:
         began = time.perf_counter()

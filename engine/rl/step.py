@@ -36,10 +36,11 @@ from .engine_settings import engine_config
 from .groups import SamplingGroups
 from .logprobs import planned_log_probs
 from .parts import borrow_server_cores, frozen_models, load_inputs, rollout_parts, run_rewards
+from .reward_model import stop_on_failures
 from .rewards import metric_names
 from .rollout_correction import MismatchStats
 from .sizes import prompts_per_rank, updates_per_step
-from .step_metrics import shown, step_row
+from .step_metrics import require_finite, shown, step_row
 from .update import Correction, policy_loss_of, ppo_updates
 from .validation import validate
 
@@ -268,9 +269,12 @@ class RLTrainer:
                  "weight_sync": finished - synced}
         plan_metrics = data.plan_metrics()
 
-        def metrics(totals: dict, largest: dict) -> dict:
-            return step_row(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals, largest),
-                            self.reward_names, self.world_size, self.algorithm.metrics(totals, self.groups.size))
+        def metrics(totals: dict, largest: dict) -> dict:  # the same totals on every rank: every rank stops alike
+            stop_on_failures(self.rewards, totals, step)  # too many model-served rewards failed
+            row = step_row(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals, largest),
+                           self.reward_names, self.world_size, self.algorithm.metrics(totals, self.groups.size))
+            require_finite(row, step)
+            return row
 
         return StepResult(metrics=metrics, sums=sums, maxima=maxima, samples=extras["samples"], shown=shown)
 

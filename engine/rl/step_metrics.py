@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 
 from ..rollout import trajectories
+from ..runtime import OneLineError
 from . import scoring
 
 
@@ -66,6 +67,19 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
     })
     row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
     return row
+
+
+def require_finite(row: dict, step: int) -> None:
+    """Stop the run (one line, exit status != 0, no checkpoint of it) when the step's reward or any loss is not a
+    finite number: training on it would only spread nan through the weights, and a run must never end "done" so.
+    The row is the same on every rank (its figures were reduced over ranks), so every rank stops here together."""
+    bad = [key for key, value in row.items() if (key in ("reward_mean", "reward_std") or key.endswith("loss"))
+           and isinstance(value, float) and not math.isfinite(value)]
+    if bad:
+        raise OneLineError(
+            f"step {step + 1}: {', '.join(f'{key} is {row[key]}' for key in bad)}: not a finite number, so the run "
+            "stops rather than train on it (rewards too large to sum in float32, whose range ends near 3.4e38, or "
+            "a diverged update: check the reward functions and reward model, or lower engine.lr)")
 
 
 def shown(row: dict) -> dict:

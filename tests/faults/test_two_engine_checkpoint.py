@@ -38,6 +38,16 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
     before = _rows(run)
     assert [row["step"] for row in before] == [1, 2, 3]
 
+    # Saving changes nothing (issue 45): the same run saving no checkpoint until its end trains to the same figures
+    # at every step, though the killed run saved the policy at step 1, during the critic's warm-up, before its
+    # optimizer stepped (its first update, at step 2, then counted as its second: step 3 differed).
+    unsaved = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, "run.save_every=0",
+                          "run.name=ppo-unsaved", f"run.output_dir={tmp_path}"], env=ENV, timeout=400)
+    assert unsaved.returncode == 0, unsaved.stderr[-3000:]
+    figures = ("loss", "pg_loss", "grad_norm", "reward_mean", "critic/vf_loss", "critic/grad_norm")
+    plain = _rows(tmp_path / "ppo-unsaved")
+    assert [[row[key] for key in figures] for row in plain] == [[row[key] for key in figures] for row in before]
+
     # The resumed run splits the critic's passes into micro-batches of one sequence (critic.micro_batch_size): its
     # values, loss and gradient are the killed run's, which had one micro-batch per rank (train.micro_batch_size).
     resumed = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume",

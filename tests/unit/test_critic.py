@@ -96,3 +96,48 @@ def test_the_critics_micro_batch_keys_are_checked_before_any_worker():
     config.critic.micro_batch_size, config.data.max_prompt_tokens = None, 64
     assert algorithm_problems(config) == [f"critic.micro_batch_tokens=8 is smaller than the longest possible sequence, "
                                           f"{64 + config.rollout.max_new_tokens} tokens: raise it to at least that"]
+
+
+def _critic_dir(directory, vocab_size: int, alphabet: str | None = None):
+    """A critic directory as the launcher reads it: config.json (and, with ``alphabet``, a tokenizer of its own)."""
+    import json
+
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"],
+                                                       "vocab_size": vocab_size, "hidden_size": 16}))
+    if alphabet is not None:
+        from engine.rl.tokenizer import build_char_tokenizer
+
+        build_char_tokenizer(alphabet).save_pretrained(directory)
+    return directory
+
+
+def test_critic_path_is_refused_in_one_line_before_any_worker(tmp_path, capsys):
+    """Issue 45: a missing critic.path ended in a Hub lookup that never named the key, another vocabulary in an
+    IndexError inside a worker; each is now one line naming critic.path, before the run directory exists."""
+    from engine.recipes.ppo import cli
+
+    unknown = tmp_path / "unknown"
+    unknown.mkdir()
+    (unknown / "config.json").write_text('{"model_type": "no-such-model"}')
+    cases = {tmp_path / "missing": "does not exist: give a model directory",
+             unknown: "unknown architecture (model_type 'no-such-model')",
+             _critic_dir(tmp_path / "small", 5): "has 5 token embeddings but the policy's tokenizer has",
+             _critic_dir(tmp_path / "other", 200, alphabet="xyz"): "has a tokenizer that differs from the policy's"}
+    for path, said in cases.items():
+        status = cli.main([f"critic.path={path}", f"run.output_dir={tmp_path / 'runs'}", "run.name=refused"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert status == 2 and len(err) == 1 and f"critic.path {path}" in err[0] and said in err[0], err
+    assert not (tmp_path / "runs").exists()
+
+
+def test_resume_refuses_a_changed_critic_path(tmp_path):
+    from engine.recipes.ppo.recipe import PPORecipe
+    from engine.train.resume import changes, refusal
+
+    recorded = {"critic": {"path": str(tmp_path / "a"), "lr": 1e-5}}
+    line = refusal(tmp_path, changes(recorded, {"critic": {"path": str(tmp_path / "b"), "lr": 1e-5}},
+                                     PPORecipe.path_keys), PPORecipe.resume_fixed)
+    assert line is not None and f"critic.path={tmp_path / 'b'} would change the critic the checkpoint holds" in line
+    assert refusal(tmp_path, changes(recorded, {"critic": {"path": str(tmp_path / "a"), "lr": 2e-5}},
+                                     PPORecipe.path_keys), PPORecipe.resume_fixed) is None  # its lr may change

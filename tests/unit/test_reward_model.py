@@ -232,3 +232,23 @@ def test_the_judge_server_is_started_as_rollout_servers_are_with_its_own_keys():
     command = ServerManager("/models/judge", [spec], "/tmp/logs").command(spec)
     assert command[2] == "engine.rollout.vllm_server.guard" and "vllm.entrypoints.openai.api_server" in command
     assert "--skip-tokenizer-init" not in command  # a chat server: the judge's own tokenizer and chat template
+
+
+def test_a_causal_lm_as_reward_model_path_is_refused_in_one_line_before_any_worker(tmp_path, capsys):
+    """Issue 45: a causal LM there failed late, in every worker, in 13 lines."""
+    from engine.grpo import cli
+
+    causal = tmp_path / "causal"
+    causal.mkdir()
+    (causal / "config.json").write_text(json.dumps({"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]}))
+    status = cli.main([f"reward_model.path={causal}", f"run.output_dir={tmp_path / 'runs'}", "run.name=refused"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(err) == 1, err
+    assert f"reward_model.path {causal} is a Qwen2ForCausalLM, not a sequence-classification model" in err[0]
+    assert not (tmp_path / "runs").exists()
+    two = tmp_path / "two"
+    two.mkdir()
+    (two / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForSequenceClassification"]}))
+    assert reward_model.classifier_problems(str(two)) == [
+        f"reward_model.path {two} has 2 labels: a reward model has one (num_labels=1), as accel-rm exports it"]
+    assert reward_model.classifier_problems(str(make_reward_model(tmp_path / "rm"))) == []

@@ -9,6 +9,7 @@ from ...rl.losses import AGGREGATION_MODES, KL_KINDS
 from ...rl.recipe import RLRecipe
 from ...rl.rollout_correction import CORRECTION_MODES
 from ...rl.sizes import prompt_token_limit
+from .critic_checks import critic_problems, path_problems
 from .schema import PRESETS, PPOConfig
 
 HELP = """PPO post-training of a causal language model with a learned critic (GAE advantages over the response's
@@ -60,6 +61,7 @@ def algorithm_problems(config) -> list[str]:
     elif c.micro_batch_tokens is not None and longest is None:
         problems.append("critic.micro_batch_tokens needs data.max_prompt_tokens (the longest prompt kept), as "
                         "train.micro_batch_tokens does")
+    problems += path_problems(c.path)
     if config.engine.get("sequence_parallel_size", 1) not in (1, None):
         problems.append("accel-ppo does not run the critic with sequence parallelism yet: set "
                         "engine.sequence_parallel_size=1")
@@ -70,6 +72,9 @@ class PPORecipe(RLRecipe):
     name, tool, help = "ppo", "accel-ppo", HELP
     schema, presets, curves = PPOConfig, PRESETS, CURVES
     trainer = "engine.recipes.ppo.trainer:PPOTrainer"
+    path_keys = (*RLRecipe.path_keys, "critic.path")
+    resume_fixed = {**RLRecipe.resume_fixed, "critic.path": "the critic the checkpoint holds"}
 
     def check(self, config, world_size):
-        return rl_checks.problems(config, world_size, self.tool, algorithm_problems(config))
+        found = rl_checks.problems(config, world_size, self.tool, algorithm_problems(config))
+        return found or critic_problems(config)  # the critic against the policy, once the keys hold
