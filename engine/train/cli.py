@@ -92,7 +92,7 @@ def main(recipe, argv: list[str]) -> int:
     from .loop import worker
     from .report import read_metrics
     from .resume import find_run, resumed_config, resumed_from
-    from .run_dir import run_dir
+    from .run_dir import claim, run_dir
 
     status = run_subcommand(argv, __package__, {**recipe.commands, **frame_commands(recipe)})
     if status is not None:
@@ -119,13 +119,19 @@ def main(recipe, argv: list[str]) -> int:
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
         require_valid(recipe.check(config, workers))
+        if directory is None and not args.print_config:  # a new run: never where one is (before the plan's work)
+            directory = run_dir(config, False, recipe.name)
+            claim(directory, config.run.overwrite, move=False)
         plan = recipe.plan(config, workers, verbose=is_rank0() and not args.print_config)
         if args.print_config:
             print(f"{tool}: preset {config.preset} ({why})", file=sys.stderr)
             print(json.dumps(recipe.resolved(plan), indent=2))  # stdout stays valid JSON
             return 0
         backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
-        directory = directory or run_dir(config, False, recipe.name)
+        if not args.resume:  # run.overwrite: the earlier run moved aside (rank 0), never deleted
+            moved = claim(directory, config.run.overwrite, move=is_rank0())
+            if moved:
+                print(f"{tool}: notice: {moved}", file=sys.stderr)
         directory.mkdir(parents=True, exist_ok=True)  # config.json: the loop writes it once the start is settled
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         return input_error(tool, exc)

@@ -1,0 +1,91 @@
+"""A run directory has one run (issue 45, item 3). Bug: a run started again under an existing run.name without
+--resume cut metrics.jsonl, rewrote config.json and kept the old run's later checkpoints (a later --resume continued
+from the old step, export exported the old model, run.keep_checkpoints deleted the new run's checkpoints). Now every
+trainer refuses it in one line before any worker starts, leaving the old run byte-identical; run.overwrite=true
+moves the old run aside (never deletes it)."""
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from engine.train import cli
+from engine.train.registry import get_recipe, recipe_names
+
+
+def fake_run(directory):
+    """A finished run's files as the loop leaves them (no worker needed to refuse in front of them)."""
+    (directory / "checkpoints" / "step_000007").mkdir(parents=True)
+    (directory / "checkpoints" / "step_000007" / "engine_meta.json").write_text('{"step": 7}')
+    (directory / "config.json").write_text('{"trainer": "grpo"}\n')
+    (directory / "metrics.jsonl").write_text("".join(f'{{"step": {s}, "loss": 0.5}}\n' for s in range(1, 8)))
+    return directory
+
+
+def hashes(root):
+    return {str(path.relative_to(root)): hashlib.sha256(path.read_bytes()).hexdigest()
+            for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+@pytest.fixture
+def no_workers(monkeypatch):
+    """Record the start of workers instead of training (the refusal must come before it)."""
+    started = []
+    monkeypatch.setattr(cli, "run_workers", lambda *args, **kwargs: started.append(args[4]) or 3)
+    return started
+
+
+def _start(trainer, tmp_path, *overrides):
+    argv = [f"run.output_dir={tmp_path}", "run.name=mine", "run.progress=false", *overrides]
+    if trainer == "accel-train":  # the generic command reaches the same frame
+        return cli.generic_main(["grpo", *argv])
+    return cli.main(get_recipe(trainer), argv)
+
+
+@pytest.mark.parametrize("trainer", [*recipe_names(), "accel-train"])
+def test_a_second_run_under_an_existing_name_is_refused_before_any_worker(trainer, tmp_path, capsys, no_workers):
+    run = fake_run(tmp_path / "mine")
+    before = hashes(run)
+    assert _start(trainer, tmp_path) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.endswith(": error: run directory " + str(run) + " already holds a run: continue "
+                                            "it with --resume run.name=mine, start a new one under another run.name, "
+                                            "or pass run.overwrite=true to move the old run aside (it is never "
+                                            "deleted)"), err
+    assert no_workers == [] and hashes(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
+
+
+def test_overwrite_moves_the_old_run_aside_and_starts_in_an_empty_directory(tmp_path, capsys, no_workers):
+    run = fake_run(tmp_path / "mine")
+    before = hashes(run)
+    assert _start("grpo", tmp_path, "run.overwrite=true") == 3  # the (recorded) workers' status
+    (aside,) = [p for p in tmp_path.iterdir() if p.name != "mine"]
+    assert aside.name.startswith("mine.old-") and hashes(aside) == before
+    assert no_workers == [run] and run.is_dir() and list(run.iterdir()) == []
+    assert f"notice: run.overwrite=true: moved the earlier run {run} to {aside}" in capsys.readouterr().err
+
+
+def test_an_empty_directory_or_a_new_name_starts_and_a_file_is_refused(tmp_path, capsys, no_workers):
+    (tmp_path / "mine").mkdir()
+    assert _start("sft", tmp_path) == 3 and no_workers == [tmp_path / "mine"]
+    (tmp_path / "taken").write_text("x")
+    assert cli.main(get_recipe("sft"), [f"run.output_dir={tmp_path}", "run.name=taken"]) == 2
+    assert "run directory " + str(tmp_path / "taken") + " is a file" in capsys.readouterr().err
+    assert cli.main(get_recipe("sft"), [f"run.output_dir={tmp_path}", "run.overwrite=3"]) == 2
+    assert "run.overwrite must be true or false" in capsys.readouterr().err
+
+
+def test_a_generated_name_taken_in_the_same_second_gets_a_suffix_and_resume_skips_runs_moved_aside(tmp_path):
+    from engine.train.run_dir import claim, run_dir
+
+    config = get_recipe("grpo").schema.from_dict({"run": {"output_dir": str(tmp_path)}})
+    first = run_dir(config, False, "grpo")
+    fake_run(first)
+    second = run_dir(config, False, "grpo")
+    assert second != first and second.name.startswith(first.name)  # -2 when within the same second
+    moved = fake_run(tmp_path / "grpo-default-x")
+    os.utime(moved, (2e9, 2e9))
+    claim(moved, True)
+    assert [p.name.startswith("grpo-default-x.old-") for p in tmp_path.iterdir()].count(True) == 1
+    assert run_dir(config, True, "grpo") == first  # not the run moved aside, though it is newer
