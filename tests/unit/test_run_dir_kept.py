@@ -89,3 +89,39 @@ def test_a_generated_name_taken_in_the_same_second_gets_a_suffix_and_resume_skip
     claim(moved, True)
     assert [p.name.startswith("grpo-default-x.old-") for p in tmp_path.iterdir()].count(True) == 1
     assert run_dir(config, True, "grpo") == first  # not the run moved aside, though it is newer
+
+
+def _export(source, out, *flags):
+    """``export`` with a run loader that needs no model: the refusals come before any weight is read."""
+    from engine import EngineConfig
+    from engine.train import export
+
+    def load_run(run_dir):
+        return export.RunModel(model_path=None, engine=EngineConfig(), build=lambda: pytest.fail("built a model"))
+
+    return export.main([str(source), str(out), *flags], load_run)
+
+
+def test_export_force_never_replaces_a_run_a_folder_of_runs_or_other_files(tmp_path, capsys):
+    """Bug: `export RUN runs --force` deleted every run under runs/; `export RUN RUN --force` replaced the run with
+    its export. --force now replaces only a directory an export wrote (its .accel-export marker)."""
+    runs = tmp_path / "runs"
+    run, other = fake_run(runs / "mine"), fake_run(runs / "other")
+    fake_run(tmp_path / "elsewhere" / "a-run")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "a.txt").write_text("keep")
+    before = hashes(tmp_path)
+    for out, said in ((runs, "holds the checkpoint being exported"), (run, "holds the checkpoint being exported"),
+                      (tmp_path, "holds the checkpoint being exported"),
+                      (other, "is a run directory and is not an earlier export"),
+                      (tmp_path / "elsewhere", "holds runs and is not an earlier export"),
+                      (tmp_path / "notes", "is not empty and is not an earlier export")):
+        assert _export(run, out, "--force") == 2, out
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"error: output directory {out} {said}" in err, err
+    assert err.endswith("choose another OUT (--force replaces only a directory an export wrote, which holds "
+                        ".accel-export)")
+    assert hashes(tmp_path) == before  # nothing written, nothing deleted
+    (tmp_path / "notes" / ".accel-export").write_text("{}")  # an earlier export: --force goes on to read weights
+    assert _export(run, tmp_path / "notes") == 2
+    assert "holds an earlier export: choose another OUT or pass --force" in capsys.readouterr().err
