@@ -125,3 +125,21 @@ def test_export_force_never_replaces_a_run_a_folder_of_runs_or_other_files(tmp_p
     (tmp_path / "notes" / ".accel-export").write_text("{}")  # an earlier export: --force goes on to read weights
     assert _export(run, tmp_path / "notes") == 2
     assert "holds an earlier export: choose another OUT or pass --force" in capsys.readouterr().err
+
+
+def test_eval_never_replaces_an_earlier_evaluation(tmp_path):
+    """Bug: `eval MODEL_DIR` silently replaced an earlier eval's runs/eval-NAME/ (its samples.jsonl lost)."""
+    from engine.train.evaluate import output_directory
+    from engine.train.export import ExportError
+
+    out = tmp_path / "eval-model"
+    assert output_directory(out, named=False) == out  # new
+    out.mkdir()
+    assert output_directory(out, named=True) == out  # empty: nothing to lose
+    (out / "samples.jsonl").write_text("{}\n")
+    assert output_directory(out, named=False) == tmp_path / "eval-model-2"
+    (tmp_path / "eval-model-2").mkdir()
+    (tmp_path / "eval-model-2" / "results.json").write_text("{}")
+    assert output_directory(out, named=False) == tmp_path / "eval-model-3"
+    with pytest.raises(ExportError, match="eval never replaces them; choose another --out"):
+        output_directory(out, named=True)
