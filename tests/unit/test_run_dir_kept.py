@@ -143,3 +143,19 @@ def test_eval_never_replaces_an_earlier_evaluation(tmp_path):
     assert output_directory(out, named=False) == tmp_path / "eval-model-3"
     with pytest.raises(ExportError, match="eval never replaces them; choose another --out"):
         output_directory(out, named=True)
+
+
+def test_retention_never_deletes_the_checkpoint_just_saved(tmp_path, capsys):
+    """Bug: with an earlier run's step_000007 left in checkpoints/, run.keep_checkpoints=2 deleted the new run's own
+    step_000001 and step_000002 right after saving them (the run still exited 0)."""
+    from engine.checkpoint import META_FILE
+    from engine.train.retention import after_save
+
+    for step in (1, 2, 7):
+        (tmp_path / f"step_{step:06d}").mkdir()
+        (tmp_path / f"step_{step:06d}" / META_FILE).write_text("{}")
+    assert after_save(tmp_path / "step_000002", 1) == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001", "step_000002", "step_000007"]
+    assert "kept every checkpoint (run.keep_checkpoints=1): step_000007 is newer than this save" in \
+        capsys.readouterr().out
+    assert [p.name for p in after_save(tmp_path / "step_000007", 2)] == ["step_000001"]  # the usual pruning
