@@ -37,6 +37,40 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def forget_working_directory() -> None:
+    """Take off ``sys.path`` the working directory Python put first for ``python -m`` / ``-c`` (``''`` or its path):
+    a ``torch_npu.py`` lying in the directory a command runs in must not be imported by the launcher or a worker
+    in place of the installed package (a backend's probe imports it by name). A directory the user put on
+    ``PYTHONPATH`` stays: that one they chose."""
+    if sys.flags.safe_path or not sys.path:
+        return
+    first = sys.path[0]
+    if first == "" or os.path.realpath(first) == os.path.realpath(os.getcwd()):
+        del sys.path[0]
+
+
+class _SafePathForChildren:
+    """While ranks start: ``PYTHONSAFEPATH=1``, so that a spawned interpreter (``python -c ...`` until it takes this
+    process's ``sys.path``) puts no working directory first either; each rank then puts the variable back as the
+    user had it, for the processes it starts itself."""
+
+    def __init__(self) -> None:
+        self.before = os.environ.get("PYTHONSAFEPATH")
+
+    def __enter__(self) -> None:
+        os.environ["PYTHONSAFEPATH"] = "1"
+
+    def __exit__(self, *exc) -> None:
+        _restore("PYTHONSAFEPATH", self.before)
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
 class QuietExit(SystemExit):
     """Raised in a rank to leave with this exit status and no error record (a requested stop, not a failure)."""
 
@@ -89,13 +123,16 @@ class LocalJob:
     def start(self) -> None:
         self._directory = tempfile.mkdtemp(prefix="accel-job-")
         context = multiprocessing.get_context("spawn")
+        safe_path = _SafePathForChildren()
+        env = {"PYTHONSAFEPATH": safe_path.before, **self.env}  # as the user had it, once the rank runs
         self.processes = [
             context.Process(target=_rank_main, name=f"accel-rank{rank}", daemon=False,
-                            args=(rank, self.fn, self.args, self.env, self._directory, os.getpid(), self.detach,
+                            args=(rank, self.fn, self.args, env, self._directory, os.getpid(), self.detach,
                                   self.describe))
             for rank in range(self.nproc)]
-        for process in self.processes:
-            process.start()
+        with safe_path:
+            for process in self.processes:
+                process.start()
 
     def exitcodes(self) -> list[int | None]:
         return [process.exitcode for process in self.processes]
@@ -164,7 +201,8 @@ class LocalJob:
 def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> None:
     if detach:
         os.setpgrp()  # a terminal's Ctrl-C goes to the parent only, which may forward it
-    os.environ.update(env)
+    for name, value in env.items():
+        _restore(name, value)  # None: unset (PYTHONSAFEPATH, set only while the ranks started)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     threads = env.get("OMP_NUM_THREADS")
     if threads and "torch" in sys.modules:  # imported while unpickling ``fn``: the variable alone came too late

@@ -22,11 +22,13 @@ What the launcher guarantees (``docs/engine.md``, "When something fails"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 from accel_backends.distributed import LAUNCHER_VARIABLES
@@ -87,9 +89,11 @@ def report_early_end(prog: str, exc: WorkerFailed | Interrupted, then: str = "",
             with open(traceback_file, "w") as handle:
                 handle.write(f"{exc}\n{details}\n")
             where = f" (tracebacks: {traceback_file}; --traceback prints them)"
-        except OSError:
-            traceback_file = None
-    if details and traceback_file is None:
+        except OSError as unwritable:  # a full disk, a read-only directory: still one line, saying so
+            with contextlib.suppress(OSError):
+                Path(traceback_file).unlink(missing_ok=True)  # no half-written file left behind
+            where = f" (tracebacks not written to {traceback_file}: {unwritable.strerror}; --traceback prints them)"
+    elif details:
         print(details, file=sys.stderr)
     if then:
         print(then, file=sys.stderr)

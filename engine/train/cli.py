@@ -55,6 +55,13 @@ def input_error(tool: str, exc: Exception) -> int:
     return 2
 
 
+def unwritable(path, exc: OSError, where: str = "run.output_dir") -> str:
+    """The one line for a file that cannot be read or written (read-only, full disk, a file in the way)."""
+    if path is None:
+        return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+    return f"cannot write {exc.filename or path}: {exc.strerror or exc}: choose a writable {where} (or free space)"
+
+
 def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
                 steps: int, args: tuple = (), resumed: str = "", traceback: bool = False) -> int | None:
     """Say what runs where (rank 0; ``resumed``: from which step, what changed), run ``worker`` on every rank and
@@ -82,6 +89,18 @@ def print_outputs(directory: Path) -> None:
     print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {drawn}\ncheckpoints: {directory / 'checkpoints'}")
 
 
+def no_imports_from_the_working_directory() -> None:
+    """``python -m engine.grpo.cli`` (and ``torchrun -m``) put the working directory first on ``sys.path``: a
+    ``torch_npu.py`` lying there would be imported by the launcher's backend probe and by every worker (which take
+    this ``sys.path``). Taken off, unless the command runs from the root of a source checkout (the project's code)."""
+    from accel_backends.spawn import forget_working_directory
+
+    started = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if started is not None and started.name.startswith("engine.") and \
+            Path(__file__).resolve().parents[2] != Path.cwd().resolve():
+        forget_working_directory()
+
+
 def main(recipe, argv: list[str]) -> int:
     """``accel-<trainer> [--preset P] [--config F] [--nproc N] [--resume] [--print-config] key=value...``, and the
     sub-commands ``export``, ``eval`` and the recipe's own."""
@@ -94,6 +113,7 @@ def main(recipe, argv: list[str]) -> int:
     from .resume import find_run, resumed_config, resumed_from
     from .run_dir import claim, run_dir
 
+    no_imports_from_the_working_directory()
     status = run_subcommand(argv, __package__, {**recipe.commands, **frame_commands(recipe)})
     if status is not None:
         return status
@@ -135,6 +155,8 @@ def main(recipe, argv: list[str]) -> int:
         directory.mkdir(parents=True, exist_ok=True)  # config.json: the loop writes it once the start is settled
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         return input_error(tool, exc)
+    except OSError as exc:  # a read-only or full output directory, a path under a file: one line, not a traceback
+        return input_error(tool, unwritable(directory, exc))
     started = time.perf_counter()
     status = run_workers(tool, worker, config, workers, directory, args.resume, backend=backend,
                          steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers),

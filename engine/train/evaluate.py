@@ -145,7 +145,13 @@ def main(recipe, argv: list[str]) -> int:
         print(f"{tool}: error: {exc}", file=sys.stderr)
         return 2
     if is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # read-only, full, a file in the way: one line
+            from .cli import unwritable
+
+            print(f"{tool}: error: {unwritable(out, exc, '--out')}", file=sys.stderr)
+            return 2
         print(f"{tool}: {target.get('checkpoint') or target['model']}, {world_size} process(es); output {out}",
               file=sys.stderr, flush=True)
     exported = out / "model.tmp"
@@ -161,7 +167,13 @@ def main(recipe, argv: list[str]) -> int:
         shutil.rmtree(exported, ignore_errors=True)
     if not is_rank0():
         return 0
-    return write_results(tool, args, out, target, inputs, outcome)
+    try:
+        return write_results(tool, args, out, target, inputs, outcome)
+    except OSError as exc:  # a full disk: one line
+        from .cli import unwritable
+
+        print(f"{tool}: error: {unwritable(out, exc, '--out')}", file=sys.stderr)
+        return 1
 
 
 def write_results(tool: str, args, out: Path, target: dict, inputs: dict, outcome: dict) -> int:

@@ -272,6 +272,11 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
     except (ExportError, FileNotFoundError, checkpoint.CorruptCheckpoint) as exc:
         print(f"{tool} export: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # OUT read-only, a full disk: one line (the partial directory is gone)
+        from .cli import unwritable
+
+        print(f"{tool} export: error: {unwritable(args.out, exc, 'OUT')}", file=sys.stderr)
+        return 1
     kind = {"adapter": "a PEFT adapter", "merged": "LoRA merged"}.get(summary["lora"], "full model")
     loader = "PeftModel.from_pretrained(base, OUT)" if summary["lora"] == "adapter" else \
         f"{summary['loader']}.from_pretrained(OUT)"

@@ -1,0 +1,71 @@
+"""Issue 45 (7a, 7b): a module a config names imports from the working directory, nothing else there does; an
+output that cannot be written (read-only, full disk, a file in the way) ends in one line, never a traceback."""
+from __future__ import annotations
+
+import errno
+import importlib
+import sys
+
+import pytest
+
+
+def test_only_the_named_module_imports_from_the_working_directory(tmp_path, monkeypatch):
+    """Bug: loading `data.reward=my_rewards:score` appended the working directory to sys.path, so a torch_npu.py
+    lying there was imported by the backend probe in place of the (missing) vendor package."""
+    from engine.object_loader import load_object
+
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "torch_npu.py").write_text(f"open({str(marker)!r}, 'a').write('imported')\n")
+    (tmp_path / "rewards_named_here.py").write_text("def score(prompt, response, answer):\n    return 1.0\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    before = list(sys.path)
+    found = load_object("rewards_named_here:score", what="function", key="data.reward", accept=callable)
+    assert found("p", "r", "a") == 1.0 and sys.path == before
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module("torch_npu")
+    assert not marker.exists()
+
+
+def test_a_traceback_file_that_cannot_be_written_still_ends_in_one_line(tmp_path, capsys):
+    """Bug: on a full disk the tracebacks file could not be written and every rank's traceback was printed instead
+    (about 195 lines)."""
+    from engine.runtime.launcher import WorkerFailed, report_early_end
+
+    failure = WorkerFailed("rank 0 failed in phase checkpoint save: OSError: [Errno 28] No space left on device",
+                           {0: "Traceback (most recent call last):\n  File x\nOSError: no space", 1: "Traceback\n"})
+    (tmp_path / "a-file").write_text("x")
+    traceback_file = tmp_path / "a-file" / "tracebacks.txt"  # cannot be written, as on a full disk
+    assert report_early_end("accel-grpo", failure, traceback_file=traceback_file) == 1
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and err.startswith("accel-grpo: error: rank 0 failed in phase checkpoint save"), err
+    assert err.endswith(f"(tracebacks not written to {traceback_file}: Not a directory; --traceback prints them)")
+
+
+def test_a_read_only_or_full_output_directory_is_one_line(tmp_path, monkeypatch, capsys):
+    """Bug: a read-only output directory ended `accel-grpo` in a raw PermissionError/EROFS traceback."""
+    from pathlib import Path
+
+    from engine.train import cli, export
+    from engine.train.registry import get_recipe
+
+    monkeypatch.setattr(cli, "run_workers", lambda *args, **kwargs: pytest.fail("a worker started"))
+
+    def read_only(self, *args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system", str(self))
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    assert cli.main(get_recipe("grpo"), [f"run.output_dir={tmp_path}", "run.name=r"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (f"accel-grpo: error: cannot write {tmp_path / 'r'}: Read-only file system: choose a writable "
+                   "run.output_dir (or free space)")
+    monkeypatch.undo()
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", str(tmp_path / "out" / "model.safetensors"))
+
+    monkeypatch.setattr(export, "export", full)
+    assert export.main([str(tmp_path), str(tmp_path / "out")], load_run=None) == 1
+    err = capsys.readouterr().err.strip()
+    assert err == (f"accel-grpo export: error: cannot write {tmp_path / 'out' / 'model.safetensors'}: No space left "
+                   "on device: choose a writable OUT (or free space)")
