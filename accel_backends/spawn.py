@@ -12,6 +12,7 @@ by themselves when the process that started them disappears, so nothing is left 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -64,6 +65,19 @@ class _SafePathForChildren:
         _restore("PYTHONSAFEPATH", self.before)
 
 
+@contextlib.contextmanager
+def _sigint_ignored(active: bool):
+    """SIGINT ignored in this process (and so in the processes it starts) while active; the handler put back."""
+    if not active:
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def _restore(name: str, value: str | None) -> None:
     if value is None:
         os.environ.pop(name, None)
@@ -110,6 +124,7 @@ class LocalJob:
         self.env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                     "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
         self.processes: list = []
+        self._pending: list[tuple[int, int]] = []  # (rank, signal) to send once the rank has started
         self._outcomes: list[RankOutcome] | None = None
         self._directory: str | None = None
 
@@ -130,9 +145,35 @@ class LocalJob:
                             args=(rank, self.fn, self.args, env, self._directory, os.getpid(), self.detach,
                                   self.describe))
             for rank in range(self.nproc)]
-        with safe_path:
+        # Detached ranks start with SIGINT ignored (kept across exec): a terminal's Ctrl-C reached them while they
+        # were still in this process group, importing, and each printed a KeyboardInterrupt traceback. A rank takes
+        # SIGINT again once in its own group (``started``); what ``send`` had for it before is delivered then. A
+        # Ctrl-C in the few milliseconds of the start itself is not seen.
+        with safe_path, _sigint_ignored(self.detach and threading.current_thread() is threading.main_thread()):
             for process in self.processes:
                 process.start()
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` to every live rank; a detached rank still starting gets it once it takes signals."""
+        for rank, process in enumerate(self.processes):
+            if process.pid is not None and process.exitcode is None:
+                self._pending.append((rank, signum))
+        self._deliver()
+
+    def _deliver(self) -> None:
+        waiting = []
+        for rank, signum in self._pending:
+            process = self.processes[rank]
+            if process.exitcode is not None:
+                continue
+            if self.detach and not Path(self._directory, f"rank{rank}.started").exists():
+                waiting.append((rank, signum))
+                continue
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:
+                pass
+        self._pending = waiting
 
     def exitcodes(self) -> list[int | None]:
         return [process.exitcode for process in self.processes]
@@ -156,6 +197,8 @@ class LocalJob:
                 return "failed"
             if deadline is not None and time.monotonic() > deadline:
                 return "timeout"
+            if self._pending:
+                self._deliver()
             time.sleep(POLL_S)
 
     def kill(self) -> None:
@@ -201,6 +244,8 @@ class LocalJob:
 def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> None:
     if detach:
         os.setpgrp()  # a terminal's Ctrl-C goes to the parent only, which may forward it
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored while it started in the parent's group
+        Path(directory, f"rank{rank}.started").touch()  # the parent's ``send`` may now reach it
     for name, value in env.items():
         _restore(name, value)  # None: unset (PYTHONSAFEPATH, set only while the ranks started)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
@@ -218,6 +263,7 @@ def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> 
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code else 1
         record = {"error": f"{type(exc).__name__}: {exc}".strip(), "traceback": traceback.format_exc(),
                   "raised_at": time.time(), "details": _details(describe, exc)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (forwarded) must not cut the record short
     try:
         payload = pickle.dumps(record)
     except Exception:  # noqa: BLE001 - a result that cannot be pickled is this rank's failure, said plainly

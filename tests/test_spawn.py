@@ -125,3 +125,16 @@ def test_a_torch_npu_py_in_the_working_directory_is_never_imported(tmp_path):
     assert err.startswith(f"accel-grpo: error: cannot write {tmp_path / 'a-file' / 'runs'}/grpo-cpu-demo-") and \
         err.endswith(": Not a directory: choose a writable run.output_dir (or free space)"), err
     assert not marker.exists()
+
+
+def test_a_signal_sent_while_a_detached_rank_starts_reaches_it_once_started_and_prints_nothing(capfd):
+    """Issue 45 (7c): a Ctrl-C while ranks were starting reached them in the launcher's process group, mid-import,
+    and each printed a KeyboardInterrupt traceback (104 lines). A detached rank starts with SIGINT ignored and gets
+    what was sent to it once it runs in its own group: it stops at once, quietly."""
+    import signal
+
+    with LocalJob(_sleep, (), nproc=2, detach=True) as job:
+        job.send(signal.SIGINT)  # the ranks are still starting (importing)
+        assert job.wait(timeout=60) == "done"  # not 60 s of sleep: the signal arrived
+    assert [o.error for o in job.outcomes] == ["KeyboardInterrupt:", "KeyboardInterrupt:"]
+    assert "Traceback" not in capfd.readouterr().err

@@ -224,12 +224,7 @@ class _forwarding_signals:
 
     def _handler(self, signum, frame) -> None:
         self.received.append(signum)
-        for worker in self.job.processes:
-            if worker.pid is not None and worker.exitcode is None:
-                try:
-                    os.kill(worker.pid, signum)
-                except ProcessLookupError:
-                    pass
+        self.job.send(signum)  # a rank still starting gets it once it takes signals
 
     def __enter__(self) -> list[int]:
         if threading.current_thread() is threading.main_thread():

@@ -6,6 +6,7 @@ frame's loop on every worker. A recipe gives its help text, schema, checks and p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable
@@ -103,7 +104,21 @@ def no_imports_from_the_working_directory() -> None:
 
 def main(recipe, argv: list[str]) -> int:
     """``accel-<trainer> [--preset P] [--config F] [--nproc N] [--resume] [--print-config] key=value...``, and the
-    sub-commands ``export``, ``eval`` and the recipe's own."""
+    sub-commands ``export``, ``eval`` and the recipe's own. Ctrl-C while it starts (before the workers' own
+    handling) ends in one line, and a run directory this start made and nothing was written to is removed."""
+    made: list[Path] = []
+    try:
+        status = _command(recipe, argv, made)
+    except KeyboardInterrupt:
+        print(f"{recipe.tool}: stopped by SIGINT while starting", file=sys.stderr)
+        status = 130
+    for directory in made if status else ():
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only an empty directory goes: anything written in it stays
+    return status
+
+
+def _command(recipe, argv: list[str], made: list[Path]) -> int:
     import json
     import time
 
@@ -152,6 +167,8 @@ def main(recipe, argv: list[str]) -> int:
             moved = claim(directory, config.run.overwrite, move=is_rank0())
             if moved:
                 print(f"{tool}: notice: {moved}", file=sys.stderr)
+        if not directory.exists():
+            made.append(directory)
         directory.mkdir(parents=True, exist_ok=True)  # config.json: the loop writes it once the start is settled
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         return input_error(tool, exc)

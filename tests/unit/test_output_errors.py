@@ -69,3 +69,27 @@ def test_a_read_only_or_full_output_directory_is_one_line(tmp_path, monkeypatch,
     err = capsys.readouterr().err.strip()
     assert err == (f"accel-grpo export: error: cannot write {tmp_path / 'out' / 'model.safetensors'}: No space left "
                    "on device: choose a writable OUT (or free space)")
+
+
+def test_ctrl_c_while_starting_is_one_line_and_leaves_no_empty_run_directory(tmp_path, monkeypatch, capsys):
+    """Bug: Ctrl-C during start-up printed 104 lines (a KeyboardInterrupt traceback) and left an empty run
+    directory behind."""
+    from engine.train import cli
+    from engine.train.registry import get_recipe
+
+    recipe = get_recipe("grpo")
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(type(recipe), "plan", interrupted)
+    assert cli.main(recipe, [f"run.output_dir={tmp_path}", "run.name=r"]) == 130
+    assert capsys.readouterr().err.strip() == "accel-grpo: stopped by SIGINT while starting"
+    monkeypatch.undo()
+    monkeypatch.setattr(cli, "run_workers", interrupted)  # the workers starting
+    assert cli.main(recipe, [f"run.output_dir={tmp_path}", "run.name=r"]) == 130
+    assert capsys.readouterr().err.strip().endswith("accel-grpo: stopped by SIGINT while starting")
+    assert list(tmp_path.iterdir()) == []  # the run directory it made is gone
+    monkeypatch.setattr(cli, "run_workers", lambda *args, **kwargs: (args[4] / "tracebacks.txt").write_text("x") and 1)
+    assert cli.main(recipe, [f"run.output_dir={tmp_path}", "run.name=r"]) == 1
+    assert [p.name for p in (tmp_path / "r").iterdir()] == ["tracebacks.txt"]  # written in: it stays
