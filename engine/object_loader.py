@@ -20,7 +20,7 @@ class ObjectLoadError(ValueError):
 class _NamedModulesHere(importlib.abc.MetaPathFinder):
     """Finds only the top-level modules a config named (``data.reward=my_rewards:score``) in the directory the
     command ran in, and only after every installed module (last on ``sys.meta_path``). The directory itself is never
-    put on ``sys.path``: a ``torch_npu.py`` lying there is never imported in place of the vendor's package."""
+    put on ``sys.path``: a file there named like a device vendor's package is never imported in its place."""
 
     def __init__(self) -> None:
         self.names: dict[str, str] = {}

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .pipeline import load  # noqa: F401  (the one config pipeline, by its usual name)
-from .run_dir import TRACEBACKS
+from .run_dir import TRACEBACKS, unwritable
 from .workers import is_rank0, parse_nproc, world_size
 
 
@@ -56,13 +56,6 @@ def input_error(tool: str, exc: Exception) -> int:
     return 2
 
 
-def unwritable(path, exc: OSError, where: str = "run.output_dir") -> str:
-    """The one line for a file that cannot be read or written (read-only, full disk, a file in the way)."""
-    if path is None:
-        return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
-    return f"cannot write {exc.filename or path}: {exc.strerror or exc}: choose a writable {where} (or free space)"
-
-
 def run_workers(tool: str, worker: Callable, config, workers: int, directory: Path, resume: bool, *, backend,
                 steps: int, args: tuple = (), resumed: str = "", traceback: bool = False) -> int | None:
     """Say what runs where (rank 0; ``resumed``: from which step, what changed), run ``worker`` on every rank and
@@ -91,9 +84,10 @@ def print_outputs(directory: Path) -> None:
 
 
 def no_imports_from_the_working_directory() -> None:
-    """``python -m engine.grpo.cli`` (and ``torchrun -m``) put the working directory first on ``sys.path``: a
-    ``torch_npu.py`` lying there would be imported by the launcher's backend probe and by every worker (which take
-    this ``sys.path``). Taken off, unless the command runs from the root of a source checkout (the project's code)."""
+    """``python -m engine.grpo.cli`` (and ``torchrun -m``) put the working directory first on ``sys.path``: a file
+    there named like a vendor's package would be imported by the launcher's backend probe and by every worker (which
+    take this ``sys.path``). Taken off, unless the command runs from the root of a source checkout (the project's
+    code)."""
     from accel_backends.spawn import forget_working_directory
 
     started = getattr(sys.modules.get("__main__"), "__spec__", None)

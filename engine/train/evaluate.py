@@ -24,6 +24,7 @@ from pathlib import Path
 from .. import checkpoint
 from .eval_config import eval_config
 from .export import ExportError, export, run_loader
+from .run_dir import unwritable
 from .workers import parse_nproc
 from .workers import world_size as worker_count
 
@@ -148,8 +149,6 @@ def main(recipe, argv: list[str]) -> int:
         try:
             out.mkdir(parents=True, exist_ok=True)
         except OSError as exc:  # read-only, full, a file in the way: one line
-            from .cli import unwritable
-
             print(f"{tool}: error: {unwritable(out, exc, '--out')}", file=sys.stderr)
             return 2
         print(f"{tool}: {target.get('checkpoint') or target['model']}, {world_size} process(es); output {out}",
@@ -170,8 +169,6 @@ def main(recipe, argv: list[str]) -> int:
     try:
         return write_results(tool, args, out, target, inputs, outcome)
     except OSError as exc:  # a full disk: one line
-        from .cli import unwritable
-
         print(f"{tool}: error: {unwritable(out, exc, '--out')}", file=sys.stderr)
         return 1
 

@@ -29,6 +29,7 @@ import torch
 from .. import EngineConfig, apply_lora, checkpoint
 from ..checkpoint import META_FILE, STEP_DIRECTORY
 from . import prompting
+from .run_dir import unwritable
 
 EXPORT_MARKER = ".accel-export"  # in every directory export writes: the only kind --force replaces
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
@@ -273,8 +274,6 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
         print(f"{tool} export: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # OUT read-only, a full disk: one line (the partial directory is gone)
-        from .cli import unwritable
-
         print(f"{tool} export: error: {unwritable(args.out, exc, 'OUT')}", file=sys.stderr)
         return 1
     kind = {"adapter": "a PEFT adapter", "merged": "LoRA merged"}.get(summary["lora"], "full model")

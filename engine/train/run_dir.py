@@ -90,6 +90,13 @@ def _legacy_runs(root: Path, preset: str, trainer: str | None) -> list[Path]:
     return found
 
 
+def unwritable(path, exc: OSError, where: str = "run.output_dir") -> str:
+    """The one line for a file that cannot be read or written (read-only, full disk, a file in the way)."""
+    if path is None:
+        return f"{exc.filename or ''}: {exc.strerror or exc}".lstrip(": ")
+    return f"cannot write {exc.filename or path}: {exc.strerror or exc}: choose a writable {where} (or free space)"
+
+
 def resume_hint(run_dir: Path, tool: str = "accel-grpo") -> str:
     latest = checkpoint.latest_complete(run_dir / "checkpoints")
     if latest is None:

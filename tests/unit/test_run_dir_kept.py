@@ -56,13 +56,21 @@ def test_a_second_run_under_an_existing_name_is_refused_before_any_worker(traine
     assert no_workers == [] and hashes(run) == before and sorted(p.name for p in tmp_path.iterdir()) == ["mine"]
 
 
-def test_overwrite_moves_the_old_run_aside_and_starts_in_an_empty_directory(tmp_path, capsys, no_workers):
+def test_overwrite_moves_the_old_run_aside_and_starts_in_an_empty_directory(tmp_path, capsys, monkeypatch):
+    seen = []
+
+    def workers(*args, **kwargs):  # what the new run's workers find, and a first line of theirs
+        seen.append(sorted(p.name for p in args[4].iterdir()))
+        (args[4] / "metrics.jsonl").write_text('{"step": 1}\n')
+        return 3
+
+    monkeypatch.setattr(cli, "run_workers", workers)
     run = fake_run(tmp_path / "mine")
     before = hashes(run)
-    assert _start("grpo", tmp_path, "run.overwrite=true") == 3  # the (recorded) workers' status
+    assert _start("grpo", tmp_path, "run.overwrite=true") == 3  # the workers' status
     (aside,) = [p for p in tmp_path.iterdir() if p.name != "mine"]
     assert aside.name.startswith("mine.old-") and hashes(aside) == before
-    assert no_workers == [run] and run.is_dir() and list(run.iterdir()) == []
+    assert seen == [[]] and (run / "metrics.jsonl").read_text() == '{"step": 1}\n'
     assert f"notice: run.overwrite=true: moved the earlier run {run} to {aside}" in capsys.readouterr().err
 
 
