@@ -151,12 +151,13 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
     install_stop_handlers()
     try:
         return _call_stoppable(fn, args)
-    except Exception as exc:  # reported as a spawned worker's failure is: rank, phase, error, traceback
-        if isinstance(exc, Interrupted):
-            raise
+    except BaseException as exc:  # reported as a spawned worker's failure is: rank, phase, error, traceback
+        if isinstance(exc, (Interrupted, KeyboardInterrupt, SystemExit)):
+            raise  # (torch's CheckpointException is a BaseException too: a failure, reported as one)
         where = f" in phase {phase_of(exc)}" if phase_of(exc) else ""
         trace = None if isinstance(exc, OneLineError) else traceback.format_exc()
-        raise WorkerFailed(f"rank 0 failed{where}: {type(exc).__name__}: {exc}".strip(), {0: trace}) from exc
+        said = _phase_details(exc).get("summary") or f"{type(exc).__name__}: {exc}"
+        raise WorkerFailed(f"rank 0 failed{where}: {said}".strip(), {0: trace}) from exc
     finally:
         _end_group_made_since(group_before)
         for signum, handler in saved_handlers.items():
@@ -248,7 +249,15 @@ def _stoppable(fn: Callable[..., Any], args: tuple) -> Any:
 
 
 def _phase_details(exc: BaseException) -> dict:
-    return {"phase": phase_of(exc), "one_line": isinstance(exc, OneLineError)}
+    details = {"phase": phase_of(exc), "one_line": isinstance(exc, OneLineError)}
+    failures = getattr(exc, "failures", None)  # torch's CheckpointException: every rank's traceback in its message
+    if isinstance(failures, dict) and failures:
+        causes = dict.fromkeys(f"{type(pair[0]).__name__}: {pair[0]}" for pair in failures.values()
+                               if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException))
+        if causes:  # the causes alone (a full disk: "OSError: [Errno 28] No space left on device"), once each
+            ranks = ", ".join(str(rank) for rank in failures)
+            details["summary"] = f"{type(exc).__name__} (ranks {ranks}): {'; '.join(causes)}"
+    return details
 
 
 def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str], list[str]]:
@@ -267,7 +276,7 @@ def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple
     for outcome in raised:
         phase = outcome.details.get("phase")
         where = f" in phase {phase}" if phase else ""
-        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.error)}")
+        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.details.get('summary') or outcome.error)}")
     # The first failure is the message; what followed is mostly its echo (connection reset ...): details.
     lines = lines or ["a worker failed without saying how"]
     return lines[0], {o.rank: o.traceback for o in raised if not o.details.get("one_line")}, lines[1:]

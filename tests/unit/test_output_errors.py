@@ -93,3 +93,28 @@ def test_ctrl_c_while_starting_is_one_line_and_leaves_no_empty_run_directory(tmp
     monkeypatch.setattr(cli, "run_workers", lambda *args, **kwargs: (args[4] / "tracebacks.txt").write_text("x") and 1)
     assert cli.main(recipe, [f"run.output_dir={tmp_path}", "run.name=r"]) == 1
     assert [p.name for p in (tmp_path / "r").iterdir()] == ["tracebacks.txt"]  # written in: it stays
+
+
+class _CheckpointFailed(BaseException):
+    """As torch's CheckpointException: a BaseException whose message holds every rank's traceback."""
+
+    def __init__(self):
+        self.failures = {0: (OSError(errno.ENOSPC, "No space left on device"), None),
+                         1: (OSError(errno.ENOSPC, "No space left on device"), None)}
+        super().__init__("CheckpointException ranks:dict_keys([0, 1])\nTraceback (most recent call last): ...\n" * 40)
+
+
+def _full_disk_save():
+    raise _CheckpointFailed()
+
+
+def test_a_full_disk_during_a_checkpoint_save_is_one_short_line():
+    """Bug: a full disk during a save printed about 195 lines: torch's CheckpointException (a BaseException, not
+    caught by the one-process launcher) carries every rank's traceback in its message."""
+    from engine.runtime.launcher import WorkerFailed, run
+
+    with pytest.raises(WorkerFailed) as failed:
+        run(_full_disk_save, 1)
+    assert str(failed.value) == ("rank 0 failed: _CheckpointFailed (ranks 0, 1): OSError: [Errno 28] No space left on "
+                                 "device")
+    assert "Traceback" in failed.value.details()  # the whole story, for the tracebacks file
