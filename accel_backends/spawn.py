@@ -161,10 +161,10 @@ class LocalJob:
         self._deliver()
 
     def _deliver(self) -> None:
-        waiting = []
-        for rank, signum in self._pending:
+        pending, self._pending, waiting = self._pending, [], []  # taken first: a signal handler may send meanwhile
+        for rank, signum in pending:
             process = self.processes[rank]
-            if process.exitcode is not None:
+            if process.exitcode is not None or self._directory is None:  # gone, or the job closed
                 continue
             if self.detach and not Path(self._directory, f"rank{rank}.started").exists():
                 waiting.append((rank, signum))
@@ -173,7 +173,7 @@ class LocalJob:
                 os.kill(process.pid, signum)
             except ProcessLookupError:
                 pass
-        self._pending = waiting
+        self._pending.extend(waiting)
 
     def exitcodes(self) -> list[int | None]:
         return [process.exitcode for process in self.processes]
