@@ -100,6 +100,9 @@ def unwritable(path, exc: OSError, where: str = "run.output_dir") -> str:
 def resume_hint(run_dir: Path, tool: str = "accel-grpo") -> str:
     latest = checkpoint.latest_complete(run_dir / "checkpoints")
     if latest is None:
+        if holds_files(run_dir):  # its metrics, config.json...: a new start there must say so (claim)
+            return (f"no checkpoint was written yet: start the run again with run.overwrite=true (the files in "
+                    f"{run_dir} are moved aside) or under another run.name")
         return "no checkpoint was written yet: start the run again"
     where = "" if run_dir.parent == Path("runs") else f" run.output_dir={run_dir.parent}"
     return (f"latest complete checkpoint {latest}; continue with: {tool} --resume run.name={run_dir.name}"

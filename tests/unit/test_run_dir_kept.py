@@ -167,3 +167,16 @@ def test_retention_never_deletes_the_checkpoint_just_saved(tmp_path, capsys):
     assert "kept every checkpoint (run.keep_checkpoints=1): step_000007 is newer than this save" in \
         capsys.readouterr().out
     assert [p.name for p in after_save(tmp_path / "step_000007", 2)] == ["step_000001"]  # the usual pruning
+
+
+def test_the_hint_after_an_early_end_says_how_to_start_again_where_files_are(tmp_path):
+    """A run that ended before its first checkpoint but wrote files: starting it again under its name is refused
+    now, so the hint names run.overwrite=true."""
+    from engine.train.run_dir import resume_hint
+
+    assert resume_hint(tmp_path / "new") == "no checkpoint was written yet: start the run again"
+    (tmp_path / "begun").mkdir()
+    (tmp_path / "begun" / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert resume_hint(tmp_path / "begun") == (
+        "no checkpoint was written yet: start the run again with run.overwrite=true (the files in "
+        f"{tmp_path / 'begun'} are moved aside) or under another run.name")
