@@ -76,7 +76,7 @@ def test_overwrite_moves_the_old_run_aside_and_starts_in_an_empty_directory(tmp_
 
 def test_an_empty_directory_or_a_new_name_starts_and_a_file_is_refused(tmp_path, capsys, no_workers):
     (tmp_path / "mine").mkdir()
-    assert _start("sft", tmp_path) == 3 and no_workers == [tmp_path / "mine"]
+    assert _start("grpo", tmp_path) == 3 and no_workers == [tmp_path / "mine"]
     (tmp_path / "taken").write_text("x")
     assert cli.main(get_recipe("sft"), [f"run.output_dir={tmp_path}", "run.name=taken"]) == 2
     assert "run directory " + str(tmp_path / "taken") + " is a file" in capsys.readouterr().err
