@@ -12,6 +12,7 @@ by themselves when the process that started them disappears, so nothing is left 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -35,6 +36,53 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def forget_working_directory() -> None:
+    """Take off ``sys.path`` the working directory Python put first for ``python -m`` / ``-c`` (``''`` or its path):
+    a ``torch_npu.py`` lying in the directory a command runs in must not be imported by the launcher or a worker
+    in place of the installed package (a backend's probe imports it by name). A directory the user put on
+    ``PYTHONPATH`` stays: that one they chose."""
+    if sys.flags.safe_path or not sys.path:
+        return
+    first = sys.path[0]
+    if first == "" or os.path.realpath(first) == os.path.realpath(os.getcwd()):
+        del sys.path[0]
+
+
+class _SafePathForChildren:
+    """While ranks start: ``PYTHONSAFEPATH=1``, so that a spawned interpreter (``python -c ...`` until it takes this
+    process's ``sys.path``) puts no working directory first either; each rank then puts the variable back as the
+    user had it, for the processes it starts itself."""
+
+    def __init__(self) -> None:
+        self.before = os.environ.get("PYTHONSAFEPATH")
+
+    def __enter__(self) -> None:
+        os.environ["PYTHONSAFEPATH"] = "1"
+
+    def __exit__(self, *exc) -> None:
+        _restore("PYTHONSAFEPATH", self.before)
+
+
+@contextlib.contextmanager
+def _sigint_ignored(active: bool):
+    """SIGINT ignored in this process (and so in the processes it starts) while active; the handler put back."""
+    if not active:
+        yield
+        return
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
+def _restore(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
 
 
 class QuietExit(SystemExit):
@@ -76,6 +124,7 @@ class LocalJob:
         self.env = {**(env or {}), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
                     "WORLD_SIZE": str(nproc), "LOCAL_WORLD_SIZE": str(nproc)}
         self.processes: list = []
+        self._pending: list[tuple[int, int]] = []  # (rank, signal) to send once the rank has started
         self._outcomes: list[RankOutcome] | None = None
         self._directory: str | None = None
 
@@ -89,13 +138,42 @@ class LocalJob:
     def start(self) -> None:
         self._directory = tempfile.mkdtemp(prefix="accel-job-")
         context = multiprocessing.get_context("spawn")
+        safe_path = _SafePathForChildren()
+        env = {"PYTHONSAFEPATH": safe_path.before, **self.env}  # as the user had it, once the rank runs
         self.processes = [
             context.Process(target=_rank_main, name=f"accel-rank{rank}", daemon=False,
-                            args=(rank, self.fn, self.args, self.env, self._directory, os.getpid(), self.detach,
+                            args=(rank, self.fn, self.args, env, self._directory, os.getpid(), self.detach,
                                   self.describe))
             for rank in range(self.nproc)]
-        for process in self.processes:
-            process.start()
+        # Detached ranks start with SIGINT ignored (kept across exec): a terminal's Ctrl-C reached them while they
+        # were still in this process group, importing, and each printed a KeyboardInterrupt traceback. A rank takes
+        # SIGINT again once in its own group (``started``); what ``send`` had for it before is delivered then. A
+        # Ctrl-C in the few milliseconds of the start itself is not seen.
+        with safe_path, _sigint_ignored(self.detach and threading.current_thread() is threading.main_thread()):
+            for process in self.processes:
+                process.start()
+
+    def send(self, signum: int) -> None:
+        """Send ``signum`` to every live rank; a detached rank still starting gets it once it takes signals."""
+        for rank, process in enumerate(self.processes):
+            if process.pid is not None and process.exitcode is None:
+                self._pending.append((rank, signum))
+        self._deliver()
+
+    def _deliver(self) -> None:
+        pending, self._pending, waiting = self._pending, [], []  # taken first: a signal handler may send meanwhile
+        for rank, signum in pending:
+            process = self.processes[rank]
+            if process.exitcode is not None or self._directory is None:  # gone, or the job closed
+                continue
+            if self.detach and not Path(self._directory, f"rank{rank}.started").exists():
+                waiting.append((rank, signum))
+                continue
+            try:
+                os.kill(process.pid, signum)
+            except ProcessLookupError:
+                pass
+        self._pending.extend(waiting)
 
     def exitcodes(self) -> list[int | None]:
         return [process.exitcode for process in self.processes]
@@ -119,6 +197,8 @@ class LocalJob:
                 return "failed"
             if deadline is not None and time.monotonic() > deadline:
                 return "timeout"
+            if self._pending:
+                self._deliver()
             time.sleep(POLL_S)
 
     def kill(self) -> None:
@@ -164,7 +244,10 @@ class LocalJob:
 def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> None:
     if detach:
         os.setpgrp()  # a terminal's Ctrl-C goes to the parent only, which may forward it
-    os.environ.update(env)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored while it started in the parent's group
+        Path(directory, f"rank{rank}.started").touch()  # the parent's ``send`` may now reach it
+    for name, value in env.items():
+        _restore(name, value)  # None: unset (PYTHONSAFEPATH, set only while the ranks started)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     threads = env.get("OMP_NUM_THREADS")
     if threads and "torch" in sys.modules:  # imported while unpickling ``fn``: the variable alone came too late
@@ -180,6 +263,7 @@ def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> 
         code = exc.code if isinstance(exc, SystemExit) and isinstance(exc.code, int) and exc.code else 1
         record = {"error": f"{type(exc).__name__}: {exc}".strip(), "traceback": traceback.format_exc(),
                   "raised_at": time.time(), "details": _details(describe, exc)}
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C (forwarded) must not cut the record short
     try:
         payload = pickle.dumps(record)
     except Exception:  # noqa: BLE001 - a result that cannot be pickled is this rank's failure, said plainly

@@ -1,10 +1,13 @@
 """The one loader of ``"package.module:attribute"`` names given in a config (reward functions, tools, environments,
 rollout engines named by a plugin), so that every such failure reads the same way: which key, the value, what went
-wrong, what to do; one line, before any worker starts. The working directory is importable, as under ``python -m``."""
+wrong, what to do; one line, before any worker starts. A module a config names is importable from the working directory,
+as under ``python -m``; nothing else there is."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
 import os
 import sys
 from typing import Callable
@@ -14,13 +17,32 @@ class ObjectLoadError(ValueError):
     """A ``module:attribute`` name that cannot be loaded (one line naming the key, the value and the fix)."""
 
 
-def working_directory_importable() -> None:
-    """A user's ``my_rewards.py`` in the directory the command runs in imports, as under ``python -m`` (console
-    scripts do not put that directory on ``sys.path``). Added last: it never shadows an installed module; spawned
-    workers start in the same directory and inherit ``sys.path``."""
-    here = os.getcwd()
-    if here not in sys.path and "" not in sys.path:
-        sys.path.append(here)
+class _NamedModulesHere(importlib.abc.MetaPathFinder):
+    """Finds only the top-level modules a config named (``data.reward=my_rewards:score``) in the directory the
+    command ran in, and only after every installed module (last on ``sys.meta_path``). The directory itself is never
+    put on ``sys.path``: a file there named like a device vendor's package is never imported in its place."""
+
+    def __init__(self) -> None:
+        self.names: dict[str, str] = {}
+
+    def find_spec(self, fullname, path=None, target=None):
+        directory = self.names.get(fullname)
+        if directory is None or path is not None:
+            return None
+        return importlib.machinery.PathFinder.find_spec(fullname, [directory])
+
+
+_HERE = _NamedModulesHere()
+
+
+def working_directory_importable(module_name: str) -> None:
+    """A user's ``my_rewards.py`` (or ``my_pkg/``) in the directory the command runs in imports by the name the
+    config gives it, as under ``python -m`` (console scripts do not put that directory on ``sys.path``); nothing else
+    there does. Installed modules come first. Spawned workers start in the same directory and load the config's
+    names through here again."""
+    if _HERE not in sys.meta_path:
+        sys.meta_path.append(_HERE)
+    _HERE.names.setdefault(module_name.partition(".")[0], os.getcwd())
 
 
 def load_object(spec: str, *, what: str, key: str, accept: Callable[[object], bool] | None = None,
@@ -39,7 +61,7 @@ def load_object(spec: str, *, what: str, key: str, accept: Callable[[object], bo
     module_name, _, attribute = str(spec).partition(":")
     if not module_name or not attribute:
         raise fail(f"must look like 'package.module:{what}'", f"name the module, a colon, then the {what}")
-    working_directory_importable()
+    working_directory_importable(module_name)
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # noqa: BLE001 - the user's module may fail in any way

@@ -169,10 +169,15 @@ def test_bad_export_input_is_refused_and_nothing_is_written_or_deleted(trained, 
     taken.mkdir()
     (taken / "keep.txt").write_text("mine")
     assert "is not empty" in refused(root / "fsdp1", taken)
+    assert "is not an earlier export" in refused(root / "fsdp1", taken, "--force")  # issue 45: only exports go
+    assert "holds the checkpoint being exported" in refused(root / "fsdp1", root, "--force")  # a folder of runs
+    assert "is a run directory" in refused(root / "fsdp1", root / "lora", "--force")
     assert [p.name for p in taken.iterdir()] == ["keep.txt"]
-    assert export(root / "fsdp1", taken, "--force") == 0
-    assert (taken / "model.safetensors").is_file() and not (taken / "keep.txt").exists()
-    assert not any(p.name.endswith(".partial") for p in tmp_path.iterdir())
+    assert export(root / "fsdp1", tmp_path / "model") == 0
+    assert "holds an earlier export" in refused(root / "fsdp1", tmp_path / "model")
+    assert export(root / "fsdp1", tmp_path / "model", "--force") == 0  # an earlier export is replaced
+    assert (tmp_path / "model" / "model.safetensors").is_file() and (tmp_path / "model" / ".accel-export").is_file()
+    assert not any(".partial" in p.name for p in tmp_path.iterdir())
 
 
 @pytest.mark.slow

@@ -242,6 +242,19 @@ def test_a_refused_resume_leaves_the_record_and_the_run_exports_and_evaluates(re
     results = json.loads((tmp_path / "eval" / "results.json").read_text())
     assert results["step"] == 3 and results["prompts"] == len(pd_rows(val)) and results["val_path"] == str(val)
     assert json.loads(capsys.readouterr().out) == results  # stdout is the results' JSON
+    # Issue 45: eval never replaces an earlier evaluation: a named --out that holds one is refused, a default
+    # output directory taken gets a new one beside it (-2).
+    first = {p.name: p.read_bytes() for p in (tmp_path / "eval").iterdir()}
+    assert "samples.jsonl" in first
+    assert main(["eval", str(run_dir), "--nproc", "1", f"--out={tmp_path / 'eval'}"]) == 2
+    assert "eval never replaces them" in capsys.readouterr().err
+    (run_dir / "eval" / "step_000003").mkdir(parents=True)
+    shutil.copytree(tmp_path / "eval", run_dir / "eval" / "step_000003", dirs_exist_ok=True)
+    assert main(["eval", str(run_dir), "--nproc", "1"]) == 0
+    second = json.loads((run_dir / "eval" / "step_000003-2" / "results.json").read_text())
+    assert second["step"] == 3 and (run_dir / "eval" / "step_000003-2" / "samples.jsonl").is_file()
+    assert {p.name: p.read_bytes() for p in (run_dir / "eval" / "step_000003").iterdir()} == first
+    assert {p.name: p.read_bytes() for p in (tmp_path / "eval").iterdir()} == first
 
 
 def pd_rows(path):

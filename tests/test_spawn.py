@@ -89,3 +89,52 @@ def test_named_semaphores_a_rank_made_are_unlinked_when_it_leaves():
     names = [o.result for o in job.outcomes]
     assert len(set(names)) == 2 and all(names)
     assert [n for n in names if os.path.exists("/dev/shm/sem." + n.lstrip("/"))] == []
+
+
+def _safe_path_seen():
+    import sys
+
+    return sys.flags.safe_path, os.environ.get("PYTHONSAFEPATH")
+
+
+def test_ranks_start_without_the_working_directory_on_their_path_and_keep_the_users_environment(monkeypatch):
+    """Issue 45: a rank is a fresh interpreter, which put the working directory first on sys.path until it took
+    the launcher's; it starts with PYTHONSAFEPATH=1, and then has the variable as the user had it (unset here)."""
+    monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
+    with LocalJob(_safe_path_seen, (), nproc=1) as job:
+        assert job.wait(timeout=60) == "done"
+    assert job.outcomes[0].result == (True, None)
+    assert "PYTHONSAFEPATH" not in os.environ
+
+
+def test_a_torch_npu_py_in_the_working_directory_is_never_imported(tmp_path):
+    """Issue 45 (7a): `python -m engine.grpo.cli` in a directory holding a torch_npu.py imported it in the launcher
+    (the backend probe) and in every worker. Here the run stops after the probe (its output directory is under a
+    regular file, issue 45 7b: one line, exit 2, where a raw NotADirectoryError traceback was)."""
+    import subprocess
+    import sys
+
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "torch_npu.py").write_text(f"open({str(marker)!r}, 'a').write('imported')\n")
+    (tmp_path / "a-file").write_text("x")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ACCEL_BACKEND") and k != "PYTHONPATH"}
+    done = subprocess.run([sys.executable, "-m", "engine.grpo.cli", f"run.output_dir={tmp_path / 'a-file' / 'runs'}"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    err = done.stderr.strip()
+    assert done.returncode == 2 and "\n" not in err, err
+    assert err.startswith(f"accel-grpo: error: cannot write {tmp_path / 'a-file' / 'runs'}/grpo-cpu-demo-") and \
+        err.endswith(": Not a directory: choose a writable run.output_dir (or free space)"), err
+    assert not marker.exists()
+
+
+def test_a_signal_sent_while_a_detached_rank_starts_reaches_it_once_started_and_prints_nothing(capfd):
+    """Issue 45 (7c): a Ctrl-C while ranks were starting reached them in the launcher's process group, mid-import,
+    and each printed a KeyboardInterrupt traceback (104 lines). A detached rank starts with SIGINT ignored and gets
+    what was sent to it once it runs in its own group: it stops at once, quietly."""
+    import signal
+
+    with LocalJob(_sleep, (), nproc=2, detach=True) as job:
+        job.send(signal.SIGINT)  # the ranks are still starting (importing)
+        assert job.wait(timeout=60, stop_on_failure=False) == "done"  # not 60 s of sleep: the signal arrived
+    assert [o.error for o in job.outcomes] == ["KeyboardInterrupt:", "KeyboardInterrupt:"]
+    assert "Traceback" not in capfd.readouterr().err

@@ -18,6 +18,13 @@ def critic_factory(policy_source, critic_path: str | None = None, seed: int = 0)
     """A zero-argument builder of the critic: ``critic_path``'s model (a critic saved before, or any causal LM
     directory: its transformer, a new head), else the policy's own (a directory, or a factory of a causal LM)."""
     def build():
+        critic = _build()
+        head = getattr(critic, "score", None) or getattr(critic, "classifier", None)
+        if head is not None:
+            head.register_forward_hook(_values_of_their_own)
+        return critic
+
+    def _build():
         from transformers import AutoConfig, AutoModelForTokenClassification
         from transformers.utils import logging
 
@@ -42,6 +49,13 @@ def critic_factory(policy_source, critic_path: str | None = None, seed: int = 0)
             logging.set_verbosity(verbosity)
 
     return build
+
+
+def _values_of_their_own(head, inputs, values: Tensor) -> Tensor:
+    """The value head's output as a tensor of its own: a ``Linear`` with a bias on a 3-d input returns a view of its
+    2-d result, and FSDP2 warned on every run ("returned a view tensor ... wrong gradients") about the critic's
+    output. A copy of ``[rows, width, 1]`` values costs nothing next to the forward."""
+    return values.clone() if values._base is not None else values
 
 
 def token_values(module, layout) -> Tensor:

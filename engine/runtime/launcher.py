@@ -22,11 +22,13 @@ What the launcher guarantees (``docs/engine.md``, "When something fails"):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 from accel_backends.distributed import LAUNCHER_VARIABLES
@@ -87,9 +89,11 @@ def report_early_end(prog: str, exc: WorkerFailed | Interrupted, then: str = "",
             with open(traceback_file, "w") as handle:
                 handle.write(f"{exc}\n{details}\n")
             where = f" (tracebacks: {traceback_file}; --traceback prints them)"
-        except OSError:
-            traceback_file = None
-    if details and traceback_file is None:
+        except OSError as unwritable:  # a full disk, a read-only directory: still one line, saying so
+            with contextlib.suppress(OSError):
+                Path(traceback_file).unlink(missing_ok=True)  # no half-written file left behind
+            where = f" (tracebacks not written to {traceback_file}: {unwritable.strerror}; --traceback prints them)"
+    elif details:
         print(details, file=sys.stderr)
     if then:
         print(then, file=sys.stderr)
@@ -147,12 +151,13 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
     install_stop_handlers()
     try:
         return _call_stoppable(fn, args)
-    except Exception as exc:  # reported as a spawned worker's failure is: rank, phase, error, traceback
-        if isinstance(exc, Interrupted):
-            raise
+    except BaseException as exc:  # reported as a spawned worker's failure is: rank, phase, error, traceback
+        if isinstance(exc, (Interrupted, KeyboardInterrupt, SystemExit)):
+            raise  # (torch's CheckpointException is a BaseException too: a failure, reported as one)
         where = f" in phase {phase_of(exc)}" if phase_of(exc) else ""
         trace = None if isinstance(exc, OneLineError) else traceback.format_exc()
-        raise WorkerFailed(f"rank 0 failed{where}: {type(exc).__name__}: {exc}".strip(), {0: trace}) from exc
+        said = _phase_details(exc).get("summary") or f"{type(exc).__name__}: {exc}"
+        raise WorkerFailed(f"rank 0 failed{where}: {said}".strip(), {0: trace}) from exc
     finally:
         _end_group_made_since(group_before)
         for signum, handler in saved_handlers.items():
@@ -220,12 +225,7 @@ class _forwarding_signals:
 
     def _handler(self, signum, frame) -> None:
         self.received.append(signum)
-        for worker in self.job.processes:
-            if worker.pid is not None and worker.exitcode is None:
-                try:
-                    os.kill(worker.pid, signum)
-                except ProcessLookupError:
-                    pass
+        self.job.send(signum)  # a rank still starting gets it once it takes signals
 
     def __enter__(self) -> list[int]:
         if threading.current_thread() is threading.main_thread():
@@ -249,7 +249,15 @@ def _stoppable(fn: Callable[..., Any], args: tuple) -> Any:
 
 
 def _phase_details(exc: BaseException) -> dict:
-    return {"phase": phase_of(exc), "one_line": isinstance(exc, OneLineError)}
+    details = {"phase": phase_of(exc), "one_line": isinstance(exc, OneLineError)}
+    failures = getattr(exc, "failures", None)  # torch's CheckpointException: every rank's traceback in its message
+    if isinstance(failures, dict) and failures:
+        causes = dict.fromkeys(f"{type(pair[0]).__name__}: {pair[0]}" for pair in failures.values()
+                               if isinstance(pair, tuple) and pair and isinstance(pair[0], BaseException))
+        if causes:  # the causes alone (a full disk: "OSError: [Errno 28] No space left on device"), once each
+            ranks = ", ".join(str(rank) for rank in failures)
+            details["summary"] = f"{type(exc).__name__} (ranks {ranks}): {'; '.join(causes)}"
+    return details
 
 
 def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple[str, dict[int, str], list[str]]:
@@ -268,7 +276,7 @@ def _describe(outcomes: list[RankOutcome], exitcodes: list[int | None]) -> tuple
     for outcome in raised:
         phase = outcome.details.get("phase")
         where = f" in phase {phase}" if phase else ""
-        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.error)}")
+        lines.append(f"rank {outcome.rank} failed{where}: {one_line(outcome.details.get('summary') or outcome.error)}")
     # The first failure is the message; what followed is mostly its echo (connection reset ...): details.
     lines = lines or ["a worker failed without saying how"]
     return lines[0], {o.rank: o.traceback for o in raised if not o.details.get("one_line")}, lines[1:]

@@ -6,13 +6,14 @@ frame's loop on every worker. A recipe gives its help text, schema, checks and p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from .pipeline import load  # noqa: F401  (the one config pipeline, by its usual name)
-from .run_dir import TRACEBACKS
+from .run_dir import TRACEBACKS, unwritable
 from .workers import is_rank0, parse_nproc, world_size
 
 
@@ -82,9 +83,36 @@ def print_outputs(directory: Path) -> None:
     print(f"metrics: {directory / 'metrics.jsonl'}\ncurves:  {drawn}\ncheckpoints: {directory / 'checkpoints'}")
 
 
+def no_imports_from_the_working_directory() -> None:
+    """``python -m engine.grpo.cli`` (and ``torchrun -m``) put the working directory first on ``sys.path``: a file
+    there named like a vendor's package would be imported by the launcher's backend probe and by every worker (which
+    take this ``sys.path``). Taken off, unless the command runs from the root of a source checkout (the project's
+    code)."""
+    from accel_backends.spawn import forget_working_directory
+
+    started = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if started is not None and started.name.startswith("engine.") and \
+            Path(__file__).resolve().parents[2] != Path.cwd().resolve():
+        forget_working_directory()
+
+
 def main(recipe, argv: list[str]) -> int:
     """``accel-<trainer> [--preset P] [--config F] [--nproc N] [--resume] [--print-config] key=value...``, and the
-    sub-commands ``export``, ``eval`` and the recipe's own."""
+    sub-commands ``export``, ``eval`` and the recipe's own. Ctrl-C while it starts (before the workers' own
+    handling) ends in one line, and a run directory this start made and nothing was written to is removed."""
+    made: list[Path] = []
+    try:
+        status = _command(recipe, argv, made)
+    except KeyboardInterrupt:
+        print(f"{recipe.tool}: stopped by SIGINT while starting", file=sys.stderr)
+        status = 130
+    for directory in made if status else ():
+        with contextlib.suppress(OSError):
+            directory.rmdir()  # only an empty directory goes: anything written in it stays
+    return status
+
+
+def _command(recipe, argv: list[str], made: list[Path]) -> int:
     import json
     import time
 
@@ -92,8 +120,9 @@ def main(recipe, argv: list[str]) -> int:
     from .loop import worker
     from .report import read_metrics
     from .resume import find_run, resumed_config, resumed_from
-    from .run_dir import run_dir
+    from .run_dir import claim, run_dir
 
+    no_imports_from_the_working_directory()
     status = run_subcommand(argv, __package__, {**recipe.commands, **frame_commands(recipe)})
     if status is not None:
         return status
@@ -119,16 +148,26 @@ def main(recipe, argv: list[str]) -> int:
             config.nproc = args.nproc  # --nproc beats nproc from anywhere else, and config.json records it
         workers = world_size(config, args.nproc)
         require_valid(recipe.check(config, workers))
+        if directory is None and not args.print_config:  # a new run: never where one is (before the plan's work)
+            directory = run_dir(config, False, recipe.name)
+            claim(directory, config.run.overwrite, move=False)
         plan = recipe.plan(config, workers, verbose=is_rank0() and not args.print_config)
         if args.print_config:
             print(f"{tool}: preset {config.preset} ({why})", file=sys.stderr)
             print(json.dumps(recipe.resolved(plan), indent=2))  # stdout stays valid JSON
             return 0
         backend = accel_backends.get_backend()  # an unknown or unusable backend stops us here
-        directory = directory or run_dir(config, False, recipe.name)
+        if not args.resume:  # run.overwrite: the earlier run moved aside (rank 0), never deleted
+            moved = claim(directory, config.run.overwrite, move=is_rank0())
+            if moved:
+                print(f"{tool}: notice: {moved}", file=sys.stderr)
+        if not directory.exists():
+            made.append(directory)
         directory.mkdir(parents=True, exist_ok=True)  # config.json: the loop writes it once the start is settled
     except (ValueError, FileNotFoundError, accel_backends.AccelBackendError) as exc:
         return input_error(tool, exc)
+    except OSError as exc:  # a read-only or full output directory, a path under a file: one line, not a traceback
+        return input_error(tool, unwritable(directory, exc))
     started = time.perf_counter()
     status = run_workers(tool, worker, config, workers, directory, args.resume, backend=backend,
                          steps=plan.total_steps, args=(recipe.name, config.to_dict(), workers),

@@ -24,6 +24,7 @@ from pathlib import Path
 from .. import checkpoint
 from .eval_config import eval_config
 from .export import ExportError, export, run_loader
+from .run_dir import unwritable
 from .workers import parse_nproc
 from .workers import world_size as worker_count
 
@@ -46,8 +47,9 @@ def parser(recipe) -> argparse.ArgumentParser:
                                           "library defaults)")
     command.add_argument("--config", help="a YAML file of sections, applied before the overrides")
     command.add_argument("--nproc", type=parse_nproc, help="worker processes (default: the config's nproc)")
-    command.add_argument("--out", help="output directory (default: <run>/eval/step_<N> for a run, "
-                                       "<run.output_dir>/eval-<model dir name> for a model)")
+    command.add_argument("--out", help="a new or empty output directory (default: <run>/eval/step_<N> for a run, "
+                                       "<run.output_dir>/eval-<model dir name> for a model, with -2, -3... "
+                                       "when an earlier evaluation is there: never replaced)")
     command.add_argument("--json", metavar="PATH", help="also write results.json's content to this file")
     command.add_argument("--traceback", action="store_true",
                          help="print the workers' tracebacks when one fails (default: a file in the output directory)")
@@ -83,10 +85,26 @@ def prepare(recipe, args) -> tuple:
     if "run" in target:
         checkpoint.checkpoint_meta(target["checkpoint"])  # complete, every file the size its save recorded
     inputs = recipe.eval_inputs(config)  # bad rows fail here
-    out = Path(args.out) if args.out else default_output(config, target)
+    out = output_directory(Path(args.out) if args.out else default_output(config, target), named=bool(args.out))
+    return config, target, world_size, inputs, out
+
+
+def output_directory(out: Path, named: bool) -> Path:
+    """Never an earlier evaluation's directory: the default one with ``-2``, ``-3``... when it holds files; an
+    ``--out`` that holds files is refused (the user named it: writing elsewhere would surprise)."""
+    from .run_dir import holds_files
+
     if out.exists() and not out.is_dir():
         raise ExportError(f"output {out} is a file: pass a directory with --out")
-    return config, target, world_size, inputs, out
+    if not holds_files(out):
+        return out
+    if named:
+        raise ExportError(f"--out {out} is not empty (an earlier evaluation's results?): eval never replaces them; "
+                          "choose another --out, or leave it out for a new directory of its own")
+    number = 2
+    while holds_files(out.with_name(f"{out.name}-{number}")) or out.with_name(f"{out.name}-{number}").is_file():
+        number += 1
+    return out.with_name(f"{out.name}-{number}")
 
 
 def worker(recipe_name: str, config_dict: dict, weights: str | None) -> dict:
@@ -128,7 +146,11 @@ def main(recipe, argv: list[str]) -> int:
         print(f"{tool}: error: {exc}", file=sys.stderr)
         return 2
     if is_rank0():
-        out.mkdir(parents=True, exist_ok=True)
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # read-only, full, a file in the way: one line
+            print(f"{tool}: error: {unwritable(out, exc, '--out')}", file=sys.stderr)
+            return 2
         print(f"{tool}: {target.get('checkpoint') or target['model']}, {world_size} process(es); output {out}",
               file=sys.stderr, flush=True)
     exported = out / "model.tmp"
@@ -144,13 +166,16 @@ def main(recipe, argv: list[str]) -> int:
         shutil.rmtree(exported, ignore_errors=True)
     if not is_rank0():
         return 0
-    return write_results(tool, args, out, target, inputs, outcome)
+    try:
+        return write_results(tool, args, out, target, inputs, outcome)
+    except OSError as exc:  # a full disk: one line
+        print(f"{tool}: error: {unwritable(out, exc, '--out')}", file=sys.stderr)
+        return 1
 
 
 def write_results(tool: str, args, out: Path, target: dict, inputs: dict, outcome: dict) -> int:
     """Rank 0: ``samples.jsonl`` (when there are samples), ``results.json``, the JSON on stdout, one line."""
     samples = outcome["samples"]
-    (out / "samples.jsonl").unlink(missing_ok=True)  # an earlier evaluation's would not describe this one
     if samples:
         with (out / "samples.jsonl").open("w") as handle:
             for record in samples:

@@ -16,8 +16,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import shutil
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,9 @@ import torch
 from .. import EngineConfig, apply_lora, checkpoint
 from ..checkpoint import META_FILE, STEP_DIRECTORY
 from . import prompting
+from .run_dir import unwritable
 
+EXPORT_MARKER = ".accel-export"  # in every directory export writes: the only kind --force replaces
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
 # Files of a model directory that describe how to talk to the model, copied verbatim into an export.
 MODEL_FILES = ("tokenizer*", "special_tokens_map.json", "added_tokens.json", "vocab.*", "merges.txt", "*.tiktoken",
@@ -125,11 +129,32 @@ def default_dtype(run: RunModel) -> str:
     return "bf16" if (saved.get("dtype") or saved.get("torch_dtype")) == "bfloat16" else "fp32"
 
 
-def check_output(out: Path, force: bool) -> None:
+def check_output(out: Path, force: bool, found: Path) -> None:
+    """``out`` is new, empty, or (with ``force``) an earlier export: the directory an export wrote, with its
+    ``EXPORT_MARKER``. Nothing else is ever replaced: not a run, not a folder of runs, not the checkpoint read."""
     if out.exists() and not out.is_dir():
         raise ExportError(f"output {out} is a file: pass a directory")
-    if out.is_dir() and any(out.iterdir()) and not force:
-        raise ExportError(f"output directory {out} is not empty: choose another or pass --force to replace it")
+    if not out.is_dir() or not any(out.iterdir()):
+        return
+    if Path(found).resolve().is_relative_to(out.resolve()):
+        raise ExportError(f"output directory {out} holds the checkpoint being exported ({found}): choose another OUT")
+    if (out / EXPORT_MARKER).is_file():
+        if not force:
+            raise ExportError(f"output directory {out} holds an earlier export: choose another OUT or pass --force "
+                              "to replace it")
+        return
+    what = ("is a run directory" if _is_run(out) else "holds runs" if any(map(_is_run, _subdirectories(out)))
+            else "is not empty")
+    raise ExportError(f"output directory {out} {what} and is not an earlier export: choose another OUT (--force "
+                      f"replaces only a directory an export wrote, which holds {EXPORT_MARKER})")
+
+
+def _is_run(directory: Path) -> bool:
+    return (directory / "config.json").is_file() and (directory / "checkpoints").is_dir()
+
+
+def _subdirectories(directory: Path) -> list[Path]:
+    return [path for path in directory.iterdir() if path.is_dir()]
 
 
 def trained_model(run: RunModel, state: dict[str, torch.Tensor]):
@@ -177,7 +202,7 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
     if model_path is not None and not (Path(model_path) / "config.json").is_file():
         raise ExportError(f"the run's model.path {model_path} (its model's config and tokenizer) is not there "
                           "any more: put the model directory back at that path")
-    check_output(out, force)
+    check_output(out, force, found)
     dtype = dtype or default_dtype(run)
     policy = checkpoint.policy_checkpoint(found)  # a run training several engines exports its policy
     checkpoint.checkpoint_meta(policy)  # complete, and every file has the size its save recorded
@@ -191,9 +216,9 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
     model.to(DTYPES[dtype])
     if lora == "adapter":
         model.peft_config["default"].base_model_name_or_path = str(Path(model_path).resolve())
-    partial = out.with_name(out.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    partial.mkdir(parents=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f"{out.name}.partial-{os.getpid()}-{time.time_ns()}")
+    partial.mkdir()  # a new directory: nothing of the user's is touched (and its mode is the umask's, as out's)
     try:
         model.save_pretrained(str(partial))
         tokenizer.save_pretrained(str(partial))
@@ -203,14 +228,17 @@ def export(source, out, load_run: Callable[[Path], RunModel], *, step: int | Non
                     if file.is_file():
                         shutil.copy2(file, partial / file.name)
         prompting.write(partial, run.prompt)  # the system prompt, template choice and length it trained with
+        (partial / EXPORT_MARKER).write_text(json.dumps({"checkpoint": str(found)}) + "\n")  # --force may replace it
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)
         raise
     if out.exists():
+        check_output(out, True, found)  # still empty or an earlier export, just before it goes
         shutil.rmtree(out)
     partial.rename(out)
     return {"checkpoint": str(found), "step": checkpoint.step_of(found), "output": str(out), "dtype": dtype,
-            "lora": lora if lora_rank else None, "files": sorted(p.name for p in out.iterdir()),
+            "lora": lora if lora_rank else None,
+            "files": sorted(p.name for p in out.iterdir() if p.name != EXPORT_MARKER),
             "builtin_model": model_path is None, "loader": run.loader}
 
 
@@ -235,7 +263,9 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
     parser.add_argument("--lora", choices=("merged", "adapter"), default="merged",
                         help="a LoRA run: adapters merged into the base weights (default), or a PEFT adapter "
                              "directory")
-    parser.add_argument("--force", action="store_true", help="replace OUT when it is not empty")
+    parser.add_argument("--force", action="store_true",
+                        help=f"replace OUT when it holds an earlier export (its {EXPORT_MARKER} file); never a run "
+                             "directory, a folder of runs or anything else")
     args = parser.parse_args(argv)
     try:
         summary = export(args.source, args.out, load_run, step=args.step, dtype=args.dtype, lora=args.lora,
@@ -243,6 +273,9 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
     except (ExportError, FileNotFoundError, checkpoint.CorruptCheckpoint) as exc:
         print(f"{tool} export: error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # OUT read-only, a full disk: one line (the partial directory is gone)
+        print(f"{tool} export: error: {unwritable(args.out, exc, 'OUT')}", file=sys.stderr)
+        return 1
     kind = {"adapter": "a PEFT adapter", "merged": "LoRA merged"}.get(summary["lora"], "full model")
     loader = "PeftModel.from_pretrained(base, OUT)" if summary["lora"] == "adapter" else \
         f"{summary['loader']}.from_pretrained(OUT)"

@@ -17,10 +17,15 @@ def human_size(size: int) -> str:
 
 def after_save(path: Path, keep: int | None, progress=None, tool: str = "accel-grpo") -> list[Path]:
     """Print the size of the checkpoint just saved at ``path``; with ``keep``, delete all but the newest ``keep``
-    complete checkpoints next to it (never the newest complete one, never a ``.partial``). Returns what went."""
-    removed = checkpoint.prune(path.parent, keep) if keep else []
+    complete checkpoints next to it (never the newest complete one, never a ``.partial``, never the one just saved:
+    nothing goes while a checkpoint of a later step is there). Returns what went."""
+    saved = checkpoint.step_of(path)
+    newer = [p.name for p in checkpoint.complete_checkpoints(path.parent) if checkpoint.step_of(p) > saved]
+    removed = checkpoint.prune(path.parent, keep) if keep and not newer else []
     line = f"{tool}: saved {path} ({human_size(checkpoint.directory_size(path))})"
     if removed:
         line += f"; removed {', '.join(p.name for p in removed)} (run.keep_checkpoints={keep})"
+    if keep and newer:  # newer than the step just saved: not this run's line of checkpoints; the newest would go
+        line += f"; kept every checkpoint (run.keep_checkpoints={keep}): {', '.join(newer)} is newer than this save"
     (progress.write if progress is not None else print)(line)
     return removed

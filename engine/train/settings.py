@@ -29,6 +29,7 @@ class RunConfig:
     progress: bool = True  # rank 0's progress on stderr: a bar on a terminal, a line every few steps in a log
     resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
     save_on_interrupt: bool = True  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
+    overwrite: bool = False  # start anew under an existing run.name: the old run is moved aside, never deleted
 
 
 @dataclasses.dataclass
@@ -58,7 +59,7 @@ def run_problems(run: RunConfig) -> list[str]:
                         f"or null (keep all), got {keep!r}")
     if run.save_every < 0 or run.val_every < 0:
         problems.append("run.save_every and run.val_every must be >= 0")
-    for name in ("resume_fallback", "save_on_interrupt", "progress"):
+    for name in ("resume_fallback", "save_on_interrupt", "progress", "overwrite"):
         if not isinstance(getattr(run, name), bool):
             problems.append(f"run.{name} must be true or false, got {getattr(run, name)!r}")
     return problems

@@ -21,6 +21,17 @@ def test_the_critic_is_the_policys_transformer_with_a_value_head():
         assert torch.equal(mine, theirs), name
 
 
+def test_the_critics_values_are_not_a_view_so_fsdp2_has_no_warning_to_give():
+    """Issue 45 (7d): every accel-ppo run printed FSDP2's "returned a view tensor ... wrong gradients" warning
+    twice: the value head (a Linear with a bias, on a 3-d input) returns a view of its 2-d result."""
+    critic = critic_factory(_policy, seed=1)().eval()  # no dropout: the values compare below
+    logits = critic(input_ids=torch.tensor([[1, 2, 3]])).logits
+    assert logits.requires_grad and logits._base is None
+    hidden = critic.model(input_ids=torch.tensor([[1, 2, 3]])).last_hidden_state
+    torch.testing.assert_close(logits, torch.nn.functional.linear(critic.dropout(hidden), critic.score.weight,
+                                                                  critic.score.bias))
+
+
 @pytest.mark.parametrize("packed", [True, False])
 def test_values_are_read_where_each_response_token_was_chosen(packed):
     critic = critic_factory(_policy, seed=1)().eval()

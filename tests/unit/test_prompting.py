@@ -80,4 +80,4 @@ def test_a_reward_module_in_the_working_directory_imports_without_pythonpath(tmp
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
     found = load_object("my_rewards_in_cwd:score", what="function", key="data.reward", accept=callable)
-    assert found("p", "r", "a") == 1.0 and sys.path[-1] == str(tmp_path)  # last: it shadows nothing installed
+    assert found("p", "r", "a") == 1.0 and str(tmp_path) not in sys.path  # found by name only (issue 45)

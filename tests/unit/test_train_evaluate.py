@@ -108,12 +108,14 @@ def test_a_plugins_eval_gets_the_frames_options_outputs_and_statuses(scorer, cap
     assert not (root / "none").exists()
 
     # A failing worker: exit 1, one uncut line naming the rank and the cause; the traceback in the output directory.
-    assert main(recipe, ["eval", str(root / "model"), "--nproc", "1", f"--out={out}", f"data.val_path={root}/val.txt",
-                         "data.explode=true"]) == 1
+    # (in a new directory: eval never replaces an earlier evaluation's, issue 45)
+    failed = root / "failed"
+    assert main(recipe, ["eval", str(root / "model"), "--nproc", "1", f"--out={failed}",
+                         f"data.val_path={root}/val.txt", "data.explode=true"]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last == (f"accel-train score eval: error: rank 0 failed: RuntimeError: the scorer broke on two lines "
-                    f"(tracebacks: {out / 'tracebacks.txt'}; --traceback prints them)")
-    assert "Traceback (most recent call last)" in (out / "tracebacks.txt").read_text()
+                    f"(tracebacks: {failed / 'tracebacks.txt'}; --traceback prints them)")
+    assert "Traceback (most recent call last)" in (failed / "tracebacks.txt").read_text()
 
 
 def test_eval_is_offered_to_the_recipes_that_score(scorer):
