@@ -11,6 +11,7 @@ import re
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+from ..rollout.vllm_server.access import auth_headers
 from .scorers import ModelReward, prompt_text
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)"
@@ -46,8 +47,10 @@ class JudgeReward(ModelReward):
     """Scores through ``reward_model.judge_url`` (or ``judge_model``'s server), ``max_parallel`` calls at once; with
     ``judge_constrained``, each call asks for a reply of ``judge_answer_regex``'s form."""
 
-    def __init__(self, section, url: str | None = None) -> None:  # RewardModelConfig; url: judge_model's server
+    def __init__(self, section, url: str | None = None, api_key: str | None = None) -> None:
+        """``section``: ``RewardModelConfig``; ``url`` and ``api_key``: ``judge_model``'s server and its key."""
         super().__init__()
+        self.headers = auth_headers(api_key)
         self.section = section
         base = (url or section.judge_url).rstrip("/")
         constrained = section.judge_constrained
@@ -59,7 +62,7 @@ class JudgeReward(ModelReward):
 
     def _post(self, path: str, body: dict | None) -> dict:
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.base + path, data=data, headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(self.base + path, data=data, headers=self.headers)
         with urllib.request.urlopen(request, timeout=self.section.timeout_s) as reply:
             return json.loads(reply.read().decode())
 
