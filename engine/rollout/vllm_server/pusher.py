@@ -1,15 +1,15 @@
 """The trainer's side of weight pushes into vLLM servers: one weight group per server, versioned pushes.
 
-``connect`` opens, for every server, a weight group (``weight_wire``: the device backend's process group, gloo,
-NCCL, HCCL or a plugin's) with the trainer's rank 0 as its rank 0 and the server's workers after it, through the
-server's ``/init_weight_transfer_engine`` (the worker checks there that it serves the trainer's model and has the
-trainer's backend, then builds the same group). The group meets at a store bound to the trainer's ``address``,
-which admits only workers that prove they hold the run's secret (``wire_store.py``). ``push`` pauses every
-server (``keep``: requests in flight wait, then go on with the new weights; ``wait``: they finish on the old ones
-first), starts the update, streams the weights one tensor at a time, each drawn just before it goes (the policy
-gathers one sharded unit at a time: never a full copy per rank), closes it under the next version and resumes.
-Ranks other than 0 draw the weights too (drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they never
-sample from a part-old, part-new model; the error says so.
+``connect`` opens, for every server, a weight group (``weight_wire``: the device backend's process group, gloo, NCCL,
+HCCL or a plugin's) with the trainer's rank 0 as its rank 0 and the server's workers after it, through the server's
+``/init_weight_transfer_engine`` (the worker checks there that it serves the trainer's model and has the trainer's
+backend, then builds the same group). The group meets at a store bound to the trainer's ``address``, which admits only
+workers that prove they hold the run's secret (``wire_store.py``). ``push`` pauses every server (``keep``: requests in
+flight wait, then go on with the new weights; ``wait``: they finish on the old ones first), starts the update, streams
+the weights one tensor at a time, each drawn just before it goes (the policy gathers one sharded unit at a time: never a
+full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the weights too (drawing is a
+collective) and send nothing. A push that fails half-way leaves the servers paused: they never sample from a part-old,
+part-new model; the error says so.
 
 With ``rollout.vllm.lora_sync=adapter`` a push may instead carry the LoRA adapter alone (``push(..., adapter=...)``):
 the same pause, start, stream and finish, the workers writing it as a PEFT directory on the server's own disk (under
