@@ -16,7 +16,7 @@ import dataclasses
 import re
 from pathlib import Path
 
-from ..rollout.vllm_server.access import host_problem
+from ..rollout.vllm_server.access import host_problem, managed_argument_problems
 from .judge import JudgeReward
 from .rewards import Reward
 from .scorers import STAT_KEYS, STYLE, ClassifierReward
@@ -142,6 +142,8 @@ def judge_model_problems(section) -> list[str]:
     if not isinstance(section.judge_server_args, dict):
         found.append(f"reward_model.judge_server_args must be a mapping of api_server arguments, got "
                      f"{section.judge_server_args!r}")
+    found += managed_argument_problems("reward_model.judge_server_args", section.judge_server_args, {
+        "host": "reward_model.judge_host", "port": "reward_model.judge_port"})
     from ..rollout.engines.vllm_settings import vllm_installed
 
     if not vllm_installed():

@@ -189,6 +189,14 @@ def test_the_host_keys_are_checked_in_one_line_each(monkeypatch):
     assert server_problems(VLLMConfig(mode="server", host="0.0.0.0", server_urls=["http://a:1"]), FACTS) == [
         "rollout.vllm.host=0.0.0.0 is where the servers this run starts listen, and it starts none "
         "(rollout.vllm.server_urls): remove it"]
+    assert server_problems(VLLMConfig(mode="server", server_args={"host": "0.0.0.0", "api-key": "x"}), FACTS) == [
+        "rollout.vllm.server_args.host: set rollout.vllm.host (a server's address and key are not api_server "
+        "arguments here)",
+        "rollout.vllm.server_args.api-key: the run draws a key for its servers and sends it itself (a server's "
+        "address and key are not api_server arguments here)"]
+    assert ("reward_model.judge_server_args.port: set reward_model.judge_port (a server's address and key are not "
+            "api_server arguments here)") in reward_model.judge_model_problems(
+        RewardModelConfig(judge_model="/nowhere", judge_server_args={"port": 1}))
     config = build_config(None, None, ["model.hidden_size=128", "reward_model.judge_url=http://j/v1",
                                        "reward_model.judge_host=0.0.0.0"])
     assert ("reward_model.judge_host: set only with reward_model.judge_model (the judge server the run starts)"

@@ -56,6 +56,22 @@ def host_problem(key: str, value) -> str | None:
             f"only; 0.0.0.0: every interface, reachable by anyone on the network), got {value!r}")
 
 
+def managed_argument_problems(key: str, arguments, instead: dict[str, str]) -> list[str]:
+    """Api_server arguments in ``key`` (``rollout.vllm.server_args``...) that would undo where a server listens or
+    its key: a later ``--host`` wins over the run's, ``--api-key`` replaces the run's key in vLLM's own check.
+    ``instead``: the config key to use for host and port."""
+    if not isinstance(arguments, dict):
+        return []
+    named = {str(name).replace("-", "_"): str(name) for name in arguments}
+    found = []
+    for name, use in ((n, instead.get(n)) for n in ("host", "port", "api_key")):
+        if name in named:
+            what = f"set {use}" if use else "the run draws a key for its servers and sends it itself"
+            found.append(f"{key}.{named[name]}: {what} (a server's address and key are not api_server arguments "
+                         "here)")
+    return found
+
+
 def url_for(host: str, port: int) -> str:
     """The base URL this machine reaches a server listening on ``host``:``port`` by."""
     host = _WILDCARDS.get(host, host)

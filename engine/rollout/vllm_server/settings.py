@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .access import LOOPBACK, host_problem
+from .access import LOOPBACK, host_problem, managed_argument_problems
 
 MODES = ("colocate", "server")
 OWN_ENGINE = "accel"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
@@ -78,6 +78,8 @@ def server_problems(settings, facts) -> list[str]:
     if not isinstance(settings.server_args, dict):
         problems.append(f"rollout.vllm.server_args must be a mapping of api_server arguments, got "
                         f"{settings.server_args!r}")
+    problems += managed_argument_problems("rollout.vllm.server_args", settings.server_args, {
+        "host": "rollout.vllm.host", "port": "rollout.vllm.server_port"})
     engine = settings.weight_transfer
     if engine is not None and (not isinstance(engine, str) or not engine):
         problems.append(f"rollout.vllm.weight_transfer must be a weight-transfer engine's name or null (this "
