@@ -129,7 +129,7 @@ class _Recorder:
                 pass
 
         self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        threading.Thread(target=self.httpd.serve_forever, args=(0.05,), daemon=True).start()
         return f"http://127.0.0.1:{self.httpd.server_address[1]}"
 
     def __exit__(self, *exc):
@@ -225,3 +225,26 @@ def test_the_weight_stores_listen_on_the_trainers_address_only_and_refuse_a_peer
     nonce = store.get(wire_store.NONCE_KEY).decode()
     assert wire_store.group_prefix("the run's secret", nonce) != wire_store.group_prefix("a guess", nonce)
     assert not store.check([f"{wire_store.GROUP_PREFIX}/rendezvous"])  # not where a peer without the secret looks
+
+
+class _Impostor(ServerClient):
+    """A 'server' whose worker joins the trainer's weight-group store with a guessed secret (as a process that
+    reached the store and the RL route without the run's secret would); its other routes answer nothing."""
+
+    def call(self, method, path, body=None, query=None, timeout_s=None):
+        info = (body or {}).get("init_info", {})
+        if path == "/init_weight_transfer_engine" and not info.get("check_only"):
+            assert len(info["secret"]) == 64  # the run's secret reaches the real server through the keyed route
+            wire_store.join(info["master_address"], info["master_port"], 1, "a guess", 10)
+        return None
+
+
+def test_a_push_to_a_worker_without_the_secret_is_refused_before_any_weight():
+    from engine.rollout.vllm_server.pusher import WeightPusher
+
+    pusher = WeightPusher([_Impostor("http://srv0:8000")], [1], "127.0.0.1", {}, sender=True,
+                          settings={"timeout_s": 60.0}, backend=CPUBackend())
+    with pytest.raises(ServerError) as refused:
+        pusher.connect()
+    assert str(refused.value).startswith("a process without this run's secret joined the weight group's store at ")
+    assert pusher.groups == []  # no group: nothing can be pushed
