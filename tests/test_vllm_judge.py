@@ -5,7 +5,8 @@ before its first step and stops at its end.
 The tiny model answers no number of its own: vLLM's structured outputs (``reward_model.judge_answer_regex``) make
 every reply a score, which is parsed; a call the server refuses (an unknown model name, a prompt past the judge's
 context) is a counted failure with reward 0. ``accel-ppo`` with the colocated vLLM engine and ``judge_model`` runs
-two steps scored by the judge only, and its judge server is gone after the run. Skipped where vLLM is missing.
+two steps scored by the judge only, and its judge server is gone after the run. The judge server (issue 45)
+listens on loopback only, wants its key and runs without vLLM's development routes. Skipped where vLLM is missing.
 """
 
 import json

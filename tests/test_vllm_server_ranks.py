@@ -13,7 +13,8 @@ staleness never above the bound and above 0 at least once, and so does accel-ppo
 from a checkpoint samples ahead from the checkpoint's weights (borrowing the server's core while it idles). The
 CPU demo on 2 ranks with a server it starts learns as with the colocated engine (max_staleness 0) until a Ctrl-C
 (the step is saved, the server stopped), and a run sampling ahead whose server is killed ends within a bounded
-time with one line naming it and no process left behind. Skipped where vLLM is not importable.
+time with one line naming it and no process left behind. The server (issue 45) listens on loopback only, every
+process of it, and refuses a request without its key on every route. Skipped where vLLM is not importable.
 """
 
 import json
