@@ -89,7 +89,7 @@ def test_ppo_with_colocated_vllm_and_a_judge_model_it_starts_and_stops(tmp_path,
     """accel-ppo (issue 37 item 4: every rollout engine) with rollout.engine=vllm colocated, scored by a judge server
     the run starts on a known port; after the run, no process of it is left."""
     from accel_backends.spawn import free_port
-    from engine.rollout.vllm_server.client import ServerClient
+    from engine.rollout.vllm_server.client import ServerClient, ServerError
 
     port = free_port()
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
@@ -108,7 +108,8 @@ def test_ppo_with_colocated_vllm_and_a_judge_model_it_starts_and_stops(tmp_path,
         assert row["reward_model/failures"] == 0 and 0 <= row["reward_model/score_mean"] <= 99.9, row
         assert row["reward/reward_model"] == pytest.approx(row["reward_mean"])  # the judge is the only reward
         assert row["reward_model/s"] > 0 and row["critic/vf_loss"] >= 0, row
-    assert not ServerClient(f"http://127.0.0.1:{port}").healthy()
+    with pytest.raises(ServerError, match="is unreachable"):  # gone, not merely refusing a call without its key
+        ServerClient(f"http://127.0.0.1:{port}").call("GET", "/health")
     assert _processes_with(f"--port {port}") == []  # the server and its guard ended with the run
     print({"step_time_s": [round(row["step_time_s"], 2) for row in rows],
            "reward_model/s": [round(row["reward_model/s"], 3) for row in rows]})

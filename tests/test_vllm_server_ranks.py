@@ -328,14 +328,15 @@ def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_
     import psutil
 
     from accel_backends.spawn import free_port
-    from engine.rollout.vllm_server.client import ServerClient
+    from engine.rollout.vllm_server.client import ServerClient, ServerError
     from engine.runtime import usable_cores
 
     port = free_port()
     trainer = _start_run(tmp_path, model_dir, port, 1, "killed", "rollout.max_staleness=1")
     try:
         _rows_after(trainer, tmp_path / "killed" / "metrics.jsonl", 1)
-        assert ServerClient(f"http://127.0.0.1:{port}").healthy()
+        with pytest.raises(ServerError, match="answered 401"):  # up, and wanting the run's key (not the test's)
+            ServerClient(f"http://127.0.0.1:{port}", api_key="").call("GET", "/health")
         (guard,) = [pid for pid in _processes_with(f"--port {port}") if "vllm_server.guard" in
                     " ".join(psutil.Process(pid).cmdline())]
         # rollout.vllm.borrow_threads=auto (the default) with a server this run starts on the CPU: on 2 cores or
