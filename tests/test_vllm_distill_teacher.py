@@ -7,6 +7,7 @@ of several nats), and a teacher served with another tokenizer is refused in one 
 Skipped where vLLM is not importable."""
 
 import json
+import os
 import time
 
 import pytest
@@ -34,8 +35,14 @@ def served(tmp_path_factory):
     started = time.perf_counter()
     (url,) = manager.start()
     print(f"server ready in {time.perf_counter() - started:.1f} s")
+    before = os.environ.get("VLLM_API_KEY")
+    os.environ["VLLM_API_KEY"] = manager.api_key  # teacher.server_url: a user's server, its key given this way
     yield model_dir, url
     manager.stop()
+    if before is None:
+        os.environ.pop("VLLM_API_KEY")
+    else:
+        os.environ["VLLM_API_KEY"] = before
 
 
 def _distill(tmp_path, argv):

@@ -13,7 +13,8 @@ staleness never above the bound and above 0 at least once, and so does accel-ppo
 from a checkpoint samples ahead from the checkpoint's weights (borrowing the server's core while it idles). The
 CPU demo on 2 ranks with a server it starts learns as with the colocated engine (max_staleness 0) until a Ctrl-C
 (the step is saved, the server stopped), and a run sampling ahead whose server is killed ends within a bounded
-time with one line naming it and no process left behind. Skipped where vLLM is not importable.
+time with one line naming it and no process left behind. The server (issue 45) listens on loopback only, every
+process of it, and refuses a request without its key on every route. Skipped where vLLM is not importable.
 """
 
 import json
@@ -49,8 +50,10 @@ def model_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, tmp_path_factory):
-    """One vLLM server with this package's weight-transfer engine, as the engine would start it."""
+def server_manager(model_dir, tmp_path_factory):
+    """One vLLM server with this package's weight-transfer engine, as the engine would start it. It wants the key
+    its manager drew: the tests reach it as a user reaches a server of theirs (rollout.vllm.server_urls), with the
+    key in VLLM_API_KEY (each rank's and each run's environment inherits it)."""
     from accel_backends.backends.cpu import CPUBackend
     from accel_backends.spawn import free_port
     from engine.rollout.engines.vllm_settings import VLLMConfig
@@ -63,10 +66,22 @@ def server(model_dir, tmp_path_factory):
     manager = ServerManager(model_dir, server_specs(settings, facts, None, options, free_port),
                             tmp_path_factory.mktemp("server-logs"))
     started = time.perf_counter()
-    (url,) = manager.start()
+    manager.start()
     print(f"server ready in {time.perf_counter() - started:.1f} s")
-    yield url
+    before = os.environ.get("VLLM_API_KEY")
+    os.environ["VLLM_API_KEY"] = manager.api_key
+    yield manager
     manager.stop()
+    if before is None:
+        os.environ.pop("VLLM_API_KEY")
+    else:
+        os.environ["VLLM_API_KEY"] = before
+
+
+@pytest.fixture(scope="module")
+def server(server_manager):
+    """The server's base URL."""
+    return server_manager.specs[0].url
 
 
 def _server_log_probs(client, batch, model=None):
@@ -183,7 +198,13 @@ def test_the_server_samples_the_pushed_policy(model_dir, server, ranks):
            "adapter_checks_s": [round(out["adapter_checks_s"], 1) for out in outs]})
 
 
-def test_a_server_with_another_model_is_refused_before_any_weight(server, model_dir):
+def test_a_server_with_another_model_is_refused_before_any_weight(server, server_manager, model_dir):
+    """...and (issue 45) the server listens on loopback only, every process of it, and refuses a request without
+    its key on every route, vLLM's development routes included."""
+    import urllib.error
+    import urllib.request
+
+    from listeners import exposed, listening, process_group
     from transformers import AutoConfig
 
     from engine.rollout.vllm_server.client import ServerClient, ServerError
@@ -198,6 +219,16 @@ def test_a_server_with_another_model_is_refused_before_any_weight(server, model_
     assert "runs another model than the trainer's (num_hidden_layers: served 2, trainer 4)" in str(refused.value)
     assert "\n" not in str(refused.value)
     assert ServerClient(server).healthy()  # refused at the handshake: the server lives on
+    pids = process_group(server_manager.processes[0].pid)  # the guard, the API server, its engine core
+    port = server_manager.specs[0].port
+    assert ("127.0.0.1", port) in listening(pids) and exposed(pids) == [], listening(pids)
+    for method, path in (("GET", "/server_info"), ("POST", "/collective_rpc"), ("GET", "/health"),
+                         ("GET", "/v1/models"), ("POST", "/pause"), ("POST", "/inference/v1/generate")):
+        request = urllib.request.Request(server + path, data=b"{}" if method == "POST" else None, method=method)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(request, timeout=30)
+        assert refused.value.code == 401, (path, refused.value.code)
+    assert ServerClient(server, api_key=server_manager.api_key).call("GET", "/server_info")  # the wire's routes: on
 
 
 SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
@@ -297,14 +328,15 @@ def test_a_killed_server_ends_the_run_in_bounded_time_naming_it(tmp_path, model_
     import psutil
 
     from accel_backends.spawn import free_port
-    from engine.rollout.vllm_server.client import ServerClient
+    from engine.rollout.vllm_server.client import ServerClient, ServerError
     from engine.runtime import usable_cores
 
     port = free_port()
     trainer = _start_run(tmp_path, model_dir, port, 1, "killed", "rollout.max_staleness=1")
     try:
         _rows_after(trainer, tmp_path / "killed" / "metrics.jsonl", 1)
-        assert ServerClient(f"http://127.0.0.1:{port}").healthy()
+        with pytest.raises(ServerError, match="answered 401"):  # up, and wanting the run's key (not the test's)
+            ServerClient(f"http://127.0.0.1:{port}", api_key="").call("GET", "/health")
         (guard,) = [pid for pid in _processes_with(f"--port {port}") if "vllm_server.guard" in
                     " ".join(psutil.Process(pid).cmdline())]
         # rollout.vllm.borrow_threads=auto (the default) with a server this run starts on the CPU: on 2 cores or

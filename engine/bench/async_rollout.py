@@ -67,6 +67,7 @@ def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Pat
     from accel_backends.spawn import free_port
 
     from ..rollout.engines.vllm_settings import VLLMConfig
+    from ..rollout.vllm_server.access import KEY_ENV
     from ..rollout.vllm_server.manager import ServerManager
     from ..rollout.vllm_server.plan import server_options, server_specs
 
@@ -78,10 +79,16 @@ def local_server(model: Path, threads: int, cores: set[int] | None, log_dir: Pat
     specs[0].cores = sorted(cores or [])  # its guard binds every process and thread it starts
     manager = ServerManager(model, specs, log_dir)
     (url,) = manager.start()
+    before = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = manager.api_key  # the runs reach it as a user's server (server_urls): by VLLM_API_KEY
     try:
         yield url
     finally:
         manager.stop()
+        if before is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = before
 
 
 def launch(variant: str, binding: str, url: str | None, options: dict, threads: int, borrow: int) -> tuple:

@@ -14,6 +14,7 @@ import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 
+from ..rollout.vllm_server.access import auth_headers
 from .judge_http import JudgeFailure, call
 from .rewards import FLOAT32_MAX
 from .scorers import ModelReward, prompt_text
@@ -54,8 +55,10 @@ class JudgeReward(ModelReward):
     """Scores through ``reward_model.judge_url`` (or ``judge_model``'s server), ``max_parallel`` calls at once; with
     ``judge_constrained``, each call asks for a reply of ``judge_answer_regex``'s form."""
 
-    def __init__(self, section, url: str | None = None) -> None:  # RewardModelConfig; url: judge_model's server
+    def __init__(self, section, url: str | None = None, api_key: str | None = None) -> None:
+        """``section``: ``RewardModelConfig``; ``url`` and ``api_key``: ``judge_model``'s server and its key."""
         super().__init__()
+        self.auth = auth_headers(api_key)
         self.section = section
         self.last_failure = ""
         base = (url or section.judge_url).rstrip("/")
@@ -73,7 +76,7 @@ class JudgeReward(ModelReward):
 
     def headers(self) -> dict:
         """Every judge request's headers (the one place they are made)."""
-        return {"Content-Type": "application/json"}
+        return {"Content-Type": "application/json", **self.auth}
 
     def _post(self, path: str, body: dict | None, timeout_s: float | None = None) -> dict:
         """One bounded call (``judge_http.call``); ``JudgeFailure`` names why it failed."""

@@ -4,8 +4,10 @@ and stops at its end, then judged through exactly as ``reward_model.judge_url`` 
 Rank 0 starts it with the rollout servers' launcher (``engine/rollout/vllm_server/manager.py``): the server runs
 under that package's guard in a process group of its own, so it ends with the run whether the run finishes, fails,
 is interrupted or is killed (the guard's parent-death signal). Every rank reaches it by the URL rank 0 sends. The
-server is vLLM's OpenAI-compatible chat server with the model's own tokenizer and chat template; its port, start
-timeout, context length, KV cache and other arguments are ``reward_model.judge_*`` keys (``reward_model.py``).
+server is vLLM's OpenAI-compatible chat server with the model's own tokenizer and chat template; its host, port,
+start timeout, context length, KV cache and other arguments are ``reward_model.judge_*`` keys (``reward_model.py``).
+It listens on ``reward_model.judge_host`` (127.0.0.1 by default), wants the key its manager draws on every path,
+and runs without vLLM's development routes (the judge needs the chat and model routes alone).
 """
 
 from __future__ import annotations
@@ -32,18 +34,19 @@ def judge_server_options(section, facts) -> dict:
 
 
 def judge_server_spec(section, facts, free_port) -> ServerSpec:
-    """Its port (``reward_model.judge_port``, or a free one) and environment (the device's variables, the KV cache
-    where the device sizes it in GiB)."""
+    """Its host (``reward_model.judge_host``), port (``reward_model.judge_port``, or a free one) and environment
+    (the device's variables, the KV cache where the device sizes it in GiB); no development routes."""
     env = dict(facts.env)
     if facts.kv_cache_env and section.judge_kv_cache_gib is not None:
         env[facts.kv_cache_env] = f"{section.judge_kv_cache_gib:g}"
     return ServerSpec(section.judge_port or free_port(), arguments=cli_arguments(judge_server_options(section, facts)),
-                      env=env)
+                      env=env, host=section.judge_host, dev_mode=False)
 
 
 def start_judge_server(section, facts) -> tuple[str, ServerManager]:
-    """Start the judge in this process and wait until it answers; ``(its /v1 URL, its manager)``. The manager stops
-    it at exit (and the guard if this process dies); a server that fails to start is named with its log."""
+    """Start the judge in this process and wait until it answers; ``(its /v1 URL, its manager)`` (the manager holds
+    its key). The manager stops it at exit (and the guard if this process dies); a server that fails to start is
+    named with its log."""
     from accel_backends.spawn import free_port
 
     manager = ServerManager(section.judge_model, [judge_server_spec(section, facts, free_port)],
@@ -56,9 +59,9 @@ def start_judge_server(section, facts) -> tuple[str, ServerManager]:
     return url + "/v1", manager
 
 
-def served_judge_url(section, backend) -> str:
-    """The judge's URL on every rank: rank 0 starts the server (stopped when this rank's work ends) and sends its
-    URL (or, when it could not start, the reason, which every rank raises)."""
+def served_judge_url(section, backend) -> tuple[str, str]:
+    """The judge's URL and key on every rank: rank 0 starts the server (stopped when this rank's work ends) and
+    sends both over the trainer's own group (or, when it could not start, the reason, which every rank raises)."""
     import torch.distributed as dist
 
     grouped = dist.is_initialized() and dist.get_world_size() > 1
@@ -67,7 +70,7 @@ def served_judge_url(section, backend) -> str:
         try:
             url, manager = start_judge_server(section, backend.inference_engine_facts())
             at_group_end(manager.stop)
-            answer = [("url", url)]
+            answer = [("url", (url, manager.api_key))]
         except Exception as exc:
             if grouped:  # the other ranks stop too, rather than wait for a URL until the group's timeout
                 dist.broadcast_object_list([("error", f"rank 0 could not start it: {exc}")], src=0)

@@ -22,6 +22,7 @@ import json
 import re
 from pathlib import Path
 
+from ..rollout.vllm_server.access import host_problem, managed_argument_problems
 from ..runtime import OneLineError
 from .judge import JudgeReward
 from .rewards import Reward
@@ -45,6 +46,9 @@ class RewardModelConfig:
     judge_answer_regex: str = r"[0-9]{1,2}(\.[0-9])?"
     judge_constrained: bool | None = None  # send judge_answer_regex: null: to judge_model only; true: to judge_url too
     judge_port: int = 0  # judge_model's server port; 0: a free one
+    # the address judge_model's server listens on: 127.0.0.1 (this machine only); another (0.0.0.0: every
+    # interface) exposes it, still wanting the run's key (docs/security.md, "What listens where")
+    judge_host: str = "127.0.0.1"
     judge_start_timeout_s: float = 600.0  # how long judge_model's server may take to answer /health
     judge_max_model_len: int | None = None  # judge_model's context (prompt + reply); null: the model's own
     judge_kv_cache_gib: float | None = None  # judge_model's KV cache in GiB where the device sizes it so (the CPU)
@@ -139,7 +143,7 @@ def classifier_problems(path: str) -> list[str]:
 
 
 SHARDINGS = ("auto", "replicated", "sharded")
-SERVER_KEYS = ("judge_port", "judge_start_timeout_s", "judge_max_model_len", "judge_kv_cache_gib",
+SERVER_KEYS = ("judge_host", "judge_port", "judge_start_timeout_s", "judge_max_model_len", "judge_kv_cache_gib",
                "judge_server_args")
 
 
@@ -159,6 +163,9 @@ def judge_model_problems(section) -> list[str]:
     port = section.judge_port
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
         found.append(f"reward_model.judge_port must be a port number (0: a free one), got {port!r}")
+    host = host_problem("reward_model.judge_host", section.judge_host)
+    if host:
+        found.append(host)
     for key in ("judge_start_timeout_s", "judge_max_model_len", "judge_kv_cache_gib"):
         value = getattr(section, key)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
@@ -167,6 +174,8 @@ def judge_model_problems(section) -> list[str]:
     if not isinstance(section.judge_server_args, dict):
         found.append(f"reward_model.judge_server_args must be a mapping of api_server arguments, got "
                      f"{section.judge_server_args!r}")
+    found += managed_argument_problems("reward_model.judge_server_args", section.judge_server_args, {
+        "host": "reward_model.judge_host", "port": "reward_model.judge_port"})
     from ..rollout.engines.vllm_settings import vllm_installed
 
     if not vllm_installed():
@@ -208,8 +217,8 @@ def model_rewards(config, backend=None, engine_options=None) -> list[Reward]:
 
         from .judge_server import served_judge_url
 
-        url = served_judge_url(section, backend or accel_backends.get_backend())
-        fn, spec = JudgeReward(section, url), section.judge_model
+        url, key = served_judge_url(section, backend or accel_backends.get_backend())
+        fn, spec = JudgeReward(section, url, api_key=key), section.judge_model
     else:
         fn, spec = JudgeReward(section), section.judge_url
     return [Reward(spec, fn, STYLE, float(weight))]

@@ -71,7 +71,8 @@ def test_vllm_is_a_built_in_engine_and_its_settings_are_in_the_resolved_config()
     shown = resolved(_vllm_config(), 2)["rollout"]["vllm"]
     assert shown == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.3, "kv_cache_gib": None,
                      "max_model_len": None, "enforce_eager": True, "dtype": None, "llm_args": {}, "lora_sync": "auto",
-                     "mode": "colocate", "servers": None, "server_urls": [], "server_port": 0, "server_devices": [],
+                     "mode": "colocate", "servers": None, "server_urls": [], "server_port": 0, "host": "127.0.0.1",
+                     "server_devices": [],
                      "server_args": {}, "server_start_timeout_s": 600.0, "weight_transfer_address": None,
                      "weight_transfer": None, "borrow_threads": "auto"}
     config = _vllm_config("rollout.vllm.llm_args.max_num_seqs=64", "rollout.vllm.tensor_parallel_size=2")

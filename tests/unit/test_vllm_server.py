@@ -21,7 +21,7 @@ from accel_backends.backends.npu import NPUBackend
 from engine import runtime
 from engine.rollout.engines.registry import RolloutEngineError
 from engine.rollout.engines.vllm_settings import VLLMConfig, check_settings
-from engine.rollout.vllm_server import weight_wire
+from engine.rollout.vllm_server import weight_wire, wire_store
 from engine.rollout.vllm_server.manager import cli_arguments
 from engine.rollout.vllm_server.model_signature import signature_differences
 from engine.rollout.vllm_server.plan import server_options, server_specs
@@ -145,7 +145,7 @@ def test_another_model_is_named_field_by_field():
 
 
 def _member(port, queue):
-    group = weight_wire.open_group(weight_wire.backend_named("cpu"), "127.0.0.1", port, 1, 2, 60)
+    group = weight_wire.open_group(weight_wire.backend_named("cpu"), "127.0.0.1", port, 1, 2, 60, "s3cret")
     # Plain values, not tensors: a tensor in a queue is shared through a file descriptor this process must outlive.
     queue.put([(name, str(t.dtype), tuple(t.shape), t.float().flatten().tolist()) for name, t in
                weight_wire.receive(group)])
@@ -154,15 +154,13 @@ def _member(port, queue):
 def test_named_tensors_of_any_dtype_cross_the_weight_wire():
     import torch
 
-    from accel_backends.spawn import free_port
 
-    port = free_port()
-    store = weight_wire.host_store("127.0.0.1", port, 2, 60)
+    store = wire_store.host_store("127.0.0.1", 2, 60)
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    member = context.Process(target=_member, args=(port, queue))
+    member = context.Process(target=_member, args=(store.port, queue))
     member.start()
-    group = weight_wire.open_group(CPU, "127.0.0.1", port, 0, 2, 60, store=store)
+    group = weight_wire.open_group(CPU, "127.0.0.1", store.port, 0, 2, 60, "s3cret", store=store)
     assert type(group.group).__name__ == "ProcessGroupGloo" and group.device == torch.device("cpu")
     sent = [("model.layers.0.mlp.up_proj.weight", torch.randn(6, 4)), ("b", torch.randn(5).bfloat16()),
             ("scalar", torch.tensor(2.5)), ("empty", torch.zeros(0, 3)), ("ids", torch.arange(7))]

@@ -21,7 +21,7 @@ from accel_backends import WeightGroup
 from accel_backends.backends.cpu import CPUBackend
 from accel_backends.backends.cuda import CUDABackend
 from accel_backends.spawn import free_port
-from engine.rollout.vllm_server import weight_wire
+from engine.rollout.vllm_server import weight_wire, wire_store
 from engine.rollout.vllm_server.client import ServerClient, ServerError
 from engine.rollout.vllm_server.pusher import WeightPusher
 
@@ -82,7 +82,8 @@ class RecordingDeviceBackend(CPUBackend):
 
 
 class RecordingClient(ServerClient):
-    """A server's RL routes, recorded instead of called over HTTP."""
+    """A server's RL routes, recorded instead of called over HTTP; its workers join the trainer's store with the
+    secret the join names, as the server's engine does."""
 
     def __init__(self, url: str, log: list) -> None:
         super().__init__(url)
@@ -90,6 +91,10 @@ class RecordingClient(ServerClient):
 
     def call(self, method, path, body=None, query=None, timeout_s=None):
         self.log.append((path, body))
+        info = (body or {}).get("init_info", {})
+        if path == "/init_weight_transfer_engine" and not info.get("check_only"):
+            for rank in range(1, info["world_size"]):
+                wire_store.join(info["master_address"], info["master_port"], rank, info["secret"], 10)
         return {"status": "ok"}
 
     def healthy(self) -> bool:
@@ -145,9 +150,9 @@ def test_the_server_builds_its_half_through_the_backend_the_trainer_names():
     accel_backends.register_plugin(plugin)
     try:
         assert weight_wire.backend_named("recording-device") is backend
-        port = free_port()
-        host = weight_wire.host_store("127.0.0.1", port, 2, 10)
-        joined = weight_wire.open_group(weight_wire.backend_named("recording-device"), "127.0.0.1", port, 1, 2, 10)
+        host = wire_store.host_store("127.0.0.1", 2, 10)
+        joined = weight_wire.open_group(weight_wire.backend_named("recording-device"), "127.0.0.1", host.port, 1, 2,
+                                        10, "the run's secret")
         assert isinstance(joined.group, RecordingGroup) and backend.built == [("PrefixStore", 1, 2, 10)]
         del host
     finally:

@@ -47,6 +47,9 @@ class VLLMConfig:
     servers: int | None = None  # local servers the run starts and stops (null: 1, or 0 when server_urls are given)
     server_urls: list = dataclasses.field(default_factory=list)  # running servers' base URLs (http://host:port)
     server_port: int = 0  # the first local server's port, the next ones follow; 0: free ports
+    # the address the local servers listen on: 127.0.0.1 (this machine only); another (0.0.0.0: every interface)
+    # exposes them, each still wanting the run's key (docs/security.md, "What listens where")
+    host: str = "127.0.0.1"
     server_devices: list = dataclasses.field(default_factory=list)  # each local server's visible devices ("2,3")
     server_args: dict = dataclasses.field(default_factory=dict)  # other api_server arguments (--key value)
     server_start_timeout_s: float = 600.0  # how long local servers may take to answer /health

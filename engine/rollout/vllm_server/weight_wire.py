@@ -1,5 +1,6 @@
 """Weights over a process group of their own: the trainer (rank 0) and a vLLM server's workers (ranks 1..),
-meeting at a TCP store the trainer hosts.
+meeting at a TCP store the trainer hosts on its own address, each worker proving it holds the run's secret
+(``wire_store.py``).
 
 The group is the device backend's (``DeviceBackend.new_weight_group``: gloo on the CPU, NCCL on NVIDIA GPUs,
 HCCL on Ascend, a plugin's own), built on that store, not the default group: the trainer's ranks already have
@@ -19,37 +20,32 @@ the trainer and inside vLLM's worker processes.
 
 from __future__ import annotations
 
-import datetime
 from collections.abc import Iterator
 
 import torch
+
+from . import wire_store
 
 MAX_DIMS = 8
 HEADER = 4 + MAX_DIMS  # kind, dtype index, ndim, name bytes, dims...
 END, TENSOR = 0, 1
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
-STORE_PREFIX = "accel-weights"
 
 
-def open_group(backend, address: str, port: int, rank: int, world_size: int, timeout_s: float, store=None):
-    """Join the weight group as ``rank`` of ``world_size`` (rank 0 hosts the store at ``address:port``), through
-    ``backend`` (a ``DeviceBackend``): its ``WeightGroup``. A gloo group blocks until every member joined.
-    ``store``: rank 0's store when it was opened already (``host_store``)."""
-    from torch.distributed import PrefixStore, TCPStore
-
-    if store is None:
-        store = TCPStore(address, port, world_size, is_master=rank == 0,
-                         timeout=datetime.timedelta(seconds=timeout_s))
-    return backend.new_weight_group(PrefixStore(STORE_PREFIX, store), rank, world_size, timeout_s)
-
-
-def host_store(address: str, port: int, world_size: int, timeout_s: float):
-    """Rank 0's store, listening before the other members are told where to meet (returns at once)."""
-    from torch.distributed import TCPStore
-
-    return TCPStore(address, port, world_size, is_master=True, wait_for_workers=False,
-                    timeout=datetime.timedelta(seconds=timeout_s))
+def open_group(backend, address: str, port: int, rank: int, world_size: int, timeout_s: float, secret: str,
+               store=None):
+    """Join the weight group as ``rank`` of ``world_size`` through ``backend`` (a ``DeviceBackend``): its
+    ``WeightGroup``. Rank 0 passes the store it hosts (``wire_store.host_store``) and admits the other ranks by
+    their proofs of ``secret``; the others join the store at ``address:port`` with theirs. A gloo group blocks
+    until every member joined."""
+    if rank == 0:
+        if store is None:
+            raise ValueError("the weight group's rank 0 hosts its store: open it with wire_store.host_store first")
+        group_store = wire_store.admit(store, secret, range(1, world_size), timeout_s)
+    else:
+        group_store = wire_store.join(address, port, rank, secret, timeout_s)
+    return backend.new_weight_group(group_store, rank, world_size, timeout_s)
 
 
 def _broadcast(weight_group, tensor: torch.Tensor) -> None:

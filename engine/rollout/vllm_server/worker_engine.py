@@ -36,6 +36,7 @@ class AccelInitInfo(WeightTransferInitInfo):
     timeout_s: float = 600.0
     model_signature: dict[str, Any] = dataclasses.field(default_factory=dict)
     check_only: bool = False  # the handshake's first call: check the model and the backend, join nothing
+    secret: str = ""  # the run's weight-group secret: this worker proves it to the trainer's store (wire_store.py)
 
 
 @dataclasses.dataclass
@@ -68,8 +69,11 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
         if init_info.check_only:
             return
         rank = init_info.rank_offset + self.parallel_config.rank
+        if not init_info.secret:
+            raise ValueError("the trainer sent no weight-group secret: this server's accel engine is newer than the "
+                             "trainer's package; install the same version on both sides")
         self.group = weight_wire.open_group(backend, init_info.master_address, init_info.master_port, rank,
-                                            init_info.world_size, init_info.timeout_s)
+                                            init_info.world_size, init_info.timeout_s, init_info.secret)
 
     def start_weight_update(self) -> None:
         """Nothing yet: a push of base weights opens vLLM's layerwise reload with its first tensor (an adapter's
