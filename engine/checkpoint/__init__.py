@@ -8,6 +8,7 @@ full weights as a Hugging Face model directory, ``model_state.py`` reads a check
 """
 
 from .engine_set import load_engines, policy_checkpoint, save_engines
+from .errors import CorruptCheckpoint, UnsafeCheckpoint
 from .hf_export import export_hf, merge_lora_weights
 from .model_state import checkpoint_meta, read_model_state
 from .run_checkpoints import (
@@ -19,9 +20,9 @@ from .run_checkpoints import (
     prune,
     step_of,
 )
-from .store import FORMAT, META_FILE, CorruptCheckpoint, load, resolve, save
+from .store import FORMAT, META_FILE, load, resolve, save
 
 __all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "checkpoint_meta", "complete_checkpoints",
            "directory_size", "export_hf", "latest_complete", "load", "load_engines", "load_latest",
            "merge_lora_weights", "policy_checkpoint", "prune", "read_model_state", "resolve", "save", "save_engines",
-           "step_of"]
+           "step_of", "UnsafeCheckpoint"]

@@ -1,47 +1,39 @@
 """Reading a checkpoint without unpickling arbitrary objects.
 
-Tensors and small values load with ``weights_only=True``; the checkpoint's metadata loads with an unpickler that
-accepts only checkpoint-metadata classes (DCP's own, torch sizes and dtypes, plain data).
+Tensors and small values load with ``weights_only=True``; the checkpoint's ``.metadata`` loads with an unpickler that
+knows exactly the names DCP metadata holds (``metadata_unpickler.py``). A metadata file that names anything else is
+refused (``UnsafeCheckpoint``: one line, nothing in it run); one that cannot be parsed is damaged
+(``CorruptCheckpoint``).
 """
 
 from __future__ import annotations
 
 import io
-import pickle
 from pathlib import Path
 
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 
-_SAFE_BUILTINS = {"dict", "list", "tuple", "set", "frozenset", "int", "float", "str", "bytes", "bool", "slice",
-                  "getattr"}
+from .errors import CorruptCheckpoint, UnsafeCheckpoint, unsafe_file_line
+from .metadata_unpickler import Refused, load_metadata
 
 
-class _MetadataUnpickler(pickle.Unpickler):
-    """Accepts only what checkpoint metadata is made of: DCP's own classes, torch sizes and dtypes, plain data."""
-
-    def find_class(self, module: str, name: str):
-        allowed = (
-            module.startswith("torch.distributed.checkpoint.")
-            or (module == "torch" and (name == "Size" or isinstance(getattr(torch, name, None), torch.dtype)))
-            or (module == "torch.serialization" and name == "_get_layout")
-            or (module == "builtins" and name in _SAFE_BUILTINS)
-            or (module == "collections" and name == "OrderedDict")
-            or (module == "pathlib" and name in ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath"))
-        )
-        if not allowed:
-            raise pickle.UnpicklingError(f"checkpoint metadata refers to {module}.{name}, which is not allowed")
-        return super().find_class(module, name)
-
-    def persistent_load(self, pid):  # metadata holds no tensor storages
-        raise pickle.UnpicklingError("checkpoint metadata must not contain tensor storages")
+def read_metadata_file(file: Path):
+    """The DCP metadata in ``file``: ``UnsafeCheckpoint`` if it names what metadata never holds, ``CorruptCheckpoint``
+    if it is not a readable pickle."""
+    try:
+        with open(file, "rb") as f:
+            return load_metadata(f)
+    except Refused as exc:
+        raise UnsafeCheckpoint(unsafe_file_line(file, exc.what)) from None
+    except Exception as exc:  # noqa: BLE001 - a damaged pickle fails in many ways; the file is named
+        raise CorruptCheckpoint(f"checkpoint file {file} is damaged: {type(exc).__name__}: {exc}") from exc
 
 
 class SafeReader(dcp.FileSystemReader):
     def read_metadata(self, *args, **kwargs):
-        with open(Path(self.path) / ".metadata", "rb") as f:
-            metadata = _MetadataUnpickler(f).load()
+        metadata = read_metadata_file(Path(self.path) / ".metadata")
         if getattr(metadata, "storage_meta", None) is None:
             from torch.distributed.checkpoint.metadata import StorageMeta
 

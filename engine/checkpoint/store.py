@@ -25,14 +25,11 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..runtime import on_every_rank
+from .errors import CorruptCheckpoint
 from .safe_reader import SafeLoadPlanner, SafeReader
 
 FORMAT = "accel-engine-checkpoint/1"
 META_FILE = "engine_meta.json"
-
-
-class CorruptCheckpoint(RuntimeError):
-    """A checkpoint file is missing, truncated or unreadable; the message names it."""
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
