@@ -21,3 +21,9 @@ def unsafe_file_line(file, what: str) -> str:
     return (f"{file} was refused: it asks to load {what}, which a checkpoint never holds (loading it could run "
             "code); nothing in it was run: delete it, or use a checkpoint or model you wrote yourself or trust "
             "(Hugging Face weights: safetensors)")
+
+
+def checkpoint_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a failure to read a checkpoint, which a fallback may handle: anything but an interrupt or
+    an exit. torch's ``CheckpointException`` derives from ``BaseException``, so ``except Exception`` misses it."""
+    return not isinstance(exc, (KeyboardInterrupt, SystemExit, GeneratorExit))

@@ -9,6 +9,8 @@ refused (``UnsafeCheckpoint``: one line, nothing in it run); one that cannot be 
 from __future__ import annotations
 
 import io
+import pickle
+import re
 from pathlib import Path
 
 import torch
@@ -28,7 +30,32 @@ def read_metadata_file(file: Path):
     except Refused as exc:
         raise UnsafeCheckpoint(unsafe_file_line(file, exc.what)) from None
     except Exception as exc:  # noqa: BLE001 - a damaged pickle fails in many ways; the file is named
-        raise CorruptCheckpoint(f"checkpoint file {file} is damaged: {type(exc).__name__}: {exc}") from exc
+        raise CorruptCheckpoint(f"checkpoint file {file} is damaged: {type(exc).__name__}: {_first_line(exc)}") from exc
+
+
+def load_data(file: Path):
+    """``torch.load(file, weights_only=True)`` (tensors and plain values), with its refusal said as
+    ``UnsafeCheckpoint`` and any other failure as ``CorruptCheckpoint``, each naming the file."""
+    try:
+        return torch.load(file, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refused = _refused_global(str(exc))
+        if refused is not None:
+            raise UnsafeCheckpoint(unsafe_file_line(file, refused)) from None
+        raise CorruptCheckpoint(f"checkpoint file {file} is damaged: {_first_line(exc)}") from exc
+    except Exception as exc:  # noqa: BLE001 - a damaged zip or pickle fails in many ways; the file is named
+        raise CorruptCheckpoint(f"checkpoint file {file} could not be read: {_first_line(exc)}") from exc
+
+
+def _refused_global(message: str) -> str | None:
+    """The global torch's weights-only unpickler refused (``Unsupported global: GLOBAL os.system``...), or None when
+    the message names none (a damaged file fails with an unknown opcode, say)."""
+    found = re.search(r"[Uu]nsupported (?:global: )?GLOBAL ([\w.]+)", message)
+    return found.group(1) if found and "Weights only load failed" in message else None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
 
 
 class SafeReader(dcp.FileSystemReader):
