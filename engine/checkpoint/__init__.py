@@ -18,11 +18,12 @@ from .run_checkpoints import (
     latest_complete,
     load_latest,
     prune,
+    refuse_unsafe,
     step_of,
 )
 from .store import FORMAT, META_FILE, load, resolve, save
 
-__all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "checkpoint_meta", "complete_checkpoints",
-           "directory_size", "export_hf", "latest_complete", "load", "load_engines", "load_latest",
-           "merge_lora_weights", "policy_checkpoint", "prune", "read_model_state", "resolve", "save", "save_engines",
-           "step_of", "UnsafeCheckpoint"]
+__all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "UnsafeCheckpoint", "checkpoint_meta",
+           "complete_checkpoints", "directory_size", "export_hf", "latest_complete", "load", "load_engines",
+           "load_latest", "merge_lora_weights", "policy_checkpoint", "prune", "read_model_state", "refuse_unsafe",
+           "resolve", "save", "save_engines", "step_of"]

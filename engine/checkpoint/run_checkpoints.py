@@ -11,8 +11,9 @@ from pathlib import Path
 import torch.distributed as dist
 
 from ..runtime import max_over_ranks
-from .engine_set import check_engines_readable, load_engines
+from .engine_set import check_engines_readable, load_engines, parts_of
 from .errors import CorruptCheckpoint, UnsafeCheckpoint, checkpoint_failure
+from .safe_reader import load_data, read_metadata_file
 from .store import META_FILE
 
 STEP_DIRECTORY = re.compile(r"step_(\d+)(\.old)?")  # a checkpoint of a run; never .partial
@@ -122,6 +123,20 @@ def _agree(engine, verdicts: dict[Path, int]) -> dict[Path, int]:
     worst = max_over_ranks({path.name: verdict for path, verdict in verdicts.items()},
                            engine.backend.metrics_device())
     return {path: int(worst[path.name]) for path in verdicts}
+
+
+def refuse_unsafe(path) -> None:
+    """``UnsafeCheckpoint`` if a file of the checkpoint ``path`` (any engine's part) asks to run code: its DCP
+    metadata and every rank's extra state, read as data. Damage is left to the load (and its fallback). Run in the
+    launching process before any worker starts, so that the refusal is one line and nothing was started."""
+    parts = parts_of(path) or {"": Path(path)}
+    for part in parts.values():
+        files = [part / ".metadata", *sorted(part.glob("extra_rank*.pt"))]
+        for file in files:
+            try:
+                read_metadata_file(file) if file.name == ".metadata" else load_data(file)
+            except CorruptCheckpoint:
+                continue
 
 
 def directory_size(path) -> int:

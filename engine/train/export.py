@@ -240,7 +240,7 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
     try:
         summary = export(args.source, args.out, load_run, step=args.step, dtype=args.dtype, lora=args.lora,
                          force=args.force)
-    except (ExportError, FileNotFoundError, checkpoint.CorruptCheckpoint) as exc:
+    except (ExportError, FileNotFoundError, checkpoint.CorruptCheckpoint, checkpoint.UnsafeCheckpoint) as exc:
         print(f"{tool} export: error: {exc}", file=sys.stderr)
         return 2
     kind = {"adapter": "a PEFT adapter", "merged": "LoRA merged"}.get(summary["lora"], "full model")

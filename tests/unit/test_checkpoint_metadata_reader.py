@@ -4,34 +4,22 @@ line naming the file, and nothing runs."""
 
 import pickle
 import shutil
-import struct
 from pathlib import Path
 
 import pytest
+from planted_pickles import call as _call
+from planted_pickles import global_of as _global
+from planted_pickles import shell_payload
+from planted_pickles import text as _text
 
 REAL = Path(__file__).resolve().parent.parent / "data" / "checkpoint_v1" / "step_000002" / ".metadata"
-
-
-def _text(value: str) -> bytes:
-    data = value.encode()
-    return b"\x8c" + bytes([len(data)]) + data if len(data) < 256 else b"X" + struct.pack("<I", len(data)) + data
-
-
-def _global(module: str, name: str) -> bytes:
-    return _text(module) + _text(name) + pickle.STACK_GLOBAL
-
-
-def _call(module: str, name: str, *args: str) -> bytes:
-    """A protocol-4 pickle of ``module.name(*args)`` (REDUCE): what a planted ``.metadata`` is."""
-    return pickle.PROTO + b"\x04" + _global(module, name) + pickle.MARK + b"".join(map(_text, args)) + pickle.TUPLE \
-        + pickle.REDUCE + pickle.STOP
 
 
 def _payloads(marker: Path) -> dict[str, bytes]:
     shell = f"touch {marker}"
     return {
         # The issue's 160-byte file: a callable reached through a module under the old allowed prefix.
-        "os.system through an allowed module": _call("torch.distributed.checkpoint.filesystem", "os.system", shell),
+        "os.system through an allowed module": shell_payload(marker),
         "builtins.getattr": pickle.PROTO + b"\x04" + _global("builtins", "getattr") + _global("os", "system")
         + pickle.TUPLE1 + pickle.REDUCE + pickle.STOP,
         "a function of an allowed module": _call("torch.distributed.checkpoint.state_dict_loader", "load", shell),
@@ -105,3 +93,30 @@ def test_a_damaged_metadata_is_corrupt_not_refused(tmp_path):
 
     with pytest.raises(UnsafeCheckpoint, match="a dict where the checkpoint's Metadata belongs"):
         _read(tmp_path)
+
+
+def test_a_resume_stops_at_a_planted_checkpoint_instead_of_falling_back(tmp_path, monkeypatch):
+    """The per-rank check before any load (``load_latest``) refuses the newest checkpoint's planted ``.metadata``:
+    nothing runs, nothing loads, no fallback to the older checkpoint hides it."""
+    import json
+    from types import SimpleNamespace
+
+    from engine import checkpoint
+    from engine.checkpoint import run_checkpoints
+
+    marker = tmp_path / "marker"
+    for step in (1, 2):
+        directory = tmp_path / f"step_{step:06d}"
+        directory.mkdir()
+        shutil.copy(REAL, directory / ".metadata")
+        meta = {"format": checkpoint.FORMAT, "step": step, "skipped_steps": 0, "world_size": 1, "files": {}}
+        (directory / checkpoint.META_FILE).write_text(json.dumps(meta))
+    (tmp_path / "step_000002" / ".metadata").write_bytes(shell_payload(marker))
+    loaded = []
+    monkeypatch.setattr(run_checkpoints, "load_engines", lambda engines, path, *a: loaded.append(path))
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match=r"step_000002/\.metadata was refused"):
+        checkpoint.load_latest({"policy": SimpleNamespace(rank=0, world_size=1)}, tmp_path)
+    assert not marker.exists() and loaded == []
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match=r"step_000002/\.metadata was refused"):
+        checkpoint.refuse_unsafe(tmp_path / "step_000002")  # the launcher's check, before any worker
+    assert not marker.exists()

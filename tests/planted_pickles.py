@@ -1,0 +1,37 @@
+"""Planted pickles for the tests of what loads checkpoints and model files: each would create ``marker`` (a shell
+command) if anything unpickled it as code; the tests assert the marker never appears."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from pathlib import Path
+
+
+def text(value: str) -> bytes:
+    data = value.encode()
+    return b"\x8c" + bytes([len(data)]) + data if len(data) < 256 else b"X" + struct.pack("<I", len(data)) + data
+
+
+def global_of(module: str, name: str) -> bytes:
+    return text(module) + text(name) + pickle.STACK_GLOBAL
+
+
+def call(module: str, name: str, *args: str) -> bytes:
+    """A protocol-4 pickle of ``module.name(*args)`` (REDUCE): what a planted ``.metadata`` is."""
+    return pickle.PROTO + b"\x04" + global_of(module, name) + pickle.MARK + b"".join(map(text, args)) \
+        + pickle.TUPLE + pickle.REDUCE + pickle.STOP
+
+
+def shell_payload(marker: Path) -> bytes:
+    """The issue's planted ``.metadata``: ``os.system`` reached through a module under DCP's package."""
+    return call("torch.distributed.checkpoint.filesystem", "os.system", f"touch {marker}")
+
+
+def plant(file: Path, marker: Path) -> None:
+    """Replace ``file`` by the shell payload, padded to its size (the sizes its checkpoint recorded still match:
+    whoever plants a file can edit ``engine_meta.json`` as well)."""
+    payload = shell_payload(marker)
+    size = file.stat().st_size
+    assert len(payload) <= size, (file, size)
+    file.write_bytes(payload + b"\0" * (size - len(payload)))
