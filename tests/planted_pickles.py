@@ -35,3 +35,24 @@ def plant(file: Path, marker: Path) -> None:
     size = file.stat().st_size
     assert len(payload) <= size, (file, size)
     file.write_bytes(payload + b"\0" * (size - len(payload)))
+
+
+class ShellCommand:
+    """Pickles as ``os.system(command)``: what a planted ``pytorch_model.bin`` holds beside its tensors."""
+
+    def __init__(self, command: str) -> None:
+        self.command = command
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (self.command,)
+
+
+def plant_weights(directory: Path, marker: Path) -> Path:
+    """A ``pytorch_model.bin`` in ``directory`` that would create ``marker`` if loaded without ``weights_only``."""
+    import torch
+
+    file = directory / "pytorch_model.bin"
+    torch.save({"lm_head.weight": torch.zeros(2, 2), "planted": ShellCommand(f"touch {marker}")}, file)
+    return file

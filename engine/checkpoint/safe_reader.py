@@ -33,11 +33,17 @@ def read_metadata_file(file: Path):
         raise CorruptCheckpoint(f"checkpoint file {file} is damaged: {type(exc).__name__}: {_first_line(exc)}") from exc
 
 
-def load_data(file: Path):
+def load_data(file: Path, mmap: bool = False):
     """``torch.load(file, weights_only=True)`` (tensors and plain values), with its refusal said as
-    ``UnsafeCheckpoint`` and any other failure as ``CorruptCheckpoint``, each naming the file."""
+    ``UnsafeCheckpoint`` and any other failure as ``CorruptCheckpoint``, each naming the file. ``mmap``: tensors
+    mapped from the file, not read (a file in torch's zip format; an older one is read whole)."""
     try:
-        return torch.load(file, weights_only=True)
+        try:
+            return torch.load(file, weights_only=True, mmap=mmap)
+        except RuntimeError as exc:
+            if not mmap or "mmap" not in str(exc):
+                raise
+            return torch.load(file, weights_only=True)
     except pickle.UnpicklingError as exc:
         refused = _refused_global(str(exc))
         if refused is not None:
