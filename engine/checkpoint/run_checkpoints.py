@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from ..runtime import max_over_ranks
+from ..runtime import labelled, max_over_ranks
 from .engine_set import check_engines_readable, load_engines, parts_of
 from .errors import CorruptCheckpoint, UnsafeCheckpoint, checkpoint_failure
 from .safe_reader import load_data, read_metadata_file
@@ -49,6 +49,7 @@ def step_of(path) -> int:
     return int(match.group(1))
 
 
+@labelled("checkpoint load")
 def load_latest(engine, directory, fallback: bool = True) -> Path:
     """Load the newest complete checkpoint in ``directory`` that every rank can read; with ``fallback`` an older one
     when the newest cannot be. ``engine``: one engine, or every trained engine of the run by name (``engine_set.py``).
