@@ -1,7 +1,9 @@
 """Checkpoints: sharded save/load of the training state, a run's step directories, and Hugging Face export.
 
 ``store.py`` writes and reads one checkpoint (atomically, every file checked), ``safe_reader.py`` reads without
-unpickling arbitrary objects, ``run_checkpoints.py`` finds a run's complete ``step_<N>`` checkpoints,
+unpickling arbitrary objects (``metadata_unpickler.py``: DCP metadata by an exact allow-list; ``errors.py``: damaged
+versus refused), ``model_files.py`` checks a model directory's pickled weights before any worker,
+``run_checkpoints.py`` finds a run's complete ``step_<N>`` checkpoints and loads the newest every rank can load,
 ``engine_set.py`` makes one checkpoint of several trained engines (a policy and a critic), ``hf_export.py`` writes
 full weights as a Hugging Face model directory, ``model_state.py`` reads a checkpoint's full weights in one process
 (no process group) for an export after training.
