@@ -279,22 +279,38 @@ def _one_rank_faults(rank, root):
         store._write_meta = write_meta
     assert checkpoint.latest_complete(checkpoints).name == "step_000001", "an unconfirmed .partial never counts"
     engine.save_checkpoint(f"{checkpoints}/step_000002")
+    _train(engine, 1, rank)
+    engine.save_checkpoint(f"{checkpoints}/step_000003")
+    engine.save_checkpoint(f"{checkpoints}/step_000004")
     dist.barrier()
     if rank == 0:  # a crash cut rank 1's shard short
         shard = f"{checkpoints}/step_000002/__1_0.distcp"
         with open(shard, "r+b") as f:
             f.truncate(100)
+        # Damaged at the same size (the recorded sizes match): a shard, which torch's collective load fails with a
+        # CheckpointException (a BaseException), and rank 1's extra state, which only rank 1 reads.
+        for damaged in ("step_000003/__0_0.distcp", "step_000004/extra_rank1.pt"):
+            path = f"{checkpoints}/{damaged}"
+            with open(path, "r+b") as f:
+                size = len(f.read())
+                f.seek(0)
+                f.write(b"\xff" * size)
     dist.barrier()
     fresh = FSDPEngine(tiny_qwen2, EngineConfig(fsdp_version=2, lr=1e-2))
     with pytest.raises(checkpoint.CorruptCheckpoint, match=r"__1_0\.distcp is truncated"):
         fresh.load_checkpoint(f"{checkpoints}/step_000002")
-    with pytest.raises(checkpoint.CorruptCheckpoint, match="resume_fallback=true would load the previous one"):
+    own = "extra_rank1.pt is damaged" if rank == 1 else "step_000004 could not be read on another rank"
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="resume_fallback=true would load the previous one") as no:
         checkpoint.load_latest(fresh, checkpoints, fallback=False)
+    assert own in str(no.value), no.value  # every rank refuses the same checkpoint, each saying why it knows
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         loaded = checkpoint.load_latest(fresh, checkpoints, fallback=True)
-    assert loaded.name == "step_000001"
-    assert any("falling back to the previous complete checkpoint" in str(w.message) for w in caught)
+    assert loaded.name == "step_000001"  # on both ranks: the newest one that every rank can load
+    fell_back = [str(w.message) for w in caught if "falling back to the previous complete checkpoint" in str(w.message)]
+    assert len(fell_back) == 3, fell_back  # from step 4 (rank 1's extra state), 3 (a shard) and 2 (truncated)
+    assert own in fell_back[0] and "step_000003 could not be read" in fell_back[1], fell_back
+    assert r"__1_0.distcp is truncated" in fell_back[2], fell_back
     after = full_params(fresh)
     return all(bool((after[k] == step1[k]).all()) for k in step1)
 

@@ -257,6 +257,33 @@ def test_a_refused_resume_leaves_the_record_and_the_run_exports_and_evaluates(re
     assert {p.name: p.read_bytes() for p in (tmp_path / "eval").iterdir()} == first
 
 
+def test_a_planted_checkpoint_runs_nothing_on_resume_export_or_eval(real_run, tmp_path, capsys, monkeypatch):
+    """The issue's planted ``.metadata`` (a pickle that would run ``touch MARKER``), at the size the save recorded, in
+    every checkpoint of a copy of the run: --resume, export and eval each refuse it in one line naming the file,
+    exit non-zero, and the marker never appears."""
+    from planted_pickles import plant
+
+    from engine.grpo.cli import main
+
+    run_dir, _ = real_run
+    planted, marker = tmp_path / "planted", tmp_path / "marker"
+    shutil.copytree(run_dir, planted, ignore=shutil.ignore_patterns("tensorboard", "eval", "config.previous.json"))
+    for metadata in (planted / "checkpoints").glob("step_*/.metadata"):
+        plant(metadata, marker)
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    capsys.readouterr()
+    newest = planted / "checkpoints" / "step_000003" / ".metadata"
+    for command in (["--resume", f"run.output_dir={tmp_path}", "run.name=planted", "train.steps=4", "--nproc", "1"],
+                    ["export", str(planted), str(tmp_path / "out")],
+                    ["eval", str(planted), "--nproc", "1", f"--out={tmp_path / 'eval'}"]):
+        assert main(command) != 0, command
+        err = capsys.readouterr().err.strip()
+        assert not marker.exists(), f"{command[0]}: the planted pickle ran"
+        assert "\n" not in err and f"{newest} was refused: it asks to load" in err, err
+        assert "nothing in it was run" in err, err
+    assert not (tmp_path / "out").exists()
+
+
 def pd_rows(path):
     import pyarrow.parquet as pq
 

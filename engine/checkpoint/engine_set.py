@@ -17,7 +17,17 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from .store import META_FILE, CorruptCheckpoint, _sync_directory, _write_synced, checkpoint_directory, replace_directory
+from ..runtime import phase
+from .errors import CorruptCheckpoint
+from .store import (
+    META_FILE,
+    _sync_directory,
+    _write_synced,
+    check_readable,
+    checkpoint_directory,
+    load,
+    replace_directory,
+)
 
 FORMAT = "accel-run-checkpoint/1"
 
@@ -66,19 +76,28 @@ def policy_checkpoint(path) -> Path:
     return Path(path) / meta["policy"] if meta.get("format") == FORMAT else Path(path)
 
 
-def load_engines(engines: dict, path) -> None:
-    """Load the checkpoint ``path`` into ``engines`` (name -> FSDPEngine); a one-engine checkpoint loads into a
-    recipe with one engine only."""
+def check_engines_readable(engines: dict, path) -> dict:
+    """Every engine's part of the checkpoint ``path`` checked by this rank (``store.check_readable``: no
+    collective), by engine name; a one-engine checkpoint fits a recipe with one engine only."""
     parts = parts_of(path)
     if parts is None:
         if len(engines) != 1:
             raise ValueError(f"{path} holds one engine's checkpoint; this run trains {', '.join(engines)}: resume "
                              "it with the recipe that wrote it")
-        next(iter(engines.values())).load_checkpoint(path)
-        return
+        name, engine = next(iter(engines.items()))
+        return {name: check_readable(engine, path)}
     if list(parts) != list(engines):
         raise ValueError(f"{path} holds the engines {', '.join(parts)}; this run trains {', '.join(engines)}")
-    for name, engine in engines.items():
+    for name in engines:
         if not (parts[name] / META_FILE).is_file():
             raise CorruptCheckpoint(f"checkpoint {path} has no complete {name} part ({parts[name]})")
-        engine.load_checkpoint(parts[name])
+    return {name: check_readable(engine, parts[name]) for name, engine in engines.items()}
+
+
+def load_engines(engines: dict, path, checked: dict | None = None) -> None:
+    """Load the checkpoint ``path`` into ``engines`` (name -> FSDPEngine), from the parts ``checked`` by
+    ``check_engines_readable`` (read again when not given)."""
+    checked = checked or check_engines_readable(engines, path)
+    with phase("checkpoint load"):
+        for name, engine in engines.items():
+            load(engine, checked[name].path, checked[name])

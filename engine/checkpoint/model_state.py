@@ -15,7 +15,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from .safe_reader import SafeLoadPlanner, SafeReader
+from .safe_reader import SafeLoadPlanner, SafeReader, read_metadata_file
 from .store import FORMAT, META_FILE, CorruptCheckpoint, verify_files
 
 
@@ -33,6 +33,7 @@ def checkpoint_meta(path) -> dict:
     if meta.get("format") != FORMAT:
         raise CorruptCheckpoint(f"{path} is not a checkpoint of this engine (format {meta.get('format')!r})")
     verify_files(path, meta)
+    read_metadata_file(path / ".metadata")  # refused here, before any work, if it asks to run code
     return meta
 
 

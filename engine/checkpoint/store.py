@@ -12,6 +12,7 @@ Loading never unpickles arbitrary objects (``safe_reader.py``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -25,15 +26,12 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from ..runtime import on_every_rank
+from .errors import CorruptCheckpoint, checkpoint_failure
 from .fresh_optimizer import never_stepped, unstep
-from .safe_reader import SafeLoadPlanner, SafeReader
+from .safe_reader import SafeLoadPlanner, SafeReader, load_data, read_metadata_file
 
 FORMAT = "accel-engine-checkpoint/1"
 META_FILE = "engine_meta.json"
-
-
-class CorruptCheckpoint(RuntimeError):
-    """A checkpoint file is missing, truncated or unreadable; the message names it."""
 
 
 # -- helpers ------------------------------------------------------------------------------------------------------
@@ -174,32 +172,56 @@ def verify_files(path: Path, meta: dict) -> None:
                                     f"wrote {size}")
 
 
-def load(engine, path) -> None:
+@dataclasses.dataclass
+class Readable:
+    """A checkpoint this rank has read all of its own files of (``check_readable``); ``load`` loads it."""
+
+    path: Path
+    meta: dict
+    extra: dict
+
+
+def check_readable(engine, path) -> Readable:
+    """Everything this rank reads of a checkpoint apart from the collective tensor load: the record, the size of
+    every file, DCP's metadata (as data: ``safe_reader.py``) and this rank's extra state. No collective, so that the
+    ranks can agree on a checkpoint every one of them can read before any loads it (``run_checkpoints.py``).
+    ``CorruptCheckpoint`` for a damaged file, ``UnsafeCheckpoint`` for one that asks to run code."""
     path = resolve(path)
     try:
         meta = json.loads((path / META_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise CorruptCheckpoint(f"checkpoint file {path / META_FILE} is unreadable: {exc}") from exc
-    if meta.get("format") != FORMAT:
-        raise ValueError(f"{path} is not a checkpoint of this engine (format {meta.get('format')!r})")
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a checkpoint of this engine (format "
+                         f"{meta.get('format') if isinstance(meta, dict) else meta!r})")
     verify_files(path, meta)
+    read_metadata_file(path / ".metadata")
+    extra_file = path / f"extra_rank{engine.rank if meta['world_size'] == engine.world_size else 0}.pt"
+    extra = load_data(extra_file)
+    if not isinstance(extra, dict) or not {"rng", "scheduler"} <= set(extra):
+        raise CorruptCheckpoint(f"checkpoint file {extra_file} is damaged: it lacks the RNG or schedule state")
+    return Readable(path, meta, extra)
+
+
+def load(engine, path, readable: Readable | None = None) -> None:
+    """Load the checkpoint ``path`` (already checked by this rank when ``readable`` is given). Every failure of the
+    tensor load is a ``CorruptCheckpoint`` naming the checkpoint, torch's ``CheckpointException`` (a
+    ``BaseException``) included; an interrupt stays an interrupt."""
+    readable = readable or check_readable(engine, path)
+    path, meta, extra = readable.path, readable.meta, readable.extra
     with on_device(engine):
         model_state, optim_state = get_state_dict(engine.module, engine.optimizer)
         state = {"model": model_state, "optimizer": optim_state}
         try:
             dcp.load(state, storage_reader=SafeReader(path), planner=SafeLoadPlanner())
-        except Exception as exc:  # noqa: BLE001 - name the checkpoint; the cause is chained
+        except BaseException as exc:  # noqa: BLE001 - CheckpointException is one; the cause is chained
+            if not checkpoint_failure(exc):
+                raise
             raise CorruptCheckpoint(f"checkpoint {path} could not be read: {str(exc).strip()[-300:]}") from exc
         set_state_dict(engine.module, engine.optimizer, model_state_dict=state["model"],
                        optim_state_dict=state["optimizer"])
-    same_layout = meta["world_size"] == engine.world_size
-    extra_file = path / f"extra_rank{engine.rank if same_layout else 0}.pt"
-    try:
-        extra = torch.load(extra_file, weights_only=True)
-    except Exception as exc:  # noqa: BLE001
-        raise CorruptCheckpoint(f"checkpoint file {extra_file} could not be read: {exc}") from exc
     engine.scheduler.load_state_dict(extra["scheduler"])
-    if same_layout:
+    if meta["world_size"] == engine.world_size:
         engine.backend.set_rng_state(extra["rng"])
     else:
         warnings.warn(f"checkpoint was written by {meta['world_size']} ranks, this job has {engine.world_size}: "
@@ -207,5 +229,3 @@ def load(engine, path) -> None:
                       stacklevel=3)
     engine.global_step, engine.skipped_steps = meta["step"], meta["skipped_steps"]
     engine.zero_grad()
-
-

@@ -95,7 +95,10 @@ def problems(config) -> list[str]:
         elif not (Path(section.path) / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
         else:
+            from ..checkpoint.model_files import pickled_weights_problems
+
             found += classifier_problems(section.path)
+            found += pickled_weights_problems(section.path, "reward_model.path")
     if section.sharding not in SHARDINGS:
         found.append(f"reward_model.sharding must be one of {', '.join(SHARDINGS)}, got {section.sharding!r}")
     if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \

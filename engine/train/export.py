@@ -270,7 +270,7 @@ def main(argv: list[str], load_run: Callable[[Path], RunModel], tool: str = "acc
     try:
         summary = export(args.source, args.out, load_run, step=args.step, dtype=args.dtype, lora=args.lora,
                          force=args.force)
-    except (ExportError, FileNotFoundError, checkpoint.CorruptCheckpoint) as exc:
+    except (ExportError, FileNotFoundError, checkpoint.CorruptCheckpoint, checkpoint.UnsafeCheckpoint) as exc:
         print(f"{tool} export: error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:  # OUT read-only, a full disk: one line (the partial directory is gone)

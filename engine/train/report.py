@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..runtime import OneLineError
+
 
 class MetricsLog:
     """``metrics.jsonl``; on resume, lines from steps after the checkpoint are dropped (they will be redone).
@@ -17,8 +19,7 @@ class MetricsLog:
         self.path = path
         kept = []
         if resume_step and path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            kept = [line for line, row in _rows_of(path) if row["step"] <= resume_step]
         if kept or create:
             path.write_text("".join(line + "\n" for line in kept))
         else:
@@ -27,6 +28,31 @@ class MetricsLog:
     def write(self, metrics: dict) -> None:
         with self.path.open("a") as handle:
             handle.write(json.dumps(metrics) + "\n")
+
+
+class DamagedMetrics(OneLineError, ValueError):
+    """A line inside ``metrics.jsonl`` (not its last) is not JSON: the run's record is damaged, not cut short."""
+
+
+def _rows_of(path: Path) -> list[tuple[str, dict]]:
+    """``(line, row)`` of each line of ``metrics.jsonl``. A run killed while writing leaves its last line cut: that
+    line is dropped with a note (the resumed run writes that step again); a damaged line before it is refused."""
+    lines = [(number, line) for number, line in enumerate(path.read_text().splitlines(), 1) if line.strip()]
+    rows = []
+    for index, (number, line) in enumerate(lines):
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict) or "step" not in row:
+                raise ValueError("not a row of metrics")
+        except ValueError as exc:
+            if index < len(lines) - 1:
+                raise DamagedMetrics(f"{path} line {number} is not JSON ({exc}): the run's record is damaged; "
+                                     "repair or remove that line, then resume") from None
+            print(f"note: {path}: its last line was cut short (the run stopped while writing it): dropped, the "
+                  "resumed run writes that step again", file=sys.stderr, flush=True)
+            continue
+        rows.append((line, row))
+    return rows
 
 
 def read_metrics(path: Path) -> list[dict]:

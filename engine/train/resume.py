@@ -136,6 +136,7 @@ def find_run(recipe, preset: str | None, config_file: str | None, overrides: lis
     latest = checkpoint.latest_complete(directory / "checkpoints")
     if latest is None:
         raise FileNotFoundError(f"--resume: no checkpoint in {directory / 'checkpoints'}")
+    checkpoint.refuse_unsafe(latest)  # a planted file is refused here, in one line, before any worker starts
     return directory
 
 

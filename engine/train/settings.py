@@ -27,7 +27,7 @@ class RunConfig:
     val_every: int = 0  # validate every N steps and after the last (0: only after the last, when there is a set)
     loggers: list = dataclasses.field(default_factory=lambda: ["jsonl"])  # jsonl, tensorboard, wandb, mlflow
     progress: bool = True  # rank 0's progress on stderr: a bar on a terminal, a line every few steps in a log
-    resume_fallback: bool = True  # --resume: a corrupt newest checkpoint falls back to the previous one (warning)
+    resume_fallback: bool = True  # --resume: a damaged newest checkpoint: the newest every rank can load (warning)
     save_on_interrupt: bool = True  # Ctrl-C / SIGTERM: finish the step and checkpoint it before stopping
     overwrite: bool = False  # start anew under an existing run.name: the old run is moved aside, never deleted
 

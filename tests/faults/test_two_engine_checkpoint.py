@@ -5,6 +5,7 @@ warmup, then both, each with its own optimizer (and micro-batches: the resumed r
 trains the critic as the killed run's one micro-batch did); export writes the policy."""
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -72,3 +73,17 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
     assert exported.returncode == 0, exported.stderr[-2000:]
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"]  # the policy, not the critic
+
+    # The issue's planted pickle as the critic's .metadata (at its recorded size) of a copy of the run: --resume
+    # refuses it in one line naming the file, before any worker, and nothing runs.
+    from planted_pickles import plant
+
+    planted, marker = tmp_path / "planted", tmp_path / "marker"
+    shutil.copytree(run, planted)
+    critic_metadata = planted / "checkpoints" / "step_000003" / "critic" / ".metadata"
+    plant(critic_metadata, marker)
+    refused = run_python(["-m", "engine.recipes.ppo.cli", *SMALL[:-1], "run.name=planted",
+                          f"run.output_dir={tmp_path}", "--resume"], env=ENV, timeout=200)
+    assert refused.returncode != 0 and not marker.exists(), refused.stderr[-2000:]
+    err = refused.stderr.strip()
+    assert "\n" not in err and f"{critic_metadata} was refused: it asks to load" in err, err

@@ -65,6 +65,10 @@ def algorithm_problems(config) -> list[str]:
     if config.engine.get("sequence_parallel_size", 1) not in (1, None):
         problems.append("accel-ppo does not run the critic with sequence parallelism yet: set "
                         "engine.sequence_parallel_size=1")
+    if c.path:
+        from ...checkpoint.model_files import pickled_weights_problems
+
+        problems += pickled_weights_problems(c.path, "critic.path")  # a planted pytorch_model.bin: one line
     return problems
 
 
