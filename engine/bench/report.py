@@ -83,9 +83,16 @@ def print_rollout(s: dict) -> None:
 def print_grpo(s: dict) -> None:
     print(f"\n== GRPO step ({s['preset']}, {s['world_size']} rank(s), {s['sequences_per_rank']} sequences per rank) ==")
     print(f"step {_ms(s['step'])}, {s['response_tokens_per_s_per_rank']:.0f} response tokens/s per rank")
+    perf = s.get("perf", {})
+    if "perf/mfu" in perf:
+        print(f"MFU of the update {perf['perf/mfu']:.1%} (FLOPs from the model's geometry over the backend's peak)")
     for name, row in s["parts"].items():
         calls = s["calls_per_step"].get(name, "")
-        print(f"  {name:15} {_ms(row):>30} {s['share_of_step'][name]:6.1%}  calls {calls}")
+        mfu = perf.get(f"perf/mfu/{name}")
+        tflops = perf.get(f"perf/tflops/{name}")
+        figures = "" if tflops is None else f"  {tflops * 1e3:.1f} GFLOP/s"
+        figures += "" if mfu is None else f", MFU {mfu:.1%}"
+        print(f"  {name:15} {_ms(row):>30} {s['share_of_step'][name]:6.1%}  calls {calls}{figures}")
     profile = s.get("profile")
     if profile:
         print(f"  torch.profiler, one step: {profile['self_cpu_ms']:.0f} ms CPU time, of which inside FSDP's hooks "

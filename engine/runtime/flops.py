@@ -90,3 +90,17 @@ def perf_metrics(flops: dict[str, float], seconds: dict[str, float], devices: in
     if "perf/mfu/update" in row:
         row["perf/mfu"] = row["perf/mfu/update"]
     return row
+
+
+def supervised_perf(engine, lengths: Iterable[int], seconds: float, lm_head: bool = True) -> dict[str, float]:
+    """A supervised step's ``perf/*`` (SFT, DPO, RM): one forward and backward of ``engine``'s model over the
+    step's sequences (every rank's) in ``seconds``. ``lm_head=False``: a sequence classifier (a reward model's score
+    head is negligible). A frozen reference's forward (DPO) is in the seconds, not in the FLOPs: its MFU reads low."""
+    geometry = Geometry.of(engine.model_config)
+    if geometry is None:
+        return {}
+    if not lm_head:
+        geometry = dataclasses.replace(geometry, vocab=0)
+    flops = FORWARD_BACKWARD * geometry.forward_flops(lengths)
+    peak = engine.backend.peak_flops(engine.compute_dtype)
+    return perf_metrics({"update": flops}, {"update": seconds}, engine.world_size, peak)
