@@ -142,10 +142,12 @@ def _print_budgets(rows: dict) -> None:
 def print_sft(s: dict) -> None:
     print(f"\n== sft (one step of {s['sequences']} sequences, {s['tokens']} tokens, {s['world_size']} rank(s); "
           f"packed path {'on' if s['packed_path'] else 'off'}) ==")
-    print(f"  {'variant':26} {'step':>30} {'micro-batches':>14} {'supervised tok/s':>17} {'pad tokens':>11}")
+    print(f"  {'variant':26} {'step':>30} {'micro-batches':>14} {'supervised tok/s':>17} {'pad tokens':>11} "
+          f"{'MFU':>6}")
     for name, row in s["variants"].items():
+        mfu = "-" if row.get("mfu") is None else f"{row['mfu']:.1%}"
         print(f"  {name:26} {_ms(row):>30} {row['micro_batches_per_rank']:14d} "
-              f"{row['supervised_tokens_per_s']:17.0f} {row['pad_tokens_this_rank']:11.0f}")
+              f"{row['supervised_tokens_per_s']:17.0f} {row['pad_tokens_this_rank']:11.0f} {mfu:>6}")
     print(f"deferred / every-micro-batch sync step time {s['deferred_over_every_micro_batch']:.2f}; packed / padded "
           f"{s['packed_over_padded']:.2f}")
     _print_budgets(s["peak_by_budget"])
