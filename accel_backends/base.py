@@ -174,6 +174,12 @@ class DeviceBackend:
                 info["devices"] = [self.device_module().get_device_name(i) for i in range(self.device_count())]
         return info
 
+    def peak_flops(self, dtype: torch.dtype) -> float | None:
+        """One device's peak dense FLOP/s computing in ``dtype``, the denominator of MFU
+        (``engine/runtime/flops.py``); ``None`` where it is not known (no MFU is then reported, never a guessed one).
+        Backends declare or measure it."""
+        return None
+
     def explain_autoload_failure(self, failure: dict) -> str | None:
         """What to do when ``import torch`` fails in torch's device-backend autoload (``failure``: the entry point,
         its distribution and what it raised; ``accel_backends.torch_import``), if that entry point is this

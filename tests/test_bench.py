@@ -73,6 +73,8 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert grpo["calls_per_step"]["rollout"] == 1 and grpo["calls_per_step"]["update"] == 1
     assert grpo["calls_per_step"]["ref_log_probs"] == 1  # cpu-demo has a KL reference model
     assert set(grpo["parts"]) == {"rollout", "old_log_probs", "ref_log_probs", "update", "other"}
+    assert 0.0 < grpo["perf"]["perf/mfu"] == grpo["perf"]["perf/mfu/update"] < 1.0  # the CPU's peak: a GEMM probe
+    assert grpo["perf"]["perf/mfu/ref_log_probs"] > 0.0 and "perf/mfu/old_log_probs" not in grpo["perf"]
     packing = scenarios["packing"]  # 16 sequences over 2 ranks, 4 per micro-batch: 2 micro-batches per rank
     assert packing["micro_batches_per_rank"] == {"packed": 2, "padded": 2, "rollout": 2}
     pads = packing["pad_tokens_per_update"]
@@ -82,6 +84,7 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     assert packing["peak_by_budget"]["128"]["micro_batches_per_rank"] == 1  # at most 144 tokens over 2 ranks
     sft = scenarios["sft"]  # 32 sequences over 2 ranks, 2 per micro-batch: 8 micro-batches per rank
     variants = sft["variants"]
+    assert all(0.0 < row["mfu"] < 1.0 for row in variants.values())
     assert {row["micro_batches_per_rank"] for row in variants.values()} == {8}
     tokens = {row["supervised_tokens"] for row in variants.values()}
     assert len(tokens) == 1 and tokens.pop() > 0  # the same supervised tokens whichever layout and sync

@@ -55,6 +55,7 @@ def test_a_student_moves_towards_a_sharper_teacher(tmp_path, monkeypatch):
     assert code == 0 and len(rows) == 12
     kl = [row["distill/reverse_kl"] for row in rows]
     assert all(value > 0 for value in kl)
+    assert all(row["perf/mfu"] > 0.0 and row["perf/mfu/teacher_log_probs"] > 0.0 for row in rows)  # its own shape
     assert sum(kl[-4:]) / 4 < 0.7 * sum(kl[:4]) / 4, kl
 
 

@@ -60,6 +60,7 @@ def rm_run(root):
 def test_dpo_learns_the_demo_preferences(dpo_run):
     assert dpo_run[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)  # the policy starts as its reference
     assert [row["step"] for row in dpo_run] == list(range(1, 21))
+    assert all(0.0 < row["perf/mfu"] < 1.0 and row["perf/tflops/update"] > 0.0 for row in dpo_run)
     assert dpo_run[-1]["val/rewards/accuracies"] >= 0.9 and dpo_run[-1]["val/pairs"] == 102
     assert dpo_run[-1]["val/rewards/margins"] > 0 and dpo_run[-1]["val/loss"] < math.log(2)
 

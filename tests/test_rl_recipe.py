@@ -36,6 +36,10 @@ def test_an_rl_recipe_of_its_algorithm_alone_trains(registered, tmp_path, monkey
     for row in rows:
         assert row["kl"] >= 0.0 and row["grad_norm"] > 0.0 and "pg_loss" in row and "reward/echo_reward" in row
     assert rows[1]["kl"] > 0.0  # the policy moved away from its reference after the first update
+    for row in rows:  # MFU per phase on the CPU (its peak measured by a GEMM probe): the update's is the headline
+        assert 0.0 < row["perf/mfu"] == row["perf/mfu/update"] < 1.0
+        for phase in ("update", "rollout", "ref_log_probs"):
+            assert row[f"perf/mfu/{phase}"] > 0.0 and row[f"perf/tflops/{phase}"] > 0.0, phase
     samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
     assert len(samples) == 2 * 4 * 4  # 2 steps, 4 prompts, 4 responses each
     assert any(s["advantage"] != 0.0 for s in samples)

@@ -79,6 +79,7 @@ def test_run_writes_metrics_checkpoints_and_curves(files, straight):
         for key in (*COMPARED, "tokens_per_s", "step_time_s"):
             assert isinstance(row[key], float) and row[key] == row[key], key
         assert row["sequences"] == 8.0 and row["num_tokens"] > 8
+        assert 0.0 < row["perf/mfu"] == row["perf/mfu/update"] < 1.0 and row["perf/tflops/update"] > 0.0  # LoRA: 3x
     assert "val/loss" in rows[-1] and rows[-1]["val/loss"] > 0
     run = files["root"] / "runs" / "straight"
     assert (run / "curves.png").stat().st_size > 10_000

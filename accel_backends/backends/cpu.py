@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from ..base import DeviceBackend, InferenceEngineFacts
@@ -99,8 +101,33 @@ class CPUBackend(DeviceBackend):
     def rng_state(self) -> dict[str, torch.Tensor]:
         return {"cpu": torch.get_rng_state()}
 
+    def peak_flops(self, dtype: torch.dtype) -> float | None:
+        """The host's GEMM rate in ``dtype`` on this process's threads, measured once (``gemm_probe_flops``): the CPU
+        has no datasheet peak that the trainer's threads could reach, so what a large matmul achieves is the 100%."""
+        if dtype not in _MEASURED:
+            _MEASURED[dtype] = gemm_probe_flops(dtype)
+        return _MEASURED[dtype]
+
     def describe(self) -> dict:
         return {"torch": torch.__version__, "threads": torch.get_num_threads()}
+
+
+_MEASURED: dict[torch.dtype, float] = {}  # dtype -> FLOP/s, per process
+
+
+def gemm_probe_flops(dtype: torch.dtype, size: int = 512, budget_s: float = 0.2) -> float:
+    """The best FLOP/s of ``size``-square matmuls in ``dtype`` over about ``budget_s`` seconds (after one warm-up):
+    the best, not the mean, because other processes sharing the cores only ever slow a run down."""
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    torch.mm(a, b)
+    best, spent = 0.0, 0.0
+    while spent < budget_s:
+        began = time.perf_counter()
+        torch.mm(a, b)
+        elapsed = time.perf_counter() - began
+        spent += elapsed
+        best = max(best, 2 * size**3 / max(elapsed, 1e-9))
+    return best
 
 
 @hookimpl

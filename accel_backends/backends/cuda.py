@@ -71,6 +71,12 @@ class CUDABackend(DeviceBackend):
         no mask), else ``sdpa``."""
         return "flash_attention_2" if _flash_attn_importable() else "sdpa"
 
+    def peak_flops(self, dtype: torch.dtype) -> float | None:
+        """The current GPU's dense peak from NVIDIA's datasheets, by its name (``None`` for a GPU not listed)."""
+        if not self.is_available():
+            return None
+        return gpu_peak_flops(torch.cuda.get_device_name(self.current_index()), dtype)
+
     def describe(self) -> dict:
         """torch, the CUDA (or HIP) version it was built with, the driver and NCCL (RCCL) versions, the GPUs."""
         info = {**super().describe(), "platform": self.platform(), "driver": _driver_version()}
@@ -79,6 +85,30 @@ class CUDABackend(DeviceBackend):
         if self.is_available():
             info["bf16"] = torch.cuda.is_bf16_supported()
         return info
+
+
+# Dense (no 2:4 sparsity) peak FLOP/s by name fragment, from NVIDIA's datasheets: (bf16/fp16 tensor cores, fp32).
+# fp32 is the plain FP32 rate (torch computes fp32 matmuls without TF32 unless allowed). The first fragment found in
+# the device name wins, so the specific ones come first ("H100 PCIe" before "H100").
+_GPU_PEAKS = (
+    ("H100 NVL", 835e12, 60e12),
+    ("H100 PCIe", 756e12, 51e12),
+    ("H100", 989e12, 67e12),  # SXM ("NVIDIA H100 80GB HBM3")
+    ("H200", 989e12, 67e12),  # SXM and NVL share the H100 SXM's compute
+    ("H800", 989e12, 67e12),
+    ("A100", 312e12, 19.5e12),
+    ("A800", 312e12, 19.5e12),
+)
+
+
+def gpu_peak_flops(device_name: str, dtype: torch.dtype) -> float | None:
+    """A GPU's dense peak for ``dtype`` by its name (``torch.cuda.get_device_name``); ``None`` when not listed."""
+    for fragment, half, single in _GPU_PEAKS:
+        if fragment.lower() in device_name.lower():
+            if dtype in (torch.bfloat16, torch.float16):
+                return half
+            return single if dtype == torch.float32 else None
+    return None
 
 
 def driver_from_proc(text: str) -> str | None:

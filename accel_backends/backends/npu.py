@@ -69,6 +69,12 @@ class NPUBackend(DeviceBackend):
         ``flash_attention_2`` and routes it to ``torch_npu``'s fused attention on an NPU), else ``sdpa``."""
         return "flash_attention_2" if self._import_torch_npu() is None else "sdpa"
 
+    def peak_flops(self, dtype: torch.dtype) -> float | None:
+        """The current NPU's dense fp16/bf16 peak, by its SoC name (``npu_peak_flops``); ``None`` elsewhere."""
+        if not self.is_available():
+            return None
+        return npu_peak_flops(torch.npu.get_device_name(self.current_index()), dtype)
+
     def describe(self) -> dict:
         """torch and torch_npu, CANN and driver versions, each device's SoC name and memory, and the ``HCCL_*`` /
         ``ASCEND_*`` variables set (whether CANN's set_env.sh was sourced shows there)."""
@@ -219,6 +225,20 @@ def _describe_import_failure() -> str | None:
     if mismatch is not None:
         return mismatch + (f" ({failure})" if failure else "")
     return failure
+
+
+# The 910B family's (Atlas A2; SoC names "Ascend910B1".."Ascend910B4") fp16/bf16 cube peak. Not sure: Huawei
+# publishes no per-variant datasheet we could read, the variants differ (fewer AI cores or lower clocks on B3/B4),
+# and 354 TFLOPS is the one figure other RL frameworks use for the whole family (a public 910B bf16 GEMM benchmark
+# measured 328). An MFU on a B3/B4 may therefore read low. fp32 and other SoCs: not known, so no MFU.
+NPU_910B_PEAK_FLOPS = 354e12
+
+
+def npu_peak_flops(soc_name: str, dtype: torch.dtype) -> float | None:
+    """An Ascend NPU's dense peak for ``dtype`` by its SoC name (``torch.npu.get_device_name``); ``None`` if unknown."""
+    if "910B" in soc_name.upper() and dtype in (torch.bfloat16, torch.float16):
+        return NPU_910B_PEAK_FLOPS
+    return None
 
 
 @hookimpl

@@ -2,8 +2,9 @@
 
 Runs the registered ``grpo`` recipe's real step (``Recipe.step``, as the frame's loop does) and times its parts
 through the phases the step enters (``engine.runtime.phase_timings``), so the figures follow the trainer as it
-changes: a trainer that skips the old-log-prob forward shows zero calls there. ``--profile`` adds a
-``torch.profiler`` table of one step.
+changes: a trainer that skips the old-log-prob forward shows zero calls there. Beside each part: its MFU (the
+step's own ``perf/mfu/<phase>``, median over the timed steps; none where the backend knows no peak). ``--profile``
+adds a ``torch.profiler`` table of one step.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def run(options, backend, rank) -> dict:
     parts = recipe.build(recipe.plan(config, dist.get_world_size(), verbose=False), backend)
     recipe.ready(parts, 0)
     times = {name: [] for name in PARTS}
-    steps, tokens, calls = [], [], {}
+    steps, tokens, calls, perf = [], [], {}, {}
     with phase_timings(backend.synchronize) as timer:
         for step in range(options["grpo_steps"] + 1):  # the first step warms up and is not counted
             timer.reset()
@@ -60,6 +61,10 @@ def run(options, backend, rank) -> dict:
             if step == 0:
                 continue
             steps.append(end - start)
+            row = result.metrics(result.sums, result.maxima)  # this rank's figures: its perf/* are the step's
+            for key, value in row.items():
+                if key.startswith("perf/"):
+                    perf.setdefault(key, []).append(value)
             tokens.append(result.sums["response_tokens"])
             for name in PARTS:
                 times[name].append(timer.seconds.get(name, 0.0))
@@ -69,6 +74,7 @@ def run(options, backend, rank) -> dict:
               "parts": {name: summary(values) for name, values in times.items()}, "calls_per_step": calls}
     other = [s - sum(times[name][i] for name in PARTS) for i, s in enumerate(steps)]
     result["parts"]["other"] = summary(other)
+    result["perf"] = {key: sorted(values)[len(values) // 2] for key, values in perf.items()}  # medians
     median_s = result["step"]["median_ms"] / 1e3
     result["response_tokens_per_step_per_rank"] = sorted(tokens)[len(tokens) // 2]
     result["response_tokens_per_s_per_rank"] = result["response_tokens_per_step_per_rank"] / median_s

@@ -83,9 +83,16 @@ def print_rollout(s: dict) -> None:
 def print_grpo(s: dict) -> None:
     print(f"\n== GRPO step ({s['preset']}, {s['world_size']} rank(s), {s['sequences_per_rank']} sequences per rank) ==")
     print(f"step {_ms(s['step'])}, {s['response_tokens_per_s_per_rank']:.0f} response tokens/s per rank")
+    perf = s.get("perf", {})
+    if "perf/mfu" in perf:
+        print(f"MFU of the update {perf['perf/mfu']:.1%} (FLOPs from the model's geometry over the backend's peak)")
     for name, row in s["parts"].items():
         calls = s["calls_per_step"].get(name, "")
-        print(f"  {name:15} {_ms(row):>30} {s['share_of_step'][name]:6.1%}  calls {calls}")
+        mfu = perf.get(f"perf/mfu/{name}")
+        tflops = perf.get(f"perf/tflops/{name}")
+        figures = "" if tflops is None else f"  {tflops * 1e3:.1f} GFLOP/s"
+        figures += "" if mfu is None else f", MFU {mfu:.1%}"
+        print(f"  {name:15} {_ms(row):>30} {s['share_of_step'][name]:6.1%}  calls {calls}{figures}")
     profile = s.get("profile")
     if profile:
         print(f"  torch.profiler, one step: {profile['self_cpu_ms']:.0f} ms CPU time, of which inside FSDP's hooks "
@@ -135,10 +142,12 @@ def _print_budgets(rows: dict) -> None:
 def print_sft(s: dict) -> None:
     print(f"\n== sft (one step of {s['sequences']} sequences, {s['tokens']} tokens, {s['world_size']} rank(s); "
           f"packed path {'on' if s['packed_path'] else 'off'}) ==")
-    print(f"  {'variant':26} {'step':>30} {'micro-batches':>14} {'supervised tok/s':>17} {'pad tokens':>11}")
+    print(f"  {'variant':26} {'step':>30} {'micro-batches':>14} {'supervised tok/s':>17} {'pad tokens':>11} "
+          f"{'MFU':>6}")
     for name, row in s["variants"].items():
+        mfu = "-" if row.get("mfu") is None else f"{row['mfu']:.1%}"
         print(f"  {name:26} {_ms(row):>30} {row['micro_batches_per_rank']:14d} "
-              f"{row['supervised_tokens_per_s']:17.0f} {row['pad_tokens_this_rank']:11.0f}")
+              f"{row['supervised_tokens_per_s']:17.0f} {row['pad_tokens_this_rank']:11.0f} {mfu:>6}")
     print(f"deferred / every-micro-batch sync step time {s['deferred_over_every_micro_batch']:.2f}; packed / padded "
           f"{s['packed_over_padded']:.2f}")
     _print_budgets(s["peak_by_budget"])

@@ -5,7 +5,8 @@ supervised), split into 8 micro-batches per rank, run interleaved as
 * ``packed_every_micro_batch``: the same micro-batches, gradients synced after each;
 * ``padded_deferred``: padded micro-batches of the same sequences (the fallback path);
 
-with step time, supervised tokens per second and pad tokens; then, for each token budget
+with step time, supervised tokens per second, pad tokens and MFU (``perf/mfu`` of the median step; none where the
+backend knows no peak); then, for each token budget
 (``train.micro_batch_tokens``: the packing budgets), the activation bytes autograd keeps for the largest
 micro-batch (a count, the same on any machine: what a budget bounds) and the backend's peak memory of the step.
 """
@@ -18,6 +19,7 @@ from .. import EngineConfig, FSDPEngine
 from ..recipes.sft.batches import rank_micro_batches
 from ..recipes.sft.trainer import token_loss
 from ..rl.offline.masks import Tokenized
+from ..runtime.flops import supervised_perf
 from .common import interleave, model_factory, ratio, release, summary, timed
 from .packing import SavedActivations
 
@@ -75,6 +77,8 @@ def run(options, backend, rank) -> dict:
     for name, values in samples.items():
         rows[name].update(summary(values))
         rows[name]["supervised_tokens_per_s"] = rows[name]["supervised_tokens"] / (rows[name]["median_ms"] / 1e3)
+        perf = supervised_perf(variants[name][0], [len(i.ids) for i in items], rows[name]["median_ms"] / 1e3)
+        rows[name]["mfu"] = perf.get("perf/mfu")
     result = {"world_size": world_size, "sequences": len(items), "packed_path": packed,
               "tokens": sum(len(i.ids) for i in items), "variants": rows,
               "deferred_over_every_micro_batch": ratio(samples["packed_deferred"], samples["packed_every_micro_batch"]),

@@ -25,7 +25,8 @@ import accel_backends
 from .. import FSDPEngine
 from ..rollout import sync_weights
 from ..rollout.staleness import synchronous_figures
-from ..runtime import phase, sum_over_ranks
+from ..runtime import phase, phase_timings, sum_over_ranks
+from ..runtime.flops import Geometry, perf_metrics
 from ..train.config import dist_timeout_s
 from ..train.recipe import StepResult
 from . import scoring
@@ -40,7 +41,7 @@ from .reward_model import stop_on_failures
 from .rewards import metric_names
 from .rollout_correction import MismatchStats
 from .sizes import prompts_per_rank, updates_per_step
-from .step_metrics import require_finite, shown, step_row
+from .step_metrics import phase_flops, require_finite, shown, step_row
 from .update import Correction, policy_loss_of, ppo_updates
 from .validation import validate
 
@@ -86,6 +87,10 @@ class RLTrainer:
         bound = config.rollout.max_staleness
         self.ahead = AheadSampling(self, bound) if bound > 0 else None
         self.borrowing = None  # rollout.vllm.borrow_threads, from ready() on
+        # MFU's parts, found once: the models' shapes, one device's peak in the compute dtype (the CPU measures it)
+        self.geometry = Geometry.of(self.actor.model_config)
+        self.frozen_geometry = {name: self._frozen_geometry(model) for name, model in self.frozen.items()}
+        self.peak_flops = self.backend.peak_flops(self.actor.compute_dtype)
 
     @property
     def engine(self) -> FSDPEngine:
@@ -191,6 +196,20 @@ class RLTrainer:
         with phase("update"):
             return ppo_updates(self.actor, data, loss_fn or self.loss_fn, self.config.train.ppo_epochs)
 
+    def _frozen_geometry(self, model) -> Geometry | None:
+        """A frozen model's shape when its forward runs on this trainer's devices (a LoRA policy's base: the
+        policy's); ``None`` for one served elsewhere (a teacher on a server)."""
+        if getattr(model, "adapters_of", None) is not None:
+            return self.geometry
+        engine = getattr(model, "engine", None)
+        return None if engine is None else Geometry.of(engine.model_config)
+
+    def perf(self, data: StepData, seconds: dict[str, float]) -> dict:
+        """The step's ``perf/*`` figures (``step_metrics.phase_flops``) from this rank's ``seconds`` per phase."""
+        flops = phase_flops(self.geometry, self.frozen_geometry, data.sequences.lengths.tolist(),
+                            self.config.train.ppo_epochs, not self.reuse_policy_log_probs)
+        return perf_metrics(flops, seconds, self.world_size, self.peak_flops)
+
     def _global(self, stats: dict) -> dict:
         return sum_over_ranks(stats, self.backend.metrics_device())
 
@@ -242,17 +261,21 @@ class RLTrainer:
         """One RL step; its figures for the loop to reduce over ranks (``StepResult``)."""
         started = time.perf_counter()
         self.backend.reset_peak_memory_stats()
-        if self.ahead is not None:  # sampled ahead by the thread, checked against the bound
-            sampled, dropped, staleness, stalest, waited = self.ahead.take(step)
-            data, stats, extras = self.collect(step, sampled, dropped)
-        else:
-            data, stats, extras = self.collect(step)
-            staleness, stalest = synchronous_figures(int(stats["sequences"]))
-            waited = extras["sampling_s"]  # the trainer waits for the whole sampling
-        rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
-        rollout_done = time.perf_counter()
-        self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
-        update = self.update(data)
+        # The phases' seconds for MFU: no synchronisation added (each phase ends reading its results on the host);
+        # the rollout's from the sampling itself (none when a thread sampled ahead: it overlapped other work).
+        with phase_timings() as timer:
+            if self.ahead is not None:  # sampled ahead by the thread, checked against the bound
+                sampled, dropped, staleness, stalest, waited = self.ahead.take(step)
+                data, stats, extras = self.collect(step, sampled, dropped)
+            else:
+                data, stats, extras = self.collect(step)
+                staleness, stalest = synchronous_figures(int(stats["sequences"]))
+                waited = extras["sampling_s"]  # the trainer waits for the whole sampling
+            rollout_peak_gib = (self.backend.memory_stats().peak_allocated or 0) / 2**30
+            rollout_done = time.perf_counter()
+            self.rollout_engine.release_memory()  # an engine sharing the device gives it to the update
+            update = self.update(data)
+        perf = self.perf(data, {**timer.seconds, "rollout": extras["sampling_s"]})
         synced = time.perf_counter()
         pushed = sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy takes the new weights
         finished = time.perf_counter()
@@ -272,7 +295,8 @@ class RLTrainer:
         def metrics(totals: dict, largest: dict) -> dict:  # the same totals on every rank: every rank stops alike
             stop_on_failures(self.rewards, totals, step)  # too many model-served rewards failed
             row = step_row(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals, largest),
-                           self.reward_names, self.world_size, self.algorithm.metrics(totals, self.groups.size))
+                           self.reward_names, self.world_size, self.algorithm.metrics(totals, self.groups.size),
+                           perf)
             require_finite(row, step)
             return row
 

@@ -9,6 +9,11 @@ adapter alone; 0 for engines that decode with the policy's own parameters), ``ti
 trainer waiting for samples, the rank that waited longest: the whole sampling when synchronous; the wait for the
 thread's batch and, in pause mode ``wait``, for requests in flight to finish before a push) and
 ``rollout/sampler_busy_frac`` (the share of the step's wall time its sampling ran, mean over ranks).
+
+``perf/mfu`` (the update's model FLOPs utilisation, the headline), ``perf/mfu/<phase>`` and ``perf/tflops/<phase>``
+for the phases the step times (``rollout``, ``update``, ``old_log_probs``, ``ref_log_probs``,
+``teacher_log_probs``): the FLOPs of ``phase_flops`` (``engine/runtime/flops.py``) over rank 0's seconds in the phase
+x the ranks x the backend's ``peak_flops`` (no ``perf/mfu*`` where the backend knows no peak).
 """
 
 from __future__ import annotations
@@ -17,13 +22,34 @@ import math
 
 from ..rollout import trajectories
 from ..runtime import OneLineError
+from ..runtime.flops import FORWARD_BACKWARD, Geometry
 from . import scoring
 
 
+def phase_flops(policy: Geometry | None, frozen: dict[str, Geometry | None], lengths: list[int], epochs: int,
+                old_pass: bool) -> dict[str, float]:
+    """The FLOPs of each phase of a step over the whole step's sequences (every rank's, prompt + response):
+    rollout (a forward's worth: decoding with a KV cache computes each token once; draws a dynamic sampler
+    discarded are not counted), the updates (forward + backward, ``epochs`` times), the old log-probs' forward when
+    ``old_pass``, and a ``<name>_log_probs`` forward per frozen model on the trainer's devices (``frozen``: their
+    geometry). A model without a known geometry gets no entry."""
+    flops = {}
+    if policy is not None:
+        forward = policy.forward_flops(lengths)
+        flops.update(rollout=forward, update=FORWARD_BACKWARD * epochs * forward)
+        if old_pass:
+            flops["old_log_probs"] = forward
+    for name, geometry in frozen.items():
+        if geometry is not None:
+            flops[f"{name}_log_probs"] = geometry.forward_flops(lengths)
+    return flops
+
+
 def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metrics: dict, mismatch: dict,
-             reward_names: list[str], world_size: int, algorithm_metrics: dict) -> dict:
+             reward_names: list[str], world_size: int, algorithm_metrics: dict, perf: dict | None = None) -> dict:
     """The step's metrics row; ``world_size``: the ranks (each reports its sampler's busy fraction);
-    ``algorithm_metrics``: the algorithm's own figures (GRPO's ``sampling/*`` with dynamic sampling)."""
+    ``algorithm_metrics``: the algorithm's own figures (GRPO's ``sampling/*`` with dynamic sampling); ``perf``: the
+    ``perf/*`` figures (``flops.perf_metrics``)."""
     count = totals["sequences"]
     mean = totals["reward_sum"] / count
     row = {
@@ -66,6 +92,7 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
         "rollout/sampler_busy_frac": totals["sampler_busy_frac"] / world_size,
     })
     row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
+    row.update(perf or {})  # perf/mfu, perf/mfu/<phase>, perf/tflops/<phase>
     return row
 
 

@@ -84,7 +84,7 @@ def build(plan: Plan, backend) -> RewardParts:
 
 
 def step(parts: RewardParts, step: int) -> StepResult:
-    return train_step(parts, step, parts.loss(), METRICS)
+    return train_step(parts, step, parts.loss(), METRICS, lm_head=False)
 
 
 def evaluate(config, model_dir: str | None, backend) -> Evaluation:

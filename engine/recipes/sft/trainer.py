@@ -14,6 +14,7 @@ import torch
 
 from ... import FSDPEngine
 from ...rl.offline.run_config import engine_config
+from ...runtime.flops import supervised_perf
 from ...sequence_parallel import split_layout
 from ...train.recipe import Plan, StepResult
 from .batches import rank_micro_batches
@@ -99,7 +100,8 @@ def train_step(parts: SFTParts, step: int) -> StepResult:
     tail = {"total_tokens": float(sum(len(i.ids) for i in items)), "skipped_updates": float(engine_figures["skipped"]),
             "peak_memory_gib": engine_figures["peak_memory_gib"]}
     pad_tokens = figures["pad_tokens"] / parts.engine.sequence_parallel.size  # summed over ranks: once per group
-    return StepResult(metrics=lambda totals, _: {**row, "pad_tokens": totals["pad_tokens"], **tail},
+    perf = supervised_perf(parts.engine, [len(i.ids) for i in items], elapsed)  # perf/mfu, perf/tflops/update
+    return StepResult(metrics=lambda totals, _: {**row, "pad_tokens": totals["pad_tokens"], **tail, **perf},
                       sums={"pad_tokens": pad_tokens}, shown=_shown)
 
 

@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 import torch
 
+from ...runtime.flops import supervised_perf
 from ...train.recipe import Plan, StepResult
 from .pair_batches import PairMicroBatch, rank_pair_micro_batches
 
@@ -44,10 +45,10 @@ class PairParts:
 
 
 def train_step(parts: PairParts, step: int, loss_fn: LossFn, metric_names: tuple[str, ...],
-               prepare: Callable[[list], None] | None = None) -> StepResult:
+               prepare: Callable[[list], None] | None = None, lm_head: bool = True) -> StepResult:
     """One optimizer step over global batch ``step``; ``prepare(micro_batches)`` runs first (reference log-probs).
     ``metric_names``: the loss function's metrics for the row, the first of them the accuracy the progress bar
-    shows."""
+    shows; ``lm_head``: whether the model ends in the vocabulary's projection (not a reward model), for MFU."""
     data, batches = parts.plan.inputs
     started = time.perf_counter()
     pairs = [data.train[i] for i in batches[step].indices]
@@ -66,7 +67,9 @@ def train_step(parts: PairParts, step: int, loss_fn: LossFn, metric_names: tuple
            "token_imbalance": figures["token_imbalance"]}
     tail = {"skipped_updates": float(engine_figures["skipped"]), "peak_memory_gib": engine_figures["peak_memory_gib"]}
     pad_tokens = figures["pad_tokens"] / parts.engine.sequence_parallel.size  # summed over ranks: once per group
-    return StepResult(metrics=lambda totals, _: {**row, "pad_tokens": totals["pad_tokens"], **tail},
+    lengths = [len(side.ids) for pair in pairs for side in (pair.chosen, pair.rejected)]
+    perf = supervised_perf(parts.engine, lengths, elapsed, lm_head=lm_head)  # perf/mfu, perf/tflops/update
+    return StepResult(metrics=lambda totals, _: {**row, "pad_tokens": totals["pad_tokens"], **tail, **perf},
                       sums={"pad_tokens": pad_tokens}, shown=lambda r: _shown(r, metric_names[0]))
 
 
