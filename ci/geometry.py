@@ -49,7 +49,7 @@ def write_model(directory: Path, geometry: str, device=None) -> dict:
                                   pad_token_id=tokenizer.pad_token_id)
     torch.manual_seed(0)
     with torch.device(device or "cpu"):
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
+        model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)  # no dtype argument: older transformers
     model.save_pretrained(directory, safe_serialization=True)
     parameters = sum(p.numel() for p in model.parameters())
     return {"geometry": geometry, "parameters": parameters, **GEOMETRIES[geometry]}

@@ -28,6 +28,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,7 +54,7 @@ def geometry_steps(name: str, cpu: bool, work: Path) -> list[dict]:
     common = [f"model.path={model}", "run.progress=false", f"run.output_dir={runs}", "run.loggers=[jsonl]"]
     if not cpu:
         common.append("engine.mixed_precision=bf16")
-    grpo = ["train.steps=1"] if cpu else ["train.steps=2", "rollout.max_new_tokens=128"]
+    grpo = ["train.steps=1"] if cpu else ["train.steps=2", "rollout.max_new_tokens=64"]
     sft = ["train.steps=1"] if cpu else ["train.steps=3"]
     big = name == "qwen3-1.7b"
     return [
@@ -122,12 +123,17 @@ def environment() -> dict:
 def run_step(step: dict, env: dict, limit_s: float) -> tuple[dict, str]:
     """Run one step under ``limit_s``; its record (figures, card) and its whole output for the log."""
     started = time.perf_counter()
+    # A session of its own: on timeout the whole group goes (a trainer's workers too, and the device memory
+    # they hold), so the next step starts on a free device.
+    proc = subprocess.Popen([str(c) for c in step["cmd"]], cwd=ROOT, env={**env, **step.get("env", {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        done = subprocess.run([str(c) for c in step["cmd"]], cwd=ROOT, env={**env, **step.get("env", {})},
-                              capture_output=True, text=True, timeout=limit_s)
-        rc, out, err = done.returncode, done.stdout, done.stderr
-    except subprocess.TimeoutExpired as exc:
-        rc, out, err = "timeout", _text(exc.stdout), _text(exc.stderr) + f"\nstopped after {limit_s:.0f} s"
+        out, err = proc.communicate(timeout=limit_s)
+        rc = proc.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        rc, err = "timeout", err + f"\nstopped after {limit_s:.0f} s"
     record = {"cmd": " ".join(map(str, step["cmd"])), "rc": rc, "ok": rc == 0, "limit_s": round(limit_s),
               "seconds": round(time.perf_counter() - started, 1)}
     if rc != 0:
@@ -170,10 +176,6 @@ def device_count() -> int:
         return backend.device_count() if backend.is_available() else 0
     except Exception:  # noqa: BLE001 - no count: the one-device plan; the environment step says why
         return 0
-
-
-def _text(value) -> str:
-    return value.decode(errors="replace") if isinstance(value, bytes) else (value or "")
 
 
 def parse_args(argv):
