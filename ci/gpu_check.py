@@ -13,7 +13,7 @@ at 480 s), so one hung step cannot eat the others:
 
 Everything comes back in the output folder (``$OUT`` when set, else runs/gpu-check; ``--out``): ``gpu-check.json``,
 ``gpu-check.md`` and ``gpu-check.log`` (``ci/gpu_check_report.py``), rewritten as each step ends. Scratch (model
-directories, checkpoints) goes to a temporary folder, in /dev/shm where there is one, removed at the end.
+directories, checkpoints) goes to a temporary folder, in /dev/shm where it has room, removed at the end.
 
 A failed step is told apart as ``packaging`` (a module missing from the image: the device was never reached),
 ``timeout`` or ``run``. ``--cpu`` is the rehearsal: the same steps on the CPU backend as on one device, at the
@@ -178,6 +178,16 @@ def device_count() -> int:
         return 0
 
 
+def scratch_parent() -> str | None:
+    """/dev/shm where it is writable and holds the 1.7B model's checkpoint (weights and AdamW state, ~21 GB; a
+    container's default /dev/shm is 64 MiB), else the system's temporary folder."""
+    try:
+        roomy = os.access("/dev/shm", os.W_OK) and shutil.disk_usage("/dev/shm").free > 32 * 2**30
+    except OSError:
+        roomy = False
+    return "/dev/shm" if roomy else None
+
+
 def parse_args(argv):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu", action="store_true", help="the rehearsal: CPU backend, tiny geometry")
@@ -196,7 +206,7 @@ def parse_args(argv):
 
 def main(argv=None) -> int:
     parser, args = parse_args(argv)
-    work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None))
+    work = Path(tempfile.mkdtemp(prefix="gpu-check-", dir=scratch_parent()))
     plan = steps(args.cpu, work, 0 if args.cpu else device_count(), args.geometry)
     if args.only:
         wanted = set(args.only.split(","))

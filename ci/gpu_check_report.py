@@ -79,6 +79,12 @@ def markdown(doc: dict) -> str:
                   "|---" * (len(keys) + 1) + "|"]
         for name, row in figures.items():
             lines.append(f"| {name} | " + " | ".join(_cell(row.get(k, "n/a")) for k in keys) + " |")
+    overhead = doc["steps"].get("bench_overhead", {}).get("result", {}).get("scenarios", {}).get("overhead")
+    if overhead:
+        lines += ["", f"## Engine overhead: the engine's step over a hand-written FSDP2 loop "
+                      f"{_cell(overhead['engine_over_hand_written'])} (medians {_cell(overhead['engine']['median_ms'])}"
+                      f" ms and {_cell(overhead['hand_written']['median_ms'])} ms, {overhead['micro_batches']} "
+                      "micro-batches)"]
     for name, record in doc["steps"].items():
         if record.get("card_markdown"):
             lines += ["", record["card_markdown"].replace("### Report card", f"## {name}: report card", 1)]

@@ -53,6 +53,7 @@ def test_the_cpu_rehearsal_leaves_cards_step_figures_and_log_under_out(tmp_path)
     card_md = (out / "gpu-check.md").read_text()
     assert "(1 processes, fp32)" in card_md and "(1 processes, bf16)" in card_md
     assert "| offload (rank 1 of 2, fake group) |" in card_md and "| grpo_tiny |" in card_md
+    assert "## Engine overhead: the engine's step over a hand-written FSDP2 loop" in card_md
     log = (out / "gpu-check.log").read_text()
     assert all(f"===== {name}: ok" in log for name in steps)
 
