@@ -234,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     certify_parser.add_argument("--nproc", type=int, default=2, help="processes of the job (default 2)")
     certify_parser.add_argument("--json", default=None, metavar="PATH", help="also write the card as JSON")
     certify_parser.add_argument("--timeout", type=float, default=600.0, help="seconds the job may take (default 600)")
+    certify_parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                                help="the engine's mixed precision for the card (default fp32; GPU/NPU runs are bf16)")
     args = parser.parse_args(argv)
     if args.command == "certify" and args.nproc < 1:
         parser.error(f"--nproc must be at least 1, got {args.nproc}")

@@ -4,7 +4,7 @@ import importlib.util
 import json
 
 import pytest
-from conftest import REPO, run_python, without_module
+from conftest import run_python, without_module
 
 from engine.bench.cli import main
 
@@ -114,35 +114,3 @@ def test_bad_input_is_refused_before_any_worker_starts(argv, message, capsys):
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
-
-
-def test_gpu_check_plans_every_step_within_its_time_budget():
-    """ci/gpu-check.sh's driver: every step named, limits inside its budget (10 minutes on one GPU, 15 with the
-    2-rank steps and vLLM: the script stops it at 900 s), the 2-rank steps in --cpu mode, bad step names refused."""
-    result = run_python(["ci/gpu_check.py", "--dry-run"], timeout=60)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
-    names = [line.split(",")[0].lstrip("[") for line in lines]
-    assert names[:5] == ["backends", "pytest_cuda", "conformance_kit", "bench", "grpo"]
-    assert names[5:] in ([], ["grpo_vllm"])  # no 2 GPUs here; the vLLM engine's run where vLLM is importable
-    limits = [int(line.split(", ")[1].split(" s]")[0]) for line in lines]
-    assert sum(limits[:5]) <= 600
-    assert "accel_backends.testing cuda" in result.stdout and "--mixed-precision bf16" in result.stdout
-    assert "--nproc 1" in result.stdout
-    on_cpu = run_python(["ci/gpu_check.py", "--dry-run", "--cpu"], timeout=60)
-    lines = on_cpu.stdout.splitlines()
-    assert [line.split(",")[0].lstrip("[") for line in lines][5:7] == ["offload_uneven_2ranks", "certify_2ranks"]
-    assert sum(int(line.split(", ")[1].split(" s]")[0]) for line in lines) < 900
-    assert "--nproc 2 --rule engine-fsdp2" in on_cpu.stdout and "accel_backends certify cpu --nproc 2" in on_cpu.stdout
-    refused = run_python(["ci/gpu_check.py", "--only", "warp"], timeout=60)
-    assert refused.returncode == 2 and "unknown step(s) warp" in refused.stderr
-
-
-def test_gpu_check_tells_packaging_failures_from_device_failures():
-    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "ci" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
-    missing = "Traceback ...\nModuleNotFoundError: No module named 'matplotlib'\n"
-    assert gpu_check.failure(1, missing) == {"failure": "packaging", "missing_module": "matplotlib"}
-    assert gpu_check.failure(1, "RuntimeError: CUDA error: an illegal memory access") == {"failure": "run"}
-    assert gpu_check.failure("timeout", "stopped after 90 s") == {"failure": "timeout"}

@@ -75,6 +75,7 @@ def test_ranks_merge_into_the_worst_figure_or_the_first_failure():
 @pytest.mark.parametrize("argv, message", [
     (["certify", "warp"], "warp"),
     (["certify", "cpu", "--nproc", "0"], "--nproc must be at least 1, got 0"),
+    (["certify", "cpu", "--precision", "fp16"], "invalid choice: 'fp16'"),
 ])
 def test_certify_bad_input_is_one_line(argv, message, capsys):
     try:
@@ -84,3 +85,18 @@ def test_certify_bad_input_is_one_line(argv, message, capsys):
     assert code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_property_states_its_bf16_bound_and_the_card_refuses_an_unknown_precision():
+    from accel_backends.testing import card_context
+    from accel_backends.testing.certify import CardCannotRun, run_card
+
+    prop = Property("p", "what", "<= 1e-4", _holds, bf16_bound="<= 2e-2")
+    assert prop.bound_in("fp32") == "<= 1e-4" and prop.bound_in("bf16") == "<= 2e-2"
+    assert Property("q", "what", "bitwise", _holds).bound_in("bf16") == "bitwise"
+    with card_context.precision("bf16"):
+        assert card_context.current_precision() == "bf16"
+        assert _measure(CPUBackend(), prop, 1, "bf16").bound == "<= 2e-2"
+    assert card_context.current_precision() == "fp32"
+    with pytest.raises(CardCannotRun, match="precision 'fp16': choose from fp32, bf16"):
+        run_card("cpu", nproc=1, precision="fp16")

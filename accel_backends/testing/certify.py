@@ -8,6 +8,11 @@ ranks), the bound it must stay within and the verdict. The properties come from 
 ``accel_backends.conformance`` entry point, or ``ACCEL_BACKENDS_PLUGINS=engine.conformance`` in a checkout): this
 package runs and reports them and knows nothing of engines. Markdown on stdout, JSON with ``--json``; exit 0 only
 when every applicable property holds.
+
+``--precision bf16`` runs the card in the precision every GPU/NPU run trains in (the property's ``bf16_bound``
+then applies). With ``--nproc 1`` (one device) a property's ``fake_rank_check`` also runs as rank 1 of 2 on torch's
+fake process group (collectives that move nothing) in a process of its own: what one rank does alone with the
+shards a second rank would leave it (e.g. the uneven-shard offload round trip) is measured without a second device.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from ..base import DeviceBackend
 from ..errors import AccelBackendError
 from ..registry import CONFORMANCE_GROUP, registry, safe_reason
 from ..spawn import LocalJob
+from . import card_context
 from .kit import BackendRef, resolve
 from .rules import RuleSkipped
 
@@ -49,6 +55,11 @@ class Property:
     summary: str
     bound: str
     check: Callable[[DeviceBackend, int], Measurement]
+    bf16_bound: str | None = None  # the bound in bf16 where it differs from ``bound``
+    fake_rank_check: Callable[[DeviceBackend, int], Measurement] | None = None  # rank 1 of 2 on a fake group
+
+    def bound_in(self, precision: str) -> str:
+        return self.bf16_bound if precision == "bf16" and self.bf16_bound else self.bound
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,18 +91,19 @@ def all_properties() -> tuple[Property, ...]:
     return tuple(found)
 
 
-def _measure(backend: DeviceBackend, prop: Property, nproc: int) -> Verdict:
+def _measure(backend: DeviceBackend, prop: Property, nproc: int, precision: str = "fp32",
+             check: Callable | None = None, name: str | None = None) -> Verdict:
+    name, bound = name or prop.name, prop.bound_in(precision)
     try:
-        got = prop.check(backend, nproc)
+        got = (check or prop.check)(backend, nproc)
     except RuleSkipped as skip:
-        return Verdict(prop.name, prop.summary, prop.bound, "not applicable", detail=str(skip))
+        return Verdict(name, prop.summary, bound, "not applicable", detail=str(skip))
     except Exception as exc:  # noqa: BLE001 - a property that raises does not hold; say what raised
-        return Verdict(prop.name, prop.summary, prop.bound, "fails", detail=f"{type(exc).__name__}: {exc}")
-    return Verdict(prop.name, prop.summary, prop.bound, "holds" if got.holds else "fails", got.figure, got.unit,
-                   got.detail)
+        return Verdict(name, prop.summary, bound, "fails", detail=f"{type(exc).__name__}: {exc}")
+    return Verdict(name, prop.summary, bound, "holds" if got.holds else "fails", got.figure, got.unit, got.detail)
 
 
-def _rank_job(backend_ref: BackendRef, names: tuple[str, ...], nproc: int) -> list[Verdict]:
+def _rank_job(backend_ref: BackendRef, names: tuple[str, ...], nproc: int, precision: str = "fp32") -> list[Verdict]:
     import torch
 
     backend = resolve(backend_ref)
@@ -99,7 +111,29 @@ def _rank_job(backend_ref: BackendRef, names: tuple[str, ...], nproc: int) -> li
         torch.set_num_threads(1)  # the ranks share the host's cores
     backend.init_distributed(timeout=GROUP_TIMEOUT_S)
     chosen = {p.name: p for p in all_properties()}
-    return [_measure(backend, chosen[name], nproc) for name in names]
+    with card_context.precision(precision):
+        return [_measure(backend, chosen[name], nproc, precision) for name in names]
+
+
+FAKE_RANK, FAKE_WORLD = 1, 2
+
+
+def fake_rank_name(name: str) -> str:
+    return f"{name} (rank {FAKE_RANK} of {FAKE_WORLD}, fake group)"
+
+
+def _fake_rank_job(backend_ref: BackendRef, names: tuple[str, ...], precision: str) -> list[Verdict]:
+    """The ``fake_rank_check`` of each property, as rank 1 of 2 on torch's fake process group, on this process's
+    one device (its own process: a fake group must not meet a real one)."""
+    import torch
+
+    backend = card_context.join_fake_group(resolve(backend_ref), FAKE_RANK, FAKE_WORLD)
+    if backend.device_type == "cpu":
+        torch.set_num_threads(1)
+    chosen = {p.name: p for p in all_properties()}
+    with card_context.precision(precision):
+        return [_measure(backend, chosen[n], FAKE_WORLD, precision, chosen[n].fake_rank_check, fake_rank_name(n))
+                for n in names]
 
 
 def _merge(per_rank: list[Verdict]) -> Verdict:
@@ -113,8 +147,11 @@ def _merge(per_rank: list[Verdict]) -> Verdict:
 
 
 def run_card(backend: BackendRef, nproc: int = 2, names: Iterable[str] | None = None,
-             timeout: float = DEFAULT_TIMEOUT_S) -> list[Verdict]:
-    """The card's verdicts for ``backend`` (a registered name, or an instance importable in the ranks)."""
+             timeout: float = DEFAULT_TIMEOUT_S, precision: str = "fp32") -> list[Verdict]:
+    """The card's verdicts for ``backend`` (a registered name, or an instance importable in the ranks); with one
+    process, followed by the fake-group verdicts (``fake_rank_name``) of the chosen properties that have them."""
+    if precision not in card_context.PRECISIONS:
+        raise CardCannotRun(f"precision {precision!r}: choose from {', '.join(card_context.PRECISIONS)}")
     properties = all_properties()
     chosen = tuple(p.name for p in properties) if names is None else tuple(names)
     unknown = [n for n in chosen if n not in {p.name for p in properties}]
@@ -122,17 +159,28 @@ def run_card(backend: BackendRef, nproc: int = 2, names: Iterable[str] | None = 
         raise CardCannotRun(f"no certify property {unknown[0]!r}; the properties are "
                        f"{', '.join(p.name for p in properties) or 'none (no plugin registered any)'}")
     instance = resolve(backend)
-    with LocalJob(_rank_job, (backend, chosen, nproc), nproc) as job:
+    by_name = {p.name: p for p in properties}
+    verdicts = _job(_rank_job, (backend, chosen, nproc, precision), nproc, timeout, instance.name,
+                    [(n, by_name[n]) for n in chosen], precision)
+    faked = tuple(n for n in chosen if by_name[n].fake_rank_check is not None) if nproc == 1 else ()
+    if faked:
+        verdicts += _job(_fake_rank_job, (backend, faked, precision), 1, timeout, instance.name,
+                         [(fake_rank_name(n), by_name[n]) for n in faked], precision)
+    return verdicts
+
+
+def _job(fn, args, nproc: int, timeout: float, where: str, named: list, precision: str) -> list[Verdict]:
+    """Run ``fn`` in ``nproc`` processes and merge its per-rank verdicts (all failing, with why, if a rank broke)."""
+    with LocalJob(fn, args, nproc) as job:
         ended = job.wait(timeout=timeout, stop_on_failure=False)
     broken = [o for o in job.outcomes if not o.returned]
     if broken:
         why = "; ".join(f"rank {o.rank}: " + (o.error or ("did not finish within "
                         f"{timeout:.0f} s" if ended == "timeout" else f"exit code {o.exitcode}")) for o in broken)
-        by_name = {p.name: p for p in properties}
-        return [Verdict(n, by_name[n].summary, by_name[n].bound, "fails", detail=f"the {nproc}-process job "
-                        f"on '{instance.name}' failed: {why}") for n in chosen]
+        return [Verdict(name, prop.summary, prop.bound_in(precision), "fails", detail=f"the {nproc}-process job "
+                        f"on '{where}' failed: {why}") for name, prop in named]
     per_rank = [o.result for o in job.outcomes]
-    return [_merge([ranks[i] for ranks in per_rank]) for i in range(len(chosen))]
+    return [_merge([ranks[i] for ranks in per_rank]) for i in range(len(named))]
 
 
 def _figure(verdict: Verdict) -> str:
@@ -143,10 +191,10 @@ def _figure(verdict: Verdict) -> str:
     return f"{text} {verdict.unit}".strip()
 
 
-def markdown(backend: DeviceBackend, nproc: int, verdicts: list[Verdict]) -> str:
+def markdown(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precision: str = "fp32") -> str:
     """The card as a Markdown table, with the environment it ran in and the count of each verdict."""
     describe = {k: v for k, v in backend.describe().items() if isinstance(v, (str, int, float))}
-    lines = [f"### Report card: on-policy RL on backend `{backend.name}` ({nproc} processes)", "",
+    lines = [f"### Report card: on-policy RL on backend `{backend.name}` ({nproc} processes, {precision})", "",
              "environment: " + ", ".join(f"{k} {v}" for k, v in describe.items()), "",
              "| property | what RL depends on | figure | bound | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
@@ -158,8 +206,8 @@ def markdown(backend: DeviceBackend, nproc: int, verdicts: list[Verdict]) -> str
     return "\n".join(lines)
 
 
-def as_json(backend: DeviceBackend, nproc: int, verdicts: list[Verdict]) -> dict:
-    return {"backend": backend.name, "nproc": nproc, "environment": backend.describe(),
+def as_json(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precision: str = "fp32") -> dict:
+    return {"backend": backend.name, "nproc": nproc, "precision": precision, "environment": backend.describe(),
             "properties": [dataclasses.asdict(v) for v in verdicts],
             "all_hold": all(v.status != "fails" for v in verdicts) and any(v.status == "holds" for v in verdicts)}
 
@@ -181,9 +229,10 @@ def main(args) -> int:
     if not all_properties():
         raise CardCannotRun("no certify property is registered: install the project (its accel_backends."
                             "conformance entry point) or set ACCEL_BACKENDS_PLUGINS=engine.conformance")
-    verdicts = run_card(args.name, nproc=args.nproc, timeout=args.timeout)
-    print(markdown(backend, args.nproc, verdicts), flush=True)
-    doc = as_json(backend, args.nproc, verdicts)
+    precision = getattr(args, "precision", "fp32")
+    verdicts = run_card(args.name, nproc=args.nproc, timeout=args.timeout, precision=precision)
+    print(markdown(backend, args.nproc, verdicts, precision), flush=True)
+    doc = as_json(backend, args.nproc, verdicts, precision)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))
