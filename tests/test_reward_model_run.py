@@ -15,11 +15,11 @@ def test_grpo_with_a_reward_model_raises_its_score(tmp_path):
     env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
     result = run_python(["-m", "engine.grpo.cli", "train.prompts_per_step=8", "rollout.n=4", "train.steps=8",
                          "train.micro_batch_size=16", "run.progress=false", f"run.output_dir={tmp_path}",
-                         "run.name=rm", f"reward_model.path={model}",
+                         "run.name=rm-run", f"reward_model.path={model}",
                          "reward_model.sharding=sharded", "data.reward=engine.rl.prompts:echo_reward",
                          "data.reward_weights=[0.1,1.0]"], env=env, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
-    rows = [json.loads(line) for line in (tmp_path / "rm" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in (tmp_path / "rm-run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 8
     for row in rows:  # the weighted sum of the rule reward and the model's score
         assert row["reward_mean"] == pytest.approx(0.1 * row["reward/echo_reward"] + row["reward/reward_model"],
