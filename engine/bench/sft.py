@@ -19,7 +19,7 @@ from .. import EngineConfig, FSDPEngine
 from ..recipes.sft.batches import rank_micro_batches
 from ..recipes.sft.trainer import token_loss
 from ..rl.offline.masks import Tokenized
-from ..runtime.flops import supervised_perf
+from ..runtime import supervised_perf
 from .common import interleave, model_factory, ratio, release, summary, timed
 from .packing import SavedActivations
 

@@ -12,6 +12,7 @@ full weights as a Hugging Face model directory, ``model_state.py`` reads a check
 from .engine_set import load_engines, policy_checkpoint, save_engines
 from .errors import CorruptCheckpoint, UnsafeCheckpoint
 from .hf_export import export_hf, merge_lora_weights
+from .model_files import pickled_weights_problems
 from .model_state import checkpoint_meta, read_model_state
 from .run_checkpoints import (
     STEP_DIRECTORY,
@@ -25,7 +26,8 @@ from .run_checkpoints import (
 )
 from .store import FORMAT, META_FILE, load, resolve, save
 
-__all__ = ["FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "UnsafeCheckpoint", "checkpoint_meta",
+__all__ = ["pickled_weights_problems",
+           "FORMAT", "META_FILE", "STEP_DIRECTORY", "CorruptCheckpoint", "UnsafeCheckpoint", "checkpoint_meta",
            "complete_checkpoints", "directory_size", "export_hf", "latest_complete", "load", "load_engines",
            "load_latest", "merge_lora_weights", "policy_checkpoint", "prune", "read_model_state", "refuse_unsafe",
            "resolve", "save", "save_engines", "step_of"]

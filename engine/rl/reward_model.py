@@ -95,7 +95,7 @@ def problems(config) -> list[str]:
         elif not (Path(section.path) / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
         else:
-            from ..checkpoint.model_files import pickled_weights_problems
+            from ..checkpoint import pickled_weights_problems
 
             found += classifier_problems(section.path)
             found += pickled_weights_problems(section.path, "reward_model.path")

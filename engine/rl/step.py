@@ -25,8 +25,7 @@ import accel_backends
 from .. import FSDPEngine
 from ..rollout import sync_weights
 from ..rollout.staleness import synchronous_figures
-from ..runtime import phase, phase_timings, sum_over_ranks
-from ..runtime.flops import Geometry, perf_metrics
+from ..runtime import Geometry, perf_metrics, phase, phase_timings, sum_over_ranks
 from ..train.config import dist_timeout_s
 from ..train.recipe import StepResult
 from . import scoring

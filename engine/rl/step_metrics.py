@@ -21,8 +21,7 @@ from __future__ import annotations
 import math
 
 from ..rollout import trajectories
-from ..runtime import OneLineError
-from ..runtime.flops import FORWARD_BACKWARD, Geometry
+from ..runtime import FORWARD_BACKWARD, Geometry, OneLineError
 from . import scoring
 
 

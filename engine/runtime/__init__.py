@@ -6,6 +6,7 @@ It knows processes and collectives, never FSDP (``engine/fsdp/``), so a trainer 
 
 from .borrowed_threads import BorrowedThreads, borrowing_problem
 from .exchange import all_gather_rows, on_any_rank, on_every_rank
+from .flops import FORWARD_BACKWARD, Geometry, perf_metrics, supervised_perf
 from .launcher import (
     Interrupted,
     WorkerFailed,
@@ -20,7 +21,8 @@ from .phase_labels import PhaseTimes, labelled, phase, phase_of, phase_timings
 from .stop import install_stop_handlers, stop_at_safe_point, stop_requested
 from .teardown import OneLineError, at_group_end
 
-__all__ = ["BorrowedThreads", "Interrupted", "MetricKeysMismatch", "OneLineError", "PhaseTimes", "WorkerFailed",
+__all__ = ["FORWARD_BACKWARD", "Geometry", "perf_metrics", "supervised_perf",
+           "BorrowedThreads", "Interrupted", "MetricKeysMismatch", "OneLineError", "PhaseTimes", "WorkerFailed",
            "all_gather_rows", "at_group_end", "borrowing_problem", "install_stop_handlers", "labelled",
            "max_over_ranks", "on_any_rank", "on_every_rank", "phase", "phase_of", "phase_timings",
            "report_early_end", "run", "start_sum_over_ranks", "stop_at_safe_point", "stop_requested",

@@ -21,7 +21,7 @@ def check_model_dir(path: str) -> list[str]:
         return [f"{directory / 'config.json'} is not valid JSON ({exc.msg})"]
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from ..checkpoint.model_files import pickled_weights_problems
+    from ..checkpoint import pickled_weights_problems
 
     problems += pickled_weights_problems(directory, None)  # a planted pytorch_model.bin: one line, before workers
     try:

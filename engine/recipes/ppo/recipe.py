@@ -66,7 +66,7 @@ def algorithm_problems(config) -> list[str]:
         problems.append("accel-ppo does not run the critic with sequence parallelism yet: set "
                         "engine.sequence_parallel_size=1")
     if c.path:
-        from ...checkpoint.model_files import pickled_weights_problems
+        from ...checkpoint import pickled_weights_problems
 
         problems += pickled_weights_problems(c.path, "critic.path")  # a planted pytorch_model.bin: one line
     return problems

@@ -14,7 +14,7 @@ import torch
 
 from ... import FSDPEngine
 from ...rl.offline.run_config import engine_config
-from ...runtime.flops import supervised_perf
+from ...runtime import supervised_perf
 from ...sequence_parallel import split_layout
 from ...train.recipe import Plan, StepResult
 from .batches import rank_micro_batches

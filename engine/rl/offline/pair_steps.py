@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 import torch
 
-from ...runtime.flops import supervised_perf
+from ...runtime import supervised_perf
 from ...train.recipe import Plan, StepResult
 from .pair_batches import PairMicroBatch, rank_pair_micro_batches
 
