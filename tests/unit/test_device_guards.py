@@ -32,28 +32,36 @@ class Reached(Exception):
 
 
 @pytest.fixture
-def two_rank_fake_group():
-    """torch's fake process group (two ranks in this process; collectives do nothing) with the strict rules of
-    ``StrictOnADevice``; ``seen`` records the devices of what reached the collectives."""
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+def two_rank_fake_group(monkeypatch):
+    """Two ranks as the code under test sees them (``dist.is_initialized``, ``dist.get_world_size``), with the
+    strict rules of ``StrictOnADevice`` over collectives that stop at once (``Reached``): no process group is made,
+    so any group this process already has is left alone. ``seen`` records the devices of what reached
+    ``all_reduce``; every collective function is put back as it was."""
     seen = []
 
     def all_reduce(tensor, *args, **kwargs):
         seen.append(tensor.device)
         raise Reached
 
-    original = dist.all_reduce
-    dist.all_reduce = all_reduce  # what the rules wrap: the collective under them
+    def stopped(name):
+        def collective(*args, **kwargs):
+            raise Reached
+
+        collective.__name__ = name
+        return collective
+
+    before = {(module, name): getattr(module, name) for module, name, _ in strict_group._functions()}
+    for module, name in before:
+        setattr(module, name, all_reduce if name == "all_reduce" and module is dist else stopped(name))
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
     backend = StrictOnADevice()
     strict_group.install(backend.name, backend.collective_reduce_dtypes, backend.metrics_device().type)
     try:
         yield backend, seen
     finally:
-        strict_group.uninstall()
-        dist.all_reduce = original
-        dist.destroy_process_group()
+        for (module, name), function in before.items():
+            setattr(module, name, function)
 
 
 def test_a_device_backends_collectives_refuse_host_tensors(two_rank_fake_group):
