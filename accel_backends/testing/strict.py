@@ -16,6 +16,8 @@ the rules of a device:
   host tensor, as NCCL and HCCL do (``strict_group.py``).
 * its own memory statistics: every figure a device reports (``reserved`` and ``free`` included) from the process's
   resident memory within ``memory_capacity`` bytes (default: the host's memory).
+* host reads: ``host_reads.count_host_reads(backend)`` counts the host's reads of device values in a block (on this
+  backend every read, its device being the host), as the report card's ``host-reads`` property does per update.
 
 Select it by name (``ACCEL_BACKEND=strict``, ``accel-backends certify strict``); auto-detection never picks it.
 It comes from this package's ``accel_backends`` entry point, or ``ACCEL_BACKENDS_PLUGINS=accel_backends.testing.
