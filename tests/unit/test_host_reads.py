@@ -11,6 +11,7 @@ from accel_backends.testing.host_reads import count_host_reads
 from engine import EngineConfig, FSDPEngine
 from engine.packing import SequenceBatch, build_layout, register_packed_sdpa
 from engine.rl.batches import Batching, StepData, plan_updates
+from engine.rl.logprobs import planned_log_probs
 from engine.rl.rollout_correction import MismatchStats
 from engine.rl.terms import Norm, entropy_bonus, kl_to, policy_gradient
 from engine.rl.update import Correction, policy_loss_of
@@ -40,9 +41,10 @@ def _step_data(micro_batches: int) -> StepData:
 
 
 def _update_reads(backend, micro_batches: int, layers: int):
-    """The reads of one RL update's forward and backward (GRPO's terms: clipped policy gradient, KL to the
-    reference, entropy bonus; rollout correction and its mismatch figures) over packed micro-batches, and the
-    mismatch figures read for the step's metrics."""
+    """The reads of an RL step's forward-only log-prob pass (the old or reference model's), then of one update's
+    forward and backward (GRPO's terms: clipped policy gradient, KL to the reference, entropy bonus; rollout
+    correction and its mismatch figures) over packed micro-batches with the mismatch figures read for the step's
+    metrics."""
     engine = FSDPEngine(functools.partial(tiny_qwen2, seed=0, vocab_size=97, hidden_size=32, layers=layers,
                                           max_positions=64), EngineConfig(fsdp_version=2, mixed_precision="fp32"),
                         backend=backend)
@@ -51,6 +53,11 @@ def _update_reads(backend, micro_batches: int, layers: int):
     loss_fn = functools.partial(policy_loss_of, terms=terms, rollout=_Rollout, correction=Correction("token_truncate",
                                 2.0), sp=engine.sequence_parallel, device=backend.device())
     data, mismatch = _step_data(micro_batches), MismatchStats()
+    layouts = list(data.rank_layouts())  # planned on the host (on a device no read), outside the counted block
+    data.rank_layouts = lambda: iter(layouts)
+    with engine.eval_mode(), count_host_reads(backend) as log_prob_reads:
+        old = planned_log_probs(engine, data, 1.0, "old")
+    assert old.shape == data.loss_mask.shape and bool(old[data.loss_mask.bool()].lt(0).all())
     micro = data.micro_batches(data.mini_batches[0], mismatch)  # planned on the host, before the update
     assert len(micro) == micro_batches
     with engine.train_mode():
@@ -59,6 +66,7 @@ def _update_reads(backend, micro_batches: int, layers: int):
             mismatch.sums(), mismatch.maxima()
         engine.optimizer_step()
     assert {"pg_loss", "kl", "entropy", "clip_frac", "approx_kl"} <= set(metrics)
+    reads.log_prob_pass = log_prob_reads
     return reads
 
 
@@ -80,6 +88,9 @@ def test_an_updates_host_reads_do_not_grow_with_micro_batches_or_layers(strict):
                        or "engine/packing/" in where]
     assert not per_micro_batch, places[(4, 2)]
     assert counts[(4, 2)].count <= 12, places[(4, 2)]
+    # The old / reference log-prob pass fills its rows on the device and copies them to the host once.
+    passes = {key: reads.log_prob_pass for key, reads in counts.items()}
+    assert {reads.count for reads in passes.values()} == {1}, {key: dict(r.where) for key, r in passes.items()}
 
 
 def test_packed_attention_takes_the_rows_starts_from_the_host():
