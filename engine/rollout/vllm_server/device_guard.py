@@ -61,7 +61,7 @@ def server_devices(settings, visible: list[str]) -> list[list[str]]:
     """The devices of each local server: its ``server_devices`` entry, else the first ``tensor_parallel_size``
     of those this process sees (``visible``)."""
     return [_devices(settings.server_devices[index]) if settings.server_devices
-            else visible[:max(int(settings.tensor_parallel_size or 1), 1)]
+            else visible[:max(settings.tensor_parallel_size, 1)]
             for index in range(local_servers(settings))]
 
 
@@ -95,8 +95,10 @@ def server_guard_problems(settings, world_size: int, backend=None, installed=Non
             or not isinstance(settings.server_urls, list) or local_servers(settings) < 1:
         return []
     problems = [p for p in [version_problem(installed_vllm() if installed is None else installed)] if p]
-    if devices and (not isinstance(devices, list) or len(devices) != local_servers(settings)):
-        return problems
+    tensor_parallel = settings.tensor_parallel_size
+    if devices and (not isinstance(devices, list) or len(devices) != local_servers(settings)) or not isinstance(
+            tensor_parallel, int) or isinstance(tensor_parallel, bool):
+        return problems  # check_settings / server_problems say what is wrong with these
     if backend is None:
         import accel_backends
 
