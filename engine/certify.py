@@ -22,6 +22,7 @@ from accel_backends.testing import raw_bytes
 from accel_backends.testing.card_context import current_precision
 from accel_backends.testing.certify import Measurement, Property
 
+from .certify_reads import check_host_reads
 from .tiny_model import UNEVEN, tiny_qwen2
 
 VOCAB = UNEVEN["vocab_size"]
@@ -351,6 +352,8 @@ PROPERTIES = (
     Property("logprob-gap", "the rollout engine's log-probs against the trainer's on the same tokens",
              f"<= {WEIGHT_GAP_BOUND:g}", check_logprob_gap, bf16_bound=f"<= {BF16_WEIGHT_GAP_BOUND:g}"),
     Property("same-seed", "the same seed and data give the same step twice", "bitwise", check_same_seed),
+    Property("host-reads", "an update's reads of device values by the host, with 2 or 4 micro-batches and layers",
+             "the same count", check_host_reads),
 )
 
 

@@ -22,6 +22,9 @@ _SET_ENV = "/usr/local/Ascend/ascend-toolkit/set_env.sh"
 _CANN_HINT = f"install Ascend's CANN toolkit matching torch_npu and load its environment (source {_SET_ENV})"
 _DRIVER_VERSION_FILE = "/usr/local/Ascend/driver/version.info"
 HCCL_MIN_TIMEOUT_S = 1800
+# CANN takes HCCL_CONNECT_TIMEOUT in [120, 7200] s only (its environment-variable reference); outside, HCCL
+# refuses the value at its first collective.
+HCCL_CONNECT_TIMEOUT_RANGE_S = (120, 7200)
 HCCL_REDUCE_DTYPES = frozenset({torch.int8, torch.int16, torch.int32, torch.int64, torch.float16, torch.float32,
                                 torch.bfloat16})
 _NOT_PROBED = object()
@@ -130,9 +133,17 @@ class NPUBackend(DeviceBackend):
 
     def distributed_env_defaults(self, timeout_s: float) -> dict[str, str]:
         """HCCL's connect and execution timeouts of at least 1800 s (Ascend's advice for FSDP), or the group's
-        timeout if longer: HCCL's own defaults are shorter than a slow rank-0 load or a long generation."""
-        seconds = str(int(max(HCCL_MIN_TIMEOUT_S, timeout_s)))
-        return {"HCCL_CONNECT_TIMEOUT": seconds, "HCCL_EXEC_TIMEOUT": seconds}
+        timeout if longer: HCCL's own defaults are shorter than a slow rank-0 load or a long generation. The
+        connect timeout is kept within CANN's range (``hccl_connect_timeout``)."""
+        seconds = int(max(HCCL_MIN_TIMEOUT_S, timeout_s))
+        return {"HCCL_CONNECT_TIMEOUT": str(hccl_connect_timeout(seconds)), "HCCL_EXEC_TIMEOUT": str(seconds)}
+
+
+def hccl_connect_timeout(seconds: float) -> int:
+    """``seconds`` as a value CANN takes for ``HCCL_CONNECT_TIMEOUT``: whole seconds within
+    ``HCCL_CONNECT_TIMEOUT_RANGE_S`` (a longer group timeout still waits that long in the execution timeout)."""
+    low, high = HCCL_CONNECT_TIMEOUT_RANGE_S
+    return min(max(int(seconds), low), high)
 
 
 def _cann_version(module: str) -> str | None:

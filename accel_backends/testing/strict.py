@@ -12,8 +12,12 @@ the rules of a device:
 * ``supports_pinned_memory``: True, so callers take the non-blocking path they take on a GPU or NPU.
 * ``collective_reduce_dtypes``: HCCL's set by default (no float64); every reduction of a process that joined its
   group (gloo underneath) refuses any other dtype (``strict_group.py``), in a group of one too.
+* collectives on the device: where ``metrics_device()`` is not the CPU (a subclass's), every collective refuses a
+  host tensor, as NCCL and HCCL do (``strict_group.py``).
 * its own memory statistics: every figure a device reports (``reserved`` and ``free`` included) from the process's
   resident memory within ``memory_capacity`` bytes (default: the host's memory).
+* host reads: ``host_reads.count_host_reads(backend)`` counts the host's reads of device values in a block (on this
+  backend every read, its device being the host), as the report card's ``host-reads`` property does per update.
 
 Select it by name (``ACCEL_BACKEND=strict``, ``accel-backends certify strict``); auto-detection never picks it.
 It comes from this package's ``accel_backends`` entry point, or ``ACCEL_BACKENDS_PLUGINS=accel_backends.testing.
@@ -104,7 +108,7 @@ class StrictBackend(CPUBackend):
     # -- distributed --------------------------------------------------------------------------------------------
 
     def init_distributed(self, timeout: float | datetime.timedelta = DEFAULT_DIST_TIMEOUT_S) -> DistributedInfo:
-        strict_group.install(self.name, self.collective_reduce_dtypes)
+        strict_group.install(self.name, self.collective_reduce_dtypes, self.metrics_device().type)
         return super().init_distributed(timeout)
 
     def describe(self) -> dict:

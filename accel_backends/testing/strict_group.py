@@ -6,7 +6,12 @@ first step on the device. ``install`` wraps, in this process, every function of 
 (all-reduce, reduce, reduce-scatter, in each of torch's spellings) and the functional collectives DTensor uses, so
 that each first checks the dtypes of what it reduces; moves of data (all-gather, broadcast, send...) are untouched.
 FSDP1, FSDP2 and the engine call these functions by their module attribute at call time, so their reductions are
-checked too (the C++ side of torch, which calls the group directly, is not). The group itself is plain gloo: a
+checked too (the C++ side of torch, which calls the group directly, is not).
+
+A device's collective library also takes device tensors only (NCCL and HCCL raise "No backend type associated
+with device type cpu" on a host tensor), while gloo takes host tensors. When the backend's collectives live on a
+device that is not the CPU (``install``'s ``device_type``), every collective here, moves of data included,
+refuses a host tensor (``HostTensorInCollective``) before it runs. The group itself is plain gloo: a
 ``ProcessGroup`` subclass written in Python in front of gloo, tried first, hung now and then on a loaded machine
 (two ranks waiting in the same all-reduce), and plain gloo does not.
 """
@@ -29,8 +34,20 @@ REDUCING = {
 }
 
 
+# What moves data without reducing it: checked for host tensors only (on a device backend).
+MOVING = {
+    "torch.distributed": ("broadcast", "all_gather", "all_gather_into_tensor", "_all_gather_base", "gather",
+                          "scatter", "all_to_all", "all_to_all_single", "send", "recv", "isend", "irecv"),
+    "torch.distributed._functional_collectives": ("all_gather_tensor", "all_to_all_single", "broadcast"),
+}
+
+
 class ReductionDtypeRefused(TypeError):
     """A collective was asked to reduce a dtype its backend does not declare in ``collective_reduce_dtypes``."""
+
+
+class HostTensorInCollective(TypeError):
+    """A collective of a backend whose collectives live on a device was handed a host tensor."""
 
 
 def _tensors(argument) -> Iterable[torch.Tensor]:
@@ -54,37 +71,59 @@ def check(backend_name: str, allowed: frozenset | None, method: str, arguments) 
                 "(or declare the dtype if the device reduces it)")
 
 
-def _checked(function, backend_name: str, allowed: frozenset | None):
+def check_on_device(backend_name: str, device_type: str, method: str, arguments) -> None:
+    """Raise ``HostTensorInCollective`` when ``device_type`` is not the CPU and a tensor among ``arguments`` is on
+    the host."""
+    if device_type == "cpu":
+        return
+    for tensor in _tensors(arguments):
+        if tensor.device.type == "cpu":
+            raise HostTensorInCollective(
+                f"backend '{backend_name}' runs its collectives on '{device_type}' tensors, but {method} got a "
+                f"host tensor of shape {tuple(tensor.shape)}: move it to backend.metrics_device() (small "
+                "figures) or backend.device() first")
+
+
+def _checked(function, backend_name: str, allowed: frozenset | None, device_type: str, reduces: bool):
     @functools.wraps(function)
-    def reduce_checked(*args, **kwargs):
-        check(backend_name, allowed, function.__name__, [*args, *kwargs.values()])
+    def collective_checked(*args, **kwargs):
+        arguments = [*args, *kwargs.values()]
+        check_on_device(backend_name, device_type, function.__name__, arguments)
+        if reduces:
+            check(backend_name, allowed, function.__name__, arguments)
         return function(*args, **kwargs)
 
-    reduce_checked.strict_original = function
-    return reduce_checked
+    collective_checked.strict_original = function
+    return collective_checked
 
 
-def install(backend_name: str, allowed: frozenset | None) -> None:
-    """Check every reduction of this process against ``allowed`` (again: the new set replaces the old one)."""
+def _functions():
+    """``(module, name, reduces)`` of every collective the rules wrap, that this torch has."""
     import importlib
 
-    for module_name, names in REDUCING.items():
-        module = importlib.import_module(module_name)
-        for name in names:
-            function = getattr(module, name, None)
-            if function is None:
-                continue
-            original = getattr(function, "strict_original", function)
-            setattr(module, name, _checked(original, backend_name, allowed))
+    for table, reduces in ((REDUCING, True), (MOVING, False)):
+        for module_name, names in table.items():
+            module = importlib.import_module(module_name)
+            for name in names:
+                if getattr(module, name, None) is not None:
+                    yield module, name, reduces
+
+
+def install(backend_name: str, allowed: frozenset | None, device_type: str = "cpu") -> None:
+    """Check every reduction of this process against ``allowed`` and, where ``device_type`` (the device the
+    backend's collectives take tensors on) is not the CPU, every collective for host tensors (again: the new rules
+    replace the old ones)."""
+    for module, name, reduces in _functions():
+        if not reduces and device_type == "cpu":
+            continue  # nothing to check on a move of host tensors
+        function = getattr(module, name)
+        original = getattr(function, "strict_original", function)
+        setattr(module, name, _checked(original, backend_name, allowed, device_type, reduces))
 
 
 def uninstall() -> None:
     """Put torch's own functions back (tests that install in their own process need not)."""
-    import importlib
-
-    for module_name, names in REDUCING.items():
-        module = importlib.import_module(module_name)
-        for name in names:
-            original = getattr(getattr(module, name, None), "strict_original", None)
-            if original is not None:
-                setattr(module, name, original)
+    for module, name, _ in _functions():
+        original = getattr(getattr(module, name), "strict_original", None)
+        if original is not None:
+            setattr(module, name, original)

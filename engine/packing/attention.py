@@ -8,11 +8,12 @@ and takes 0.7 s per forward. Flash-attention kernels take the sequence boundarie
 
 ``packed_sdpa`` behaves exactly as ``sdpa`` (same masks, same kernel) for every input but a packed row: there its
 mask function builds no mask but an empty marker, and the attention function, seeing the marker, finds the
-sequences from ``position_ids`` and runs causal sdpa on them, in groups of similar length padded to the group's
-longest (one kernel call per group; a group's attention work stays within twice what its sequences need, so many
-short sequences cost a few calls, and a long one is not padded with short ones). Anything else (padding masks,
-generation with a cache, a plain row, sliding-window layers, which keep their mask) goes to transformers' sdpa as
-it is. The engine loads models with it where the backend prefers ``sdpa``.
+sequences (the starts ``build_layout`` computed on the host and tagged ``position_ids`` with, so no layer reads
+them back from the device; else from ``position_ids`` themselves) and runs causal sdpa on them, in groups of
+similar length padded to the group's longest (one kernel call per group; a group's attention work stays within
+twice what its sequences need, so many short sequences cost a few calls, and a long one is not padded with short
+ones). Anything else (padding masks, generation with a cache, a plain row, sliding-window layers, which keep their
+mask) goes to transformers' sdpa as it is. The engine loads models with it where the backend prefers ``sdpa``.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 PACKED_SDPA = "packed_sdpa"
 PADDED_WORK = 2.0  # a group's attention work (sequences x longest^2) at most this times its sequences' own
+STARTS_TAG = "packed_sequence_starts"  # the attribute of a packed row's position_ids holding its sequences' starts
 
 
 def _is_marker(mask) -> bool:
@@ -45,8 +47,20 @@ def _packed_row_mask(*args, attention_mask=None, allow_is_causal_skip=True, loca
                      local_size=local_size, use_vmap=use_vmap, **kwargs)
 
 
+def tag_sequence_starts(position_ids: torch.Tensor, starts) -> torch.Tensor:
+    """Tag a packed row's ``position_ids`` with where its sequences start (host integers, known when the row was
+    built): attention layers and transformers' packed-row check take them from the tag instead of reading the
+    positions back from the device, which would stall it once per layer. Returns ``position_ids``."""
+    setattr(position_ids, STARTS_TAG, tuple(int(start) for start in starts))
+    return position_ids
+
+
 def sequence_starts(position_ids: torch.Tensor) -> list[int] | None:
-    """Where each sequence of a packed row starts (its position resets), or ``None`` for a single sequence."""
+    """Where each sequence of a packed row starts (its position resets), or ``None`` for a single sequence: the
+    tag ``tag_sequence_starts`` left, else read from the positions."""
+    tagged = getattr(position_ids, STARTS_TAG, None)
+    if tagged is not None:
+        return list(tagged) if len(tagged) > 1 else None
     positions = position_ids.reshape(-1)
     resets = (positions[1:] != positions[:-1] + 1).nonzero().flatten()
     if resets.numel() == 0:
@@ -101,24 +115,24 @@ def packed_sdpa_forward(module, query, key, value, attention_mask, **kwargs):
 
 
 class _GroupPlan:
-    """The index tensors of one packed row's groups, built once for all the layers of a forward."""
+    """The index tensors of one packed row's groups, built once for all the layers of a forward, from host integers
+    (nothing read back from the device)."""
 
     def __init__(self, sizes: tuple[int, ...], device: torch.device) -> None:
-        from .layout import ranges
-
-        starts = torch.tensor([0, *sizes[:-1]]).cumsum(0)
-        lengths = torch.tensor(sizes)
+        starts = [0]
+        for size in sizes[:-1]:
+            starts.append(starts[-1] + size)
         groups = length_groups(list(sizes))
         self.groups, rows = [], []
         for group in groups:
-            members = torch.tensor(sorted(group))  # in row order: one group needs no reordering at all
+            members = sorted(group)  # in row order: one group needs no reordering at all
             longest = max(sizes[i] for i in group)
-            row_index = ranges(starts[members], lengths[members])
-            slot_index = ranges(torch.arange(len(group)) * longest, lengths[members])
-            gather = None if len(groups) == 1 else row_index.to(device)  # the whole row: taken as it is
-            self.groups.append((len(group), longest, gather, slot_index.to(device)))
-            rows.append(row_index)
-        self.order = None if len(groups) == 1 else torch.cat(rows).argsort().to(device)
+            row_index = [t for i in members for t in range(starts[i], starts[i] + sizes[i])]
+            slot_index = [slot * longest + t for slot, i in enumerate(members) for t in range(sizes[i])]
+            gather = None if len(groups) == 1 else torch.tensor(row_index).to(device)  # the whole row: as it is
+            self.groups.append((len(group), longest, gather, torch.tensor(slot_index).to(device)))
+            rows += row_index
+        self.order = None if len(groups) == 1 else torch.tensor(rows).argsort().to(device)
 
 
 @functools.lru_cache(maxsize=8)
@@ -126,11 +140,33 @@ def _group_plan(sizes: tuple[int, ...], device: torch.device) -> _GroupPlan:
     return _GroupPlan(sizes, device)
 
 
+def _tagged_packed_sequences(find):
+    """transformers' ``find_packed_sequence_indices`` (which reads from the device whether a row is packed, once
+    per forward), answering from the host starts of a tagged row: the same sequence indices, or ``None`` for a
+    single sequence, without the read."""
+    @functools.wraps(find)
+    def find_packed_sequences(position_ids: torch.Tensor):
+        starts = getattr(position_ids, STARTS_TAG, None)
+        if starts is None or position_ids.size(0) != 1:
+            return find(position_ids)
+        if len(starts) < 2:
+            return None
+        first = position_ids[:, :1] - 1
+        return (torch.diff(position_ids, prepend=first, dim=-1) != 1).cumsum(-1)
+
+    find_packed_sequences.untagged = find
+    return find_packed_sequences
+
+
 def register_packed_sdpa() -> str:
-    """Register ``packed_sdpa`` with transformers (idempotent) and return its name."""
-    from transformers import AttentionInterface
+    """Register ``packed_sdpa`` with transformers (idempotent) and return its name; a tagged packed row's mask
+    check takes its host starts (``_tagged_packed_sequences``)."""
+    from transformers import AttentionInterface, masking_utils
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(PACKED_SDPA, packed_sdpa_forward)
     AttentionMaskInterface.register(PACKED_SDPA, _packed_row_mask)
+    find = getattr(masking_utils, "find_packed_sequence_indices", None)
+    if find is not None and not hasattr(find, "untagged"):
+        masking_utils.find_packed_sequence_indices = _tagged_packed_sequences(find)
     return PACKED_SDPA

@@ -30,6 +30,8 @@ import dataclasses
 
 import torch
 
+from .attention import tag_sequence_starts
+
 FILLER_TOKEN = 0
 
 
@@ -72,6 +74,7 @@ class Layout:
     real_tokens: int
     packed: bool
     filler: bool  # no sequence: a two-token stand-in that lets the rank join the collectives, weighing nothing
+    row_starts: tuple[int, ...] | None = None  # packed: where each sequence starts in the row (host integers)
 
     @property
     def sequences(self) -> int:
@@ -110,9 +113,11 @@ class Layout:
 
     def to(self, device: torch.device) -> Layout:
         index = None if self.kept_index is None else self.kept_index.to(device)
-        return dataclasses.replace(self, inputs={k: v.to(device) for k, v in self.inputs.items()},
-                                   logits_to_keep=self.logits_to_keep.to(device), kept_index=index,
-                                   targets=self.targets.to(device))
+        inputs = {k: v.to(device) for k, v in self.inputs.items()}
+        if self.row_starts is not None:  # the copy on the device carries the host's starts too
+            tag_sequence_starts(inputs["position_ids"], self.row_starts)
+        return dataclasses.replace(self, inputs=inputs, logits_to_keep=self.logits_to_keep.to(device),
+                                   kept_index=index, targets=self.targets.to(device))
 
 
 def ranges(begins: torch.Tensor, sizes: torch.Tensor) -> torch.Tensor:
@@ -141,9 +146,12 @@ def build_layout(batch: SequenceBatch, indices: list[int] | tuple[int, ...], pac
     targets = tokens[rows, starts[rows] + columns]
     columns_all = torch.arange(width).unsqueeze(0).expand(count, -1)
     real = columns_all < lengths.unsqueeze(1)
+    row_starts = None
     if packed:
-        inputs = {"input_ids": tokens[real].unsqueeze(0), "position_ids": columns_all[real].unsqueeze(0)}
         offsets = torch.cumsum(lengths, 0) - lengths
+        row_starts = tuple(offsets.tolist())  # on the host, once: attention layers need not read them back
+        inputs = {"input_ids": tokens[real].unsqueeze(0),
+                  "position_ids": tag_sequence_starts(columns_all[real].unsqueeze(0), row_starts)}
         keep = offsets[rows] + starts[rows] - 1 + columns
         kept_index = None
     else:
@@ -154,4 +162,4 @@ def build_layout(batch: SequenceBatch, indices: list[int] | tuple[int, ...], pac
         inputs = {"input_ids": ids, "attention_mask": real.long(), "position_ids": columns_all.clone()}
     return Layout(inputs=inputs, logits_to_keep=keep, kept_index=kept_index, targets=targets, rows=rows,
                   columns=columns, scored_lengths=scored.tolist(), real_tokens=0 if filler else int(lengths.sum()),
-                  packed=packed, filler=filler)
+                  packed=packed, filler=filler, row_starts=row_starts)

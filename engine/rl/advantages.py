@@ -181,15 +181,18 @@ def returns_to_go(token_rewards: Tensor, response_mask: Tensor, gamma: float = 1
     return returns
 
 
-def world_totals(device: torch.device) -> Totals:
+def world_totals(device: torch.device | None = None) -> Totals:
     """Sums over every rank of the default process group (identity without one): the global batch of ranks that
-    each pass their own rows."""
+    each pass their own rows. The sums travel on ``device``, by default the backend's ``metrics_device()``: never
+    the rewards' own device, the host, which NCCL and HCCL do not reduce on."""
     def total(sums: dict[str, float]) -> dict[str, float]:
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
             return sums
+        import accel_backends
+
         from ..runtime import sum_over_ranks
 
-        return sum_over_ranks(sums, device)
+        return sum_over_ranks(sums, device or accel_backends.get_backend().metrics_device())
 
     return total
 
@@ -216,8 +219,7 @@ def reinforce_pp_advantages(token_rewards: Tensor, response_mask: Tensor, *, gam
     """REINFORCE++: each loss token's return ``G_t = sum over the loss tokens from t on of gamma^k r`` (a KL
     penalty folded into the token rewards counts from where it is paid), normalised over the global batch's loss
     tokens (``whiten``). float32 [B, T], 0 where the mask is 0."""
-    return whiten(returns_to_go(token_rewards, response_mask, gamma), response_mask,
-                  world_totals(token_rewards.device))
+    return whiten(returns_to_go(token_rewards, response_mask, gamma), response_mask, world_totals())
 
 
 def reinforce_pp_baseline_advantages(token_rewards: Tensor, response_mask: Tensor, group_ids) -> Tensor:
@@ -227,7 +229,7 @@ def reinforce_pp_baseline_advantages(token_rewards: Tensor, response_mask: Tenso
     mask = response_mask.to(torch.bool)
     totals = (token_rewards.detach().to(torch.float32) * mask).sum(dim=-1)
     centred = group_baseline_removed(totals, group_ids)
-    return whiten(centred.unsqueeze(-1).expand(mask.shape) * mask, response_mask, world_totals(token_rewards.device))
+    return whiten(centred.unsqueeze(-1).expand(mask.shape) * mask, response_mask, world_totals())
 
 
 def group_baseline_removed(totals: Tensor, group_ids) -> Tensor:

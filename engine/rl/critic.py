@@ -67,15 +67,16 @@ def token_values(module, layout) -> Tensor:
 
 
 def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, *,
-               clip_range: float | None) -> tuple[Tensor, dict[str, float]]:
+               clip_range: float | None) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO's value loss: ``0.5 * max((v - R)^2, (clip(v, v_old - c, v_old + c) - R)^2)`` averaged over the mask's
     tokens (``clip_range`` None: unclipped), and its figures (``vf_clip_frac``: the share of tokens where the
-    clipped value was the larger loss)."""
+    clipped value was the larger loss), detached 0-dim tensors left on the device (the engine reads the step's
+    sums once, not each micro-batch's)."""
     mask = mask.to(values.dtype)
     count = mask.sum().clamp(min=1.0)
     unclipped = (values - returns) ** 2
     if clip_range is None:
-        losses, clipped_share = unclipped, torch.zeros((), dtype=values.dtype)
+        losses, clipped_share = unclipped, values.new_zeros(())
     else:
         held = old_values + (values - old_values).clamp(-clip_range, clip_range)
         clipped = (held - returns) ** 2
@@ -83,8 +84,8 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
         clipped_share = ((clipped > unclipped).to(values.dtype) * mask).sum() / count
     loss = 0.5 * (losses * mask).sum() / count
     explained = ((returns - values).detach() * mask)
-    metrics = {"vf_clip_frac": float(clipped_share), "values_mean": float((values.detach() * mask).sum() / count),
-               "vf_error": float((explained ** 2).sum() / count)}
+    metrics = {"vf_clip_frac": clipped_share.detach(), "values_mean": (values.detach() * mask).sum() / count,
+               "vf_error": (explained ** 2).sum() / count}
     return loss, metrics
 
 

@@ -184,13 +184,13 @@ def planned_log_probs(engine, data, temperature: float, what: str, top_k: int = 
     the group gives every rank the group's rows whole.
     """
     device, sp = engine.backend.device(), engine.sequence_parallel
-    out = torch.zeros(len(data.sequences), data.width)
+    out = torch.zeros(len(data.sequences), data.width, device=device)  # filled on the device, read back once
     with torch.no_grad():
         for indices, micro in data.rank_layouts():
             data.count_pad_tokens(what, micro)
             piece = split_layout(micro, sp)
             values = sequence_log_probs(engine.module, piece.to(device), temperature, top_k=top_k, top_p=top_p)
-            values = (rank_values(values, piece) if sp.enabled else values).cpu()
+            values = rank_values(values, piece) if sp.enabled else values
             if indices:
-                out[list(indices), :values.size(1)] = values
-    return sp.group_sum(out, engine.backend.metrics_device()).cpu() if sp.enabled else out
+                out[torch.tensor(indices, device=device), :values.size(1)] = values
+    return (sp.group_sum(out, engine.backend.metrics_device()) if sp.enabled else out).cpu()

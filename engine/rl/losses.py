@@ -155,8 +155,21 @@ def clipped_policy_gradient(log_prob: Tensor, old_log_prob: Tensor, advantages: 
                             loss_mode: str = "vanilla", clip_low: float = 0.2, clip_high: float = 0.2,
                             clip_c: float | None = None, counts: Tensor | None = None,
                             across=None) -> tuple[Tensor, dict[str, float]]:
-    """``policy_loss`` before its aggregation: ``(per-token loss [B, T], metrics)`` (the policy-gradient term of the
-    step's loss, ``engine/rl/terms.py``); the arguments are ``policy_loss``'s."""
+    """``policy_loss`` before its aggregation: ``(per-token loss [B, T], metrics)``; the arguments are
+    ``policy_loss``'s, the metrics Python floats (``device_clipped_policy_gradient`` keeps them on the device)."""
+    per_token, metrics = device_clipped_policy_gradient(
+        log_prob, old_log_prob, advantages, response_mask, loss_mode=loss_mode, clip_low=clip_low,
+        clip_high=clip_high, clip_c=clip_c, counts=counts, across=across)
+    return per_token, dict(zip(metrics, torch.stack(list(metrics.values())).tolist(), strict=True))
+
+
+def device_clipped_policy_gradient(log_prob: Tensor, old_log_prob: Tensor, advantages: Tensor,
+                                   response_mask: Tensor, *, loss_mode: str = "vanilla", clip_low: float = 0.2,
+                                   clip_high: float = 0.2, clip_c: float | None = None, counts: Tensor | None = None,
+                                   across=None) -> tuple[Tensor, dict[str, Tensor]]:
+    """``clipped_policy_gradient`` with its metrics as detached 0-dim tensors where the loss is (the policy-gradient
+    term of the step's loss, ``engine/rl/terms.py``): the engine sums them over micro-batches on the device and the
+    host reads them once a step, not once per micro-batch."""
     counts = response_mask if counts is None else counts
     across = across or (lambda value: value)
     if loss_mode not in LOSS_MODES:
@@ -200,12 +213,13 @@ def clipped_policy_gradient(log_prob: Tensor, old_log_prob: Tensor, advantages: 
     with torch.no_grad():
         mask = response_mask.detach()
         ratio = ratio.detach().expand_as(log_prob)
+        clip_frac = masked_mean(clipped_fraction.float().expand_as(log_prob), mask, counts)
         metrics = {
-            "clip_frac": masked_mean(clipped_fraction.float().expand_as(log_prob), mask, counts).item(),
-            "clip_frac_lower": (masked_mean(dual_active.float(), mask, counts).item() if dual_active is not None
-                                else 0.0),
-            "approx_kl": masked_mean(-log_ratio.detach(), mask, counts).item(),
-            "ratio_mean": masked_mean(ratio, mask, counts).item(),
+            "clip_frac": clip_frac,
+            "clip_frac_lower": (masked_mean(dual_active.float(), mask, counts) if dual_active is not None
+                                else torch.zeros_like(clip_frac)),
+            "approx_kl": masked_mean(-log_ratio.detach(), mask, counts),
+            "ratio_mean": masked_mean(ratio, mask, counts),
         }
     return per_token, metrics
 

@@ -61,16 +61,15 @@ def importance_weights(log_probs: Tensor, sampling_log_probs: Tensor, mask: Tens
 
 @dataclasses.dataclass
 class MismatchStats:
-    """Sums, minima and maxima over a step's micro-batches (one rank), turned into the ``rollout/*`` metrics."""
+    """Sums, minima and maxima over a step's micro-batches (one rank), turned into the ``rollout/*`` metrics.
 
-    tokens: float = 0.0
-    diff_sum: float = 0.0
-    diff_max: float = 0.0
-    ratios: float = 0.0
-    ratio_sum: float = 0.0
-    ratio_min: float = math.inf
-    ratio_max: float = -math.inf
-    masked: float = 0.0
+    They stay on the device the micro-batches are on and are read once, when the step's metrics are made
+    (``sums``, ``maxima``): a read per micro-batch would make the host wait for the device's queue each time.
+    Counts are int64 (exact), figures float32 (what collectives reduce everywhere)."""
+
+    counts: Tensor | None = None  # [3] int64: loss tokens, ratios counted, tokens masked out
+    figures: Tensor | None = None  # [2] float32: sum of |log-prob differences|, sum of ratios
+    extremes: Tensor | None = None  # [3] float32: largest difference, largest ratio, minus the smallest ratio
 
     def add(self, log_probs: Tensor, sampling_log_probs: Tensor, mask: Tensor, ratios: Tensor,
             masked: Tensor, sequences: Tensor | None = None) -> None:
@@ -79,29 +78,34 @@ class MismatchStats:
         counts its own tokens and, the first rank only, the micro-batch's sequences)."""
         keep = mask.to(torch.bool)
         sequences = keep.any(dim=-1) if sequences is None else sequences
-        if bool(keep.any()):
-            diff = (log_probs.detach().float() - sampling_log_probs.float()).abs()[keep]
-            self.tokens += float(keep.sum())
-            self.diff_sum += float(diff.sum())
-            self.diff_max = max(self.diff_max, float(diff.max()))
-            self.masked += float(masked.sum())
-        counted = ratios[keep] if ratios.dim() == 2 else ratios[sequences]
-        if not counted.numel():
-            return
-        self.ratios += float(counted.numel())
-        self.ratio_sum += float(counted.sum())
-        self.ratio_min = min(self.ratio_min, float(counted.min()))
-        self.ratio_max = max(self.ratio_max, float(counted.max()))
+        device = log_probs.device
+        if self.counts is None:
+            self.counts = torch.zeros(3, dtype=torch.int64, device=device)
+            self.figures = torch.zeros(2, dtype=torch.float32, device=device)
+            self.extremes = torch.tensor([0.0, -math.inf, -math.inf], device=device)
+        counted = keep if ratios.dim() == 2 else sequences.to(device)
+        if not keep.numel() and not ratios.numel():
+            return  # a filler without rows
+        diff = (log_probs.detach().float() - sampling_log_probs.float()).abs()
+        ratios = ratios.float()
+        self.counts += torch.stack([keep.sum(), counted.sum(), masked.sum()]).to(torch.int64)
+        self.figures += torch.stack([torch.where(keep, diff, 0.0).sum(), torch.where(counted, ratios, 0.0).sum()])
+        self.extremes = torch.maximum(self.extremes, torch.stack([
+            _largest(torch.where(keep, diff, -math.inf)), _largest(torch.where(counted, ratios, -math.inf)),
+            _largest(torch.where(counted, -ratios, -math.inf))]))
 
     def sums(self) -> dict[str, float]:
         """This rank's figures to add over ranks (``reduced`` makes the metrics of the totals)."""
-        return {"mismatch/tokens": self.tokens, "mismatch/diff_sum": self.diff_sum, "mismatch/ratios": self.ratios,
-                "mismatch/ratio_sum": self.ratio_sum, "mismatch/masked": self.masked}
+        tokens, ratios, masked = self.counts.tolist() if self.counts is not None else (0, 0, 0)
+        diff_sum, ratio_sum = self.figures.tolist() if self.figures is not None else (0.0, 0.0)
+        return {"mismatch/tokens": float(tokens), "mismatch/diff_sum": diff_sum, "mismatch/ratios": float(ratios),
+                "mismatch/ratio_sum": ratio_sum, "mismatch/masked": float(masked)}
 
     def maxima(self) -> dict[str, float]:
         """This rank's figures whose largest over ranks counts (the minimum as its negation)."""
-        return {"mismatch/diff_max": self.diff_max, "mismatch/ratio_max": self.ratio_max,
-                "mismatch/ratio_min_negated": -self.ratio_min}
+        extremes = self.extremes.tolist() if self.extremes is not None else (0.0, -math.inf, -math.inf)
+        return dict(zip(("mismatch/diff_max", "mismatch/ratio_max", "mismatch/ratio_min_negated"), extremes,
+                        strict=True))
 
     @staticmethod
     def reduced(totals: dict[str, float], largest: dict[str, float]) -> dict[str, float]:
@@ -122,3 +126,8 @@ class MismatchStats:
         ``sum_over_ranks(dict) -> dict`` and ``max_over_ranks(float) -> float``."""
         largest = {key: max_over_ranks(value) for key, value in self.maxima().items()}
         return self.reduced(sum_over_ranks(self.sums()), largest)
+
+
+def _largest(values: Tensor) -> Tensor:
+    """The largest of ``values`` (``-inf`` when there are none), as a 0-dim tensor: no read of the device."""
+    return values.max() if values.numel() else values.new_tensor(-math.inf)

@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .losses import aggregate_loss, clipped_policy_gradient, kl_penalty, micro_batch_scale
+from .losses import aggregate_loss, device_clipped_policy_gradient, kl_penalty, micro_batch_scale
 
 SEQUENCE_MEANS = ("seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 
@@ -77,14 +77,15 @@ class Streams:
     correction: Tensor | None = None  # rollout correction's importance weights (None: no engine log-probs)
 
 
-PerToken = Callable[[Streams, "Tensor | None"], "tuple[Tensor, dict[str, float]]"]
+PerToken = Callable[[Streams, "Tensor | None"], "tuple[Tensor, dict[str, Tensor | float]]"]
 
 
 @dataclasses.dataclass(frozen=True)
 class Term:
     """One part of the step's loss: ``coef`` x its per-token values reduced by ``norm``.
 
-    ``per_token(streams, weights)`` returns the values ``[n, R]`` and metrics of its own; ``weights`` are rollout
+    ``per_token(streams, weights)`` returns the values ``[n, R]`` and metrics of its own (detached 0-dim tensors
+    on the device, or floats: the engine reads them once a step, never per micro-batch); ``weights`` are rollout
     correction's importance weights when the term is ``corrected`` and the engine returned log-probs (else None).
     ``metric``: the name its reduced value is reported under (None: not reported). ``frozen``: the frozen model
     whose log-probs it needs; a micro-batch without them leaves the term out (a step timed without its reference).
@@ -108,9 +109,9 @@ def policy_gradient(norm: Norm, *, loss_mode: str = "vanilla", clip_low: float =
         advantages = streams.advantages
         if weights is not None:  # weights each token's policy-gradient term
             advantages = (advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages) * weights
-        values, metrics = clipped_policy_gradient(streams.log_probs, streams.old_log_probs, advantages, streams.mask,
-                                                  loss_mode=loss_mode, clip_low=clip_low, clip_high=clip_high,
-                                                  clip_c=clip_c, counts=streams.counts, across=streams.across)
+        values, metrics = device_clipped_policy_gradient(
+            streams.log_probs, streams.old_log_probs, advantages, streams.mask, loss_mode=loss_mode,
+            clip_low=clip_low, clip_high=clip_high, clip_c=clip_c, counts=streams.counts, across=streams.across)
         return values, {"clip_frac": metrics["clip_frac"], "approx_kl": metrics["approx_kl"]}
 
     return Term(per_token, norm=norm, metric="pg_loss", corrected=True)
@@ -148,11 +149,12 @@ def present(terms: list[Term], streams: Streams) -> list[Term]:
 
 
 def micro_batch_loss(terms: list[Term], streams: Streams, micro_batches: int, mini: MiniBatchSize | None,
-                     filler: bool) -> tuple[Tensor, Tensor | float, dict[str, float]]:
+                     filler: bool) -> tuple[Tensor, Tensor | float, dict[str, Tensor]]:
     """``(loss, weight, metrics)`` of one micro-batch for ``FSDPEngine.forward_backward_batch``: the weighted sum
     of ``terms`` over ``streams``. ``micro_batches``: the mini-batch's non-empty micro-batches over all ranks
     (``token-sum`` multiplies by it); ``mini``: its sizes, needed when the terms normalise differently; ``filler``:
-    a micro-batch that only keeps the ranks' counts equal (weight 0)."""
+    a micro-batch that only keeps the ranks' counts equal (weight 0). The metrics stay on the device (detached
+    0-dim tensors): the engine adds them up there and reads the step's sums once."""
     terms = present(terms, streams)
     if not terms:
         raise ValueError("the step's loss has no term: an algorithm gives at least one")
@@ -166,7 +168,7 @@ def micro_batch_loss(terms: list[Term], streams: Streams, micro_batches: int, mi
         for term, per_token, extra in values:
             reduced = norm.reduce(per_token, streams.mask, streams.counts)
             loss = term.coef * reduced if loss is None else loss + term.coef * reduced
-            _report(metrics, term, reduced.item() * scale, extra)
+            _report(metrics, term, reduced.detach() * scale, extra)
         return loss * scale, (weight * 0.0 if filler else weight), metrics
     if mini is None:
         raise ValueError("terms with different normalisers need the mini-batch's sizes (MiniBatchSize)")
@@ -175,11 +177,11 @@ def micro_batch_loss(terms: list[Term], streams: Streams, micro_batches: int, mi
         scale, weight = term.norm.weight(streams.counts, micro_batches)
         share = term.norm.reduce(per_token, streams.mask, streams.counts) * (scale * weight / term.norm.total(mini))
         loss = loss + term.coef * share
-        _report(metrics, term, share.item() * micro_batches, extra)
+        _report(metrics, term, share.detach() * micro_batches, extra)
     return loss * micro_batches, (0.0 if filler else 1.0), metrics
 
 
-def _report(metrics: dict, term: Term, value: float, extra: dict) -> None:
+def _report(metrics: dict, term: Term, value: Tensor, extra: dict) -> None:
     if term.metric is not None:
         metrics[term.metric] = value
     metrics.update(extra)

@@ -53,7 +53,7 @@ def policy_loss_of(module, micro: dict, terms: list[Term], rollout, correction: 
                       {name: values.to(device) for name, values in micro["frozen"].items()}, weights)
     loss, weight, metrics = micro_batch_loss(terms, streams, micro["micro_batches"], micro.get("mini_batch"),
                                              layout.filler)
-    metrics["entropy"] = aggregate_loss(entropy.detach(), mask, "token-mean", counts=counts).item()
+    metrics["entropy"] = aggregate_loss(entropy.detach(), mask, "token-mean", counts=counts)  # read once a step
     return loss, weight, metrics
 
 

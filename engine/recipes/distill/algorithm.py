@@ -66,8 +66,8 @@ def reverse_kl_policy_gradient(norm: Norm, *, clip_low: float, clip_high: float)
         advantages = (sequence.unsqueeze(-1) if sequence.dim() == 1 else sequence) * streams.mask - gap
         values, metrics = gradient.per_token(dataclasses.replace(streams, advantages=advantages), weights)
 
-        def mean(tensor):
-            return aggregate_loss(tensor, streams.mask, "token-mean", counts=streams.counts).item()
+        def mean(tensor):  # left on the device: the engine reads the step's sums once
+            return aggregate_loss(tensor.detach(), streams.mask, "token-mean", counts=streams.counts)
 
         metrics.update({"distill/reverse_kl": mean(gap), "distill/advantage_abs": mean(advantages.abs())})
         return values, metrics

@@ -122,7 +122,7 @@ class PPOTrainer(RLTrainer):
         mask = micro["mask"].to(device)
         loss, metrics = value_loss(values, micro["old_values"].to(device), micro["returns"].to(device), mask,
                                    clip_range=self.config.algorithm.value_clip)
-        return loss, float(mask.sum()), metrics
+        return loss, mask.sum(), metrics  # a count, left on the device (read with the step's sums)
 
     def update_critic(self, data: CriticStepData) -> dict:
         returns, values = data.returns, data.old_values

@@ -240,12 +240,14 @@ def check_head_size(model_config, minimum: int) -> list[str]:
 def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) -> list[str]:
     """Everything wrong with ``rollout.engine=vllm`` for ``config`` (a ``GRPOConfig``), before any worker starts.
     ``facts``: the backend's ``inference_engine_facts()`` (for the package to name)."""
+    from engine.rollout.vllm_server.device_guard import server_guard_problems
     from engine.rollout.vllm_server.settings import is_own_engine, server_problems, transfer_engine
 
     from .lora_sync import problems as lora_sync_problems
 
     settings = config.rollout.vllm
     problems = check_settings(settings, world_size, longest_sequence, facts) + server_problems(settings, facts)
+    problems += server_guard_problems(settings, world_size)  # shared devices, the vLLM version
     own_wire = settings.mode != "server" or is_own_engine(transfer_engine(settings, facts))
     problems += lora_sync_problems(settings.lora_sync, int((config.engine or {}).get("lora_rank", 0) or 0), own_wire)
     problems += check_head_size(config.model, facts.min_head_size)
