@@ -1,3 +1,2 @@
-"""Compatibility names for GRPO, which is the ``grpo`` recipe of the training frame (``engine/recipes/grpo``):
-``engine.grpo.algorithms`` (public), ``python -m engine.grpo.cli``, ``engine.grpo.tasks:echo_reward`` in configs and
-``engine.grpo.rollout_engines`` for rollout-engine plugins."""
+"""GRPO's first home: ``accel-grpo`` starts in ``cli.py``; the old module paths under it are aliases
+(``engine/compat.py``)."""

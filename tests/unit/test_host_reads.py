@@ -75,7 +75,8 @@ def strict():
     torch.set_num_threads(1)
     backend = accel_backends.get_backend("strict")
     backend.init_distributed()
-    return backend
+    yield backend
+    torch.distributed.destroy_process_group()  # later in-process tests must not see a group left behind
 
 
 def test_an_updates_host_reads_do_not_grow_with_micro_batches_or_layers(strict):
