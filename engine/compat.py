@@ -60,8 +60,9 @@ class _Alias(importlib.abc.Loader):
         module.__spec__ = self.kept_spec
 
     def get_code(self, fullname):
-        spec = importlib.util.find_spec(self.target)
-        return spec.loader.get_code(self.target)
+        """``python -m`` runs the new module under the caller's name, its relative imports resolved at its home."""
+        return compile(f"import runpy\nrunpy.run_module({self.target!r}, run_name=__name__, alter_sys=True)\n",
+                       f"<alias of {self.target}>", "exec")
 
 
 class _AliasFinder(importlib.abc.MetaPathFinder):
