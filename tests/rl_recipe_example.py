@@ -16,7 +16,6 @@ from engine.rl.engine_settings import engine_config
 from engine.rl.frozen import FrozenSpec
 from engine.rl.recipe import RLRecipe
 from engine.rl.schema import RLConfig
-from engine.rl.step import RLTrainer
 from engine.rl.terms import Norm, kl_to, policy_gradient
 
 
@@ -50,17 +49,10 @@ class RLOO(Algorithm):
         return [policy_gradient(norm), kl_to("ref", self.config.algorithm.kl_coef, norm)]
 
 
-class RLOOTrainer(RLTrainer):
-    recipe, tool = "rloo", "accel-train rloo"
-
-    def __init__(self, config, run_dir=None, resume=False, inputs=None):
-        super().__init__(config, RLOO(config), run_dir, resume, inputs)
-
-
 class RLOORecipe(RLRecipe):
     name, tool, schema = "rloo", "accel-train rloo", RLOOConfig
     help = "RLOO on the RL layer: leave-one-out advantages, a policy gradient and a KL term to the reference."
-    trainer = "rl_recipe_example:RLOOTrainer"
+    algorithm = "rl_recipe_example:RLOO"
     presets = {"default": {}, "cpu-demo": {"nproc": 2, "model": {"path": "builtin:tiny-char"},
                                            "data": {"task": "echo"}, "rollout": {"n": 4, "max_new_tokens": 4},
                                            "train": {"steps": 2, "prompts_per_step": 4},

@@ -28,10 +28,10 @@ def _trainer(tmp, model_dir, data_path, *overrides):
     from pathlib import Path
 
     from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
-    return GRPOTrainer(config, Path(tmp), resume=False)
+    return get_recipe("grpo").trainer_of(config, Path(tmp), resume=False)
 
 
 def _full_grads(module):

@@ -64,10 +64,10 @@ def _checks(rank, tmp):
     import torch.distributed as dist
 
     from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.train.registry import get_recipe
 
     out = {}
-    trainer = GRPOTrainer(build_config(None, None, BASE), Path(tmp), resume=False)
+    trainer = get_recipe("grpo").trainer_of(build_config(None, None, BASE), Path(tmp), resume=False)
 
     # -- dynamic sampling: rank 1's first draw has only equal rewards; both ranks draw again, then train --------
     data, stats, _ = trainer.collect(step=0)

@@ -48,7 +48,7 @@ def _step_data(packed: bool, budget):
 
 
 def _trainer(config, sp, backend, module=None):
-    """What ``GRPOTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
+    """What ``RLTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
     import types
 
     from engine.recipes.grpo.algorithm import GRPOAlgorithm
@@ -82,8 +82,8 @@ def _exactness(rank: int) -> dict:
     from engine import EngineConfig, FSDPEngine, output_layer
     from engine.recipes.grpo.logprobs import planned_log_probs
     from engine.recipes.grpo.schema import AlgorithmConfig, GRPOConfig
-    from engine.recipes.grpo.trainer import GRPOTrainer
     from engine.rl.rollout_correction import MismatchStats
+    from engine.rl.step import RLTrainer
     from engine.runtime import sum_over_ranks
     from engine.sequence_parallel import SequenceParallel
 
@@ -101,7 +101,7 @@ def _exactness(rank: int) -> dict:
         _perturbed(whole, ref_log_probs, torch.Generator().manual_seed(5))
         # sp=1 on one process, as forward_backward_batch weighs the micro-batches: their weighted mean
         plain, reference_mismatch = _trainer(config, single, backend), MismatchStats()
-        outputs = [GRPOTrainer.loss_fn(plain, reference, m)
+        outputs = [RLTrainer.loss_fn(plain, reference, m)
                    for m in whole.micro_batches(whole.mini_batches[0], reference_mismatch)]
         ref_weight = sum(float(w) for _, w, _ in outputs)
         ref_loss = sum(loss * float(w) for loss, w, _ in outputs) / ref_weight
@@ -123,7 +123,7 @@ def _exactness(rank: int) -> dict:
         with engine.train_mode():
             stats = MismatchStats()
             micro = data.micro_batches(data.mini_batches[0], stats)
-            metrics = engine.forward_backward_batch(micro, functools.partial(GRPOTrainer.loss_fn, trainer))
+            metrics = engine.forward_backward_batch(micro, functools.partial(RLTrainer.loss_fn, trainer))
             grad_norm = engine.optimizer_step()  # unclipped; lr 1e-30 leaves every fp32 weight as it was
         mismatch = sum_over_ranks(stats.sums(), backend.metrics_device())
         reference_mismatch = reference_mismatch.sums()

@@ -1,5 +1,5 @@
-"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine (top-k and
-top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
+"""The GRPO recipe's RL step on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine
+(top-k and top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
 weights, the loss modes' gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA
 reference and the process-group timeout. One spawn (a module fixture) runs all the checks, as a spawn costs seconds
 of imports; each test asserts one property of its results, so that one failure does not hide the others."""
@@ -29,10 +29,10 @@ def _trainer(tmp, model_dir, data_path, *overrides):
     from pathlib import Path
 
     from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
-    return GRPOTrainer(config, Path(tmp), resume=False)
+    return get_recipe("grpo").trainer_of(config, Path(tmp), resume=False)
 
 
 def _full_grads(module):

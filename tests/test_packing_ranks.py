@@ -41,9 +41,9 @@ def _local_sequences(rank: int, world_size: int = 2, total: int = 8) -> dict:
 
 def _trainer(tmp, *overrides):
     from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.train.registry import get_recipe
 
-    return GRPOTrainer(build_config(None, None, [*BASE, *overrides]), Path(tmp), resume=False)
+    return get_recipe("grpo").trainer_of(build_config(None, None, [*BASE, *overrides]), Path(tmp), resume=False)
 
 
 def _full_grads(module):

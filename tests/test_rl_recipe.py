@@ -35,6 +35,7 @@ def test_an_rl_recipe_of_its_algorithm_alone_trains(registered, tmp_path, monkey
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
         assert row["kl"] >= 0.0 and row["grad_norm"] > 0.0 and "pg_loss" in row and "reward/echo_reward" in row
+        assert row["frozen/ref_s"] > 0.0  # the step times every frozen model's forward
     assert rows[1]["kl"] > 0.0  # the policy moved away from its reference after the first update
     for row in rows:  # MFU per phase on the CPU (its peak measured by a GEMM probe): the update's is the headline
         assert 0.0 < row["perf/mfu"] == row["perf/mfu/update"] < 1.0

@@ -38,7 +38,7 @@ def save_demo_model(directory: str, hidden: int, layers: int, seed: int):
     import torch
 
     from engine.recipes.grpo.config import GRPOConfig
-    from engine.recipes.grpo.trainer import build_model
+    from engine.rl.model import build_model
 
     config = GRPOConfig()
     config.model.hidden_size, config.model.layers = hidden, layers

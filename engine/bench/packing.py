@@ -130,7 +130,6 @@ def _timed_update(trainer, run) -> tuple[float, float]:
 def run(options, backend, rank) -> dict:
     import torch.distributed as dist
 
-    from ..recipes.grpo.trainer import GRPOTrainer
     from ..rl import batches
     from ..train.cli import load
     from ..train.registry import get_recipe
@@ -142,7 +141,7 @@ def run(options, backend, rank) -> dict:
     problems = recipe.check(config, world_size)
     if problems:
         raise ValueError("the packing benchmark's settings are invalid: " + "; ".join(problems))
-    trainer = GRPOTrainer(config)
+    trainer = recipe.trainer_of(config)
     data, _, _ = trainer.collect(step=0)
     data.old_log_probs = data.ref_log_probs = None  # the update alone is timed: its own log-probs are the old
     train = config.train

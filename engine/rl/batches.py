@@ -62,6 +62,9 @@ class StepData:
     pad_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # counted per pass, on this rank
     # [N, R] each: frozen models' log-probs by name (``ref``: the KL reference; a distillation teacher)
     frozen_log_probs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    step: int = 0  # the step (0-based) whose batch it is
+    # What the algorithm keeps of the step for its ``after_update`` (PPO: the GAE returns, the critic's values).
+    kept: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def ref_log_probs(self) -> torch.Tensor | None:

@@ -1,8 +1,8 @@
 """``RLRecipe``: the frame's ``Recipe`` (``engine/train/recipe.py``) for a trainer on the RL step. A subclass names
 itself, its schema (the RL layer's sections, ``schema.py``, and its own ``algorithm`` section), its presets and
-checks, and its trainer (an ``RLTrainer`` subclass passing its ``Algorithm``); planning, building, the step,
-validation, ``eval``, the run's model for ``export``, what ``--resume`` may not change, the prompt settings an
-export remembers and the closing line are here."""
+checks, and its ``Algorithm`` class (``algorithm``); planning, building the step (``RLTrainer`` with the
+algorithm), validation, ``eval``, the run's model for ``export``, what ``--resume`` may not change, the prompt
+settings an export remembers and the closing line are here."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accurac
 class RLRecipe(Recipe):
     sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
     curves = CURVES
-    trainer = ""  # "package.module:Class": the recipe's RLTrainer, imported when a run builds its parts
+    algorithm = ""  # "package.module:Class": the recipe's Algorithm (built from the config), imported when used
     # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
     resume_fixed = {**Recipe.resume_fixed, "rollout.n": "the group size",
                     **{f"data.{key}": "the run's data" for key in (
@@ -46,8 +46,16 @@ class RLRecipe(Recipe):
         return resolved(plan.config, plan.world_size)
 
     def build(self, plan, backend):
-        module, _, name = self.trainer.partition(":")
-        return getattr(importlib.import_module(module), name)(plan.config, inputs=plan.inputs)
+        return self.trainer_of(plan.config, inputs=plan.inputs)
+
+    def trainer_of(self, config, run_dir=None, resume: bool = False, inputs=None):
+        """The RL step (``RLTrainer``) with this recipe's algorithm, on this rank (``run_dir``, ``resume``: for its
+        ``train()``)."""
+        from .step import RLTrainer
+
+        module, _, name = self.algorithm.partition(":")
+        algorithm = getattr(importlib.import_module(module), name)(config)
+        return RLTrainer(config, algorithm, run_dir, resume, inputs, recipe=self.name, tool=self.tool)
 
     def ready(self, parts, start):
         parts.ready(start)

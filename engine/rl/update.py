@@ -57,6 +57,13 @@ def policy_loss_of(module, micro: dict, terms: list[Term], rollout, correction: 
     return loss, weight, metrics
 
 
+def idle_update() -> dict:
+    """The policy's figures of a step that does not update it (``Algorithm.updates_policy``: a warm-up)."""
+    figures = dict.fromkeys(("loss", "pg_loss", "clip_frac", "approx_kl", "entropy", "grad_norm", "lr", "updates",
+                             "skipped_updates", "peak_memory_gib"), 0.0)
+    return {**figures, "mismatch": MismatchStats()}
+
+
 def ppo_updates(actor, data, loss_fn, epochs: int) -> dict:
     """``epochs`` passes over the step's mini-batches, one optimizer update each; the metrics averaged over the
     updates (``skipped_updates`` counted, ``peak_memory_gib`` the largest), with ``mismatch``: the rollout

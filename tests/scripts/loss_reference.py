@@ -89,16 +89,18 @@ def run(case: tuple, loss_fn, settings_of, algorithm_config, mismatch_type) -> d
 
 
 def main_loss_fn():
-    """``GRPOTrainer.loss_fn`` of the tree on the path, with the model's forward replaced by a callable."""
-    import engine.recipes.grpo.trainer as trainer_module
+    """The RL step's ``loss_fn`` of the tree on the path (GRPO's ``GRPOTrainer.loss_fn`` before issue 47), with the
+    model's forward replaced by a callable."""
+    import engine.rl.update as update_module
+    from engine.rl.step import RLTrainer
 
     def loss_fn(trainer, forward, micro):
-        original = trainer_module.sequence_log_probs
-        trainer_module.sequence_log_probs = lambda *args, **kwargs: forward()
+        original = update_module.sequence_log_probs
+        update_module.sequence_log_probs = lambda *args, **kwargs: forward()
         try:
-            return trainer_module.GRPOTrainer.loss_fn(trainer, None, micro)
+            return RLTrainer.loss_fn(trainer, None, micro)
         finally:
-            trainer_module.sequence_log_probs = original
+            update_module.sequence_log_probs = original
 
     return loss_fn
 

@@ -24,6 +24,8 @@ TEACHER = "teacher"  # the frozen model's name: its log-probs are the step's fro
 
 
 class DistillAlgorithm(Algorithm):
+    metric_aliases = {f"frozen/{TEACHER}_s": "distill/teacher_s"}  # the teacher's forward, under its first name
+
     def __init__(self, config) -> None:
         self.config = config
 

@@ -35,7 +35,7 @@ class DistillRecipe(RLRecipe):
     schema, presets = DistillConfig, PRESETS
     sections = "model, teacher, distill, data, rollout, algorithm, train, run, engine"
     example = "teacher.path=/models/teacher train.steps=10"
-    trainer = "engine.recipes.distill.trainer:DistillTrainer"
+    algorithm = "engine.recipes.distill.algorithm:DistillAlgorithm"
     path_keys = (*RLRecipe.path_keys, "teacher.path")
     curves = (("reward_mean", "reward"), ("distill/reverse_kl", "reverse KL to the teacher"),
               ("response_length", "response length"), ("grad_norm", "grad norm"))

@@ -36,7 +36,7 @@ resume. Options and metrics: docs/grpo.md.
 class GRPORecipe(RLRecipe):
     name, tool, help = "grpo", "accel-grpo", HELP
     schema, presets, curves = grpo_config.GRPOConfig, grpo_config.PRESETS, CURVES
-    trainer = "engine.recipes.grpo.trainer:GRPOTrainer"
+    algorithm = "engine.recipes.grpo.algorithm:GRPOAlgorithm"
     # --resume may not change what the run means (the RL layer's and the frame's, and GRPO's loss).
     resume_fixed = {**RLRecipe.resume_fixed, "algorithm.loss_type": "the loss"}
 

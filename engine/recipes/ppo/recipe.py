@@ -75,7 +75,7 @@ def algorithm_problems(config) -> list[str]:
 class PPORecipe(RLRecipe):
     name, tool, help = "ppo", "accel-ppo", HELP
     schema, presets, curves = PPOConfig, PRESETS, CURVES
-    trainer = "engine.recipes.ppo.trainer:PPOTrainer"
+    algorithm = "engine.recipes.ppo.algorithm:PPOAlgorithm"
     path_keys = (*RLRecipe.path_keys, "critic.path")
     resume_fixed = {**RLRecipe.resume_fixed, "critic.path": "the critic the checkpoint holds"}
 
