@@ -27,7 +27,7 @@ ENV = {"ACCEL_BACKENDS_PLUGINS": "agent_script_plugin", "ACCEL_TEST_SCRIPT": "ca
 def _trainer(tmp, model_dir, data_path, *overrides):
     from pathlib import Path
 
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
@@ -139,7 +139,7 @@ def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_tok
 def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padded=False):
     from transformers import AutoModelForCausalLM
 
-    from engine.recipes.grpo.logprobs import planned_log_probs
+    from engine.rl.logprobs import planned_log_probs
     from engine.runtime import all_gather_rows
 
     trainer = _trainer(f"{tmp}/{name}", model_dir, data_path, *overrides)
@@ -198,7 +198,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
     plans = {"planned": data}
     if also_padded:  # the same global batch in padded micro-batches (its old-log-prob pass: its rows differ)
-        from engine.recipes.grpo.batches import StepData, plan_updates
+        from engine.rl.batches import StepData, plan_updates
 
         plans["padded"] = StepData(data.sequences, data.loss_mask, data.advantages,
                                    plan_updates(data.sequences, dataclasses.replace(trainer.batching, packed=False), 2),

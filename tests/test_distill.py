@@ -1,5 +1,5 @@
-"""accel-distill (engine/recipes/distill) for real: a 2-rank run whose teacher is the student itself gets exactly 0
-for every token's advantage and leaves the weights bitwise unchanged (a checkpoint equal to the model directory);
+"""accel-distill (engine/rl/algorithms/distill) for real: a 2-rank run whose teacher is the student itself gets exactly
+0 for every token's advantage and leaves the weights bitwise unchanged (a checkpoint equal to the model directory);
 a 1-rank run in this process lowers its reverse KL to a sharper teacher (the gradient points the right way); a
 teacher with another tokenizer is refused in one line before any worker starts."""
 

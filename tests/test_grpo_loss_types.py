@@ -63,7 +63,7 @@ def _checks(rank, tmp):
     import torch
     import torch.distributed as dist
 
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.train.registry import get_recipe
 
     out = {}

@@ -34,7 +34,7 @@ def _step_data(packed: bool, budget):
     import torch
 
     from engine.packing import SequenceBatch
-    from engine.recipes.grpo.batches import Batching, StepData, plan_updates
+    from engine.rl.batches import Batching, StepData, plan_updates
 
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(1, 96, (n,), generator=g) for n in PROMPTS]
@@ -51,7 +51,7 @@ def _trainer(config, sp, backend, module=None):
     """What ``RLTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
     import types
 
-    from engine.recipes.grpo.algorithm import GRPOAlgorithm
+    from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
 
     return types.SimpleNamespace(algorithm=GRPOAlgorithm(config), backend=backend, config=config,
                                  actor=types.SimpleNamespace(sequence_parallel=sp), sequence_parallel=sp,
@@ -80,8 +80,8 @@ def _exactness(rank: int) -> dict:
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine, output_layer
-    from engine.recipes.grpo.logprobs import planned_log_probs
-    from engine.recipes.grpo.schema import AlgorithmConfig, GRPOConfig
+    from engine.rl.algorithms.grpo.schema import AlgorithmConfig, GRPOConfig
+    from engine.rl.logprobs import planned_log_probs
     from engine.rl.rollout_correction import MismatchStats
     from engine.rl.step import RLTrainer
     from engine.runtime import sum_over_ranks
@@ -169,7 +169,8 @@ def test_rollout_mismatch_figures_count_each_token_and_sequence_once(results):
 
 def test_a_short_demo_run_at_sp_2_learns(tmp_path):
     """The cpu-demo echo task at sp=2 on 2 ranks (one group sampling 16 prompts a step): the reward rises."""
-    result = run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
+                         "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
                          "train.steps=20", "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
                         env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 def rollout_lengths(model_dir: Path) -> tuple[list[int], list[int]]:
     """(prompt + response lengths, prompt lengths) of one rollout of the long case, in rollout order."""
     from engine.bench.cli import LONG_CASE_WORK
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*LONG_CASE_WORK, f"model.path={model_dir}", "run.progress=false",

@@ -97,7 +97,7 @@ def _rollout_micro_batches(data, rank: int, rows_per_rank: int, size: int) -> li
 
 def _rollout_step_fn(trainer, micro_batches_total: int):
     """The trainer's step function as it was before packing (left-padded log-probs, the same loss)."""
-    from ..rl.algorithms import aggregate_loss, micro_batch_scale, policy_loss
+    from ..rl.formulas import aggregate_loss, micro_batch_scale, policy_loss
     from ..rl.logprobs import response_log_probs
 
     settings, device = trainer.loss, trainer.backend.device()

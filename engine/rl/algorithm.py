@@ -13,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from .registration import Registered
 from .scoring import ScoredRollout
 
 
@@ -41,14 +42,18 @@ class StepContext:
     device: object = None  # where a micro-batch goes for a forward (the backend's device)
 
 
-class Algorithm:
-    """The defaults: one draw per step, the scores as they are for advantages, no frozen model, no loss term (a
-    recipe gives at least one). Hooks run on every rank; a hook that calls a collective is called on all."""
+class Algorithm(Registered):
+    """The defaults: one draw per step, the scores as they are for advantages, no frozen model, no loss term (an
+    algorithm gives at least one). Hooks run on every rank; a hook that calls a collective is called on all. Built
+    from the run's config (``Algorithm(config)``); the class attributes ``Registered`` lists make its command."""
 
     needs_old_log_probs = False  # the sampling policy's log-probs before the update (even with one update a step)
     mask_truncated = False  # responses cut at rollout.max_new_tokens get no loss
     overlong = (0, 1.0)  # DAPO's overlong penalty: (buffer length, factor); 0: off
     metric_aliases: dict[str, str] = {}  # a step figure also reported under a name the algorithm gave it before
+
+    def __init__(self, config) -> None:
+        self.config = config  # the run's config (``schema``)
 
     def frozen_models(self, world_size: int) -> dict:
         """``{name: frozen.FrozenSpec}``: the frozen models whose log-probs of the step's tokens it uses."""

@@ -32,7 +32,7 @@ def _rank(rank, args, tmp):
     from grpo_data import write_jsonl
 
     from engine.demo_model import make_tiny_model
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.rollout.engines import Responses, RolloutContext
     from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
     from engine.rollout.single_turn import rollout

@@ -106,9 +106,9 @@ def main_loss_fn():
 
 
 def main(out: str) -> None:
-    from engine.recipes.grpo.loss_types import resolve
-    from engine.recipes.grpo.rollout_correction import MismatchStats
-    from engine.recipes.grpo.schema import AlgorithmConfig
+    from engine.rl.algorithms.grpo.loss_types import resolve
+    from engine.rl.algorithms.grpo.schema import AlgorithmConfig
+    from engine.rl.rollout_correction import MismatchStats
 
     loss_fn = main_loss_fn()
     cases = [run(case, loss_fn, resolve, AlgorithmConfig, MismatchStats) for case in CASES]

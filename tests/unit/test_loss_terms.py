@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.recipes.grpo.algorithm import GRPOAlgorithm
-from engine.recipes.grpo.schema import AlgorithmConfig
 from engine.rl import update
+from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
+from engine.rl.algorithms.grpo.schema import AlgorithmConfig
 from engine.rl.rollout_correction import MismatchStats
 from engine.rl.terms import MiniBatchSize, Norm, Streams, cross_entropy, kl_to, micro_batch_loss, policy_gradient
 

@@ -1,4 +1,4 @@
-"""engine/recipes/grpo/rollout_correction.py: the importance weights of every algorithm.rollout_correction mode against
+"""engine/rl/rollout_correction.py: the importance weights of every algorithm.rollout_correction mode against
 numbers worked out by hand, over the loss mask only, and the rollout/* mismatch metrics over micro-batches and
 ranks."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.recipes.grpo.rollout_correction import CORRECTION_MODES, MismatchStats, importance_weights
+from engine.rl.rollout_correction import CORRECTION_MODES, MismatchStats, importance_weights
 
 # Two sequences; the trainer's log-probs minus the engine's give the per-token log ratios below.
 # Sequence 0 has 3 loss tokens with ratios 1.5, 3.0 (above the cap 2), 0.5; sequence 1 has 1 loss token (ratio
