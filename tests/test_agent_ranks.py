@@ -195,6 +195,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     if not kl_coef:
         data.ref_log_probs = None
     trainer.config.algorithm.kl_loss_coef = kl_coef
+    trainer.reconfigure()  # the loss terms are built once
     data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
     plans = {"planned": data}
     if also_padded:  # the same global batch in padded micro-batches (its old-log-prob pass: its rows differ)
@@ -212,6 +213,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     out["grads"] = {}
     for mode, entropy_coeff in modes:
         trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
+        trainer.reconfigure()  # the loss terms are built once
         for plan_name, plan in plans.items():
             mini = plan.mini_batches[0]
             with trainer.actor.train_mode():

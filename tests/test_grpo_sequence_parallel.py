@@ -52,8 +52,10 @@ def _trainer(config, sp, backend, module=None):
     import types
 
     from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
+    from engine.rl.update import Correction
 
-    return types.SimpleNamespace(algorithm=GRPOAlgorithm(config), backend=backend, config=config,
+    return types.SimpleNamespace(terms=GRPOAlgorithm(config).terms(), correction=Correction.of(config.algorithm),
+                                 backend=backend, config=config,
                                  actor=types.SimpleNamespace(sequence_parallel=sp), sequence_parallel=sp,
                                  module=module)
 
@@ -100,9 +102,9 @@ def _exactness(rank: int) -> dict:
             ref_log_probs = planned_log_probs(_trainer(config, single, backend, reference), whole, 0.7, "old")
         _perturbed(whole, ref_log_probs, torch.Generator().manual_seed(5))
         # sp=1 on one process, as forward_backward_batch weighs the micro-batches: their weighted mean
-        plain, reference_mismatch = _trainer(config, single, backend), MismatchStats()
-        outputs = [RLTrainer.loss_fn(plain, reference, m)
-                   for m in whole.micro_batches(whole.mini_batches[0], reference_mismatch)]
+        plain, whole_micro = _trainer(config, single, backend), whole.micro_batches(whole.mini_batches[0], True)
+        outputs = [RLTrainer.loss_fn(plain, reference, m) for m in whole_micro]
+        reference_mismatch = MismatchStats.total(m.mismatch for m in whole_micro)
         ref_weight = sum(float(w) for _, w, _ in outputs)
         ref_loss = sum(loss * float(w) for loss, w, _ in outputs) / ref_weight
         ref_metrics = {k: sum(m[k] * float(w) for _, w, m in outputs) / ref_weight for k in outputs[0][2]}
@@ -121,9 +123,9 @@ def _exactness(rank: int) -> dict:
         trainer = _trainer(config, sp, backend)
         trainer.actor = engine
         with engine.train_mode():
-            stats = MismatchStats()
-            micro = data.micro_batches(data.mini_batches[0], stats)
+            micro = data.micro_batches(data.mini_batches[0], record_mismatch=True)
             metrics = engine.forward_backward_batch(micro, functools.partial(RLTrainer.loss_fn, trainer))
+            stats = MismatchStats.total(m.mismatch for m in micro)
             grad_norm = engine.optimizer_step()  # unclipped; lr 1e-30 leaves every fp32 weight as it was
         mismatch = sum_over_ranks(stats.sums(), backend.metrics_device())
         reference_mismatch = reference_mismatch.sums()

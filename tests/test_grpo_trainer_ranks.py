@@ -197,6 +197,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     out["agg_max_rel_diff"] = {}
     for mode in LOSS_AGG_MODES:
         trainer.config.algorithm.loss_agg = mode
+        trainer.reconfigure()  # the loss terms are built once
         with trainer.actor.train_mode():
             trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
             got = _full_grads(trainer.actor.module)

@@ -78,6 +78,7 @@ def _gradients_packed_and_padded(trainer, rank):
         plans[variant] = mini.plan
         for mode in MODES:
             trainer.config.algorithm.loss_agg = mode
+            trainer.reconfigure()  # the loss terms are built once
             with trainer.actor.train_mode():
                 trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
                 grads[variant, mode] = _full_grads(trainer.actor.module)
@@ -184,6 +185,7 @@ def _two_ranks(rank, tmp):
 
     # -- world-size-free updates (compared with the 1-rank job) -------------------------------------------------
     trainer.config.algorithm.loss_agg = "token-mean"  # as the 1-rank trainer (the parity loop left the last mode)
+    trainer.reconfigure()  # the loss terms are built once
     out["updates"] = _same_updates(trainer, rank, dist.get_world_size())
     return out
 

@@ -81,7 +81,7 @@ class Algorithm(Registered):
         return None
 
     def terms(self) -> list:
-        """The loss's terms (``terms.Term``), read at every micro-batch."""
+        """The loss's terms (``terms.Term``), asked for once per run, when the step is built."""
         raise NotImplementedError
 
     def updates_policy(self, step: int) -> bool:

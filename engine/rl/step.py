@@ -82,6 +82,7 @@ class RLTrainer:
         self.trained: dict[str, FSDPEngine] = {}  # built last (below), seen by the algorithm through the context
         self.context = StepContext(self.groups, self._global, tuple(reward.weight for reward in self.rewards),
                                    self.tokenizer.pad_token_id, self.trained, self.backend.device())
+        self.terms, self.correction = algorithm.terms(), Correction.of(config.algorithm)  # once per run
         # rollout.max_staleness > 0: a thread samples the next steps' batches while this one trains (ready())
         bound = config.rollout.max_staleness
         self.ahead = AheadSampling(self, bound) if bound > 0 else None
@@ -192,12 +193,17 @@ class RLTrainer:
         """Log-probs under the frozen reference (``frozen["ref"]``)."""
         return self.frozen["ref"].log_probs(data, self.config.rollout)
 
-    def loss_fn(self, module, micro: dict):
+    def loss_fn(self, module, micro):
         """The loss of one micro-batch (``FSDPEngine.forward_backward_batch``'s ``step_fn``): the algorithm's
-        terms over the micro-batch's streams (``update.py``)."""
-        return policy_loss_of(module, micro, self.algorithm.terms(), self.config.rollout,
-                              Correction.of(self.config.algorithm), self.actor.sequence_parallel,
-                              self.backend.device())
+        terms, built once per run, over the micro-batch's streams (``update.py``)."""
+        return policy_loss_of(module, micro, self.terms, self.config.rollout, self.correction,
+                              self.actor.sequence_parallel, self.backend.device())
+
+    def reconfigure(self) -> None:
+        """The algorithm, its loss terms and the rollout correction built again from ``config`` (a test or a
+        benchmark that changed ``algorithm.*`` keys between updates; a run never does)."""
+        self.algorithm = type(self.algorithm)(self.config)
+        self.terms, self.correction = self.algorithm.terms(), Correction.of(self.config.algorithm)
 
     def update(self, data: StepData, loss_fn=None) -> dict:
         """The PPO updates of a step (none while the algorithm warms up its own models), then the algorithm's

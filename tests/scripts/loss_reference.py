@@ -89,26 +89,24 @@ def run(case: tuple, loss_fn, settings_of, algorithm_config, mismatch_type) -> d
 
 
 def main_loss_fn():
-    """The RL step's ``loss_fn`` of the tree on the path (GRPO's ``GRPOTrainer.loss_fn`` before issue 47), with the
-    model's forward replaced by a callable."""
-    import engine.rl.update as update_module
-    from engine.rl.step import RLTrainer
+    """``GRPOTrainer.loss_fn`` of the tree on the path, with the model's forward replaced by a callable."""
+    import engine.recipes.grpo.trainer as trainer_module
 
     def loss_fn(trainer, forward, micro):
-        original = update_module.sequence_log_probs
-        update_module.sequence_log_probs = lambda *args, **kwargs: forward()
+        original = trainer_module.sequence_log_probs
+        trainer_module.sequence_log_probs = lambda *args, **kwargs: forward()
         try:
-            return RLTrainer.loss_fn(trainer, None, micro)
+            return trainer_module.GRPOTrainer.loss_fn(trainer, None, micro)
         finally:
-            update_module.sequence_log_probs = original
+            trainer_module.sequence_log_probs = original
 
     return loss_fn
 
 
 def main(out: str) -> None:
-    from engine.rl.algorithms.grpo.loss_types import resolve
-    from engine.rl.algorithms.grpo.schema import AlgorithmConfig
-    from engine.rl.rollout_correction import MismatchStats
+    from engine.recipes.grpo.loss_types import resolve
+    from engine.recipes.grpo.rollout_correction import MismatchStats
+    from engine.recipes.grpo.schema import AlgorithmConfig
 
     loss_fn = main_loss_fn()
     cases = [run(case, loss_fn, resolve, AlgorithmConfig, MismatchStats) for case in CASES]

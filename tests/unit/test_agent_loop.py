@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.demo_model import build_tokenizer
-from engine.rl.algorithms.grpo import scoring
+from engine.rl import scoring
 from engine.rl.algorithms.grpo.config import GRPOConfig
 from engine.rl.prompts import Sample
 from engine.rl.rewards import Reward, environment_rewards

@@ -32,7 +32,8 @@ from .report import CURVES, curves_for
 
 
 class GRPOAlgorithm(Algorithm):
-    """Read from the run's config at every use (a test or benchmark changing a key sees it take effect)."""
+    """The loss type's settings resolved once, when it is built (``settings``: a frozen ``LossSettings``); the
+    estimator's keys are read from the run's config where used."""
 
     tool, help, schema, presets, curves = "accel-grpo", HELP, grpo_config.GRPOConfig, grpo_config.PRESETS, CURVES
     resume_fixed = {"algorithm.loss_type": "the loss"}  # beside the RL layer's and the frame's
@@ -59,10 +60,10 @@ class GRPOAlgorithm(Algorithm):
     def eval_offload(cls, config):
         return config.algorithm.ref_param_offload  # evaluated as the reference model is held
 
-    @property
-    def settings(self) -> LossSettings:
-        """``algorithm.loss_type``'s recipe with the keys set explicitly, as concrete settings."""
-        return resolve(self.config.algorithm, self.config.rollout.max_new_tokens)
+    def __init__(self, config) -> None:
+        super().__init__(config)
+        # ``algorithm.loss_type``'s recipe with the keys set explicitly, as concrete settings: once.
+        self.settings: LossSettings = resolve(config.algorithm, config.rollout.max_new_tokens)
 
     @property
     def needs_old_log_probs(self) -> bool:  # the KL folded into the token rewards is the sampling policy's
