@@ -1,9 +1,9 @@
-"""``algorithm.loss_type``: each name is a recipe of the building blocks in ``algorithms.py`` (how the per-token
+"""``algorithm.loss_type``: each name is a recipe of the building blocks in ``formulas.py`` (how the per-token
 loss is formed, how it is aggregated, the clip range and how advantages are scaled), as verl and TRL name them.
 
 A recipe only fills what the user left unset: ``algorithm.loss_agg``, ``clip_low``, ``clip_high`` and
 ``scale_rewards`` given explicitly win over the recipe's values. ``resolve`` turns an ``AlgorithmConfig`` into
-the concrete settings the trainer uses.
+the concrete settings the algorithm uses, once, when it is built (``GRPOAlgorithm.settings``).
 """
 
 from __future__ import annotations
