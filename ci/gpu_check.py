@@ -61,7 +61,7 @@ def geometry_steps(name: str, cpu: bool, work: Path) -> list[dict]:
         {"name": f"model_{name}", "limit_s": 30 if big else 25,
          "cmd": [PY, "ci/geometry.py", model, "--geometry", name]},
         {"name": f"grpo_{name}", "limit_s": 60 if big else 50, "metrics": runs / f"grpo-{name}" / "metrics.jsonl",
-         "cmd": [PY, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *common, *grpo,
+         "cmd": [PY, "-m", "engine.rl.algorithms.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *common, *grpo,
                  f"run.name=grpo-{name}"]},
         {"name": f"sft_{name}", "limit_s": 40 if big else 30, "metrics": runs / f"sft-{name}" / "metrics.jsonl",
          "cmd": [PY, "-m", "engine.sft.cli", "--preset", "cpu-demo", "--nproc", "1", *common, *sft,

@@ -16,16 +16,25 @@ REMOVED_IN = "0.9"
 
 ALIASES: dict[str, str] = {
     # GRPO's first home (public in the architecture notes: engine.grpo.algorithms)
-    "engine.grpo.algorithms": "engine.rl.algorithms",
+    "engine.grpo.algorithms": "engine.rl.formulas",
+    "engine.grpo.cli": "engine.rl.algorithms.grpo.cli",
     "engine.grpo.rollout_engines": "engine.rollout.engines",
     "engine.grpo.tasks": "engine.rl.prompts",
 
     # the RL layer's modules under the GRPO recipe's package, where they lived before engine/rl (issue 36)
     **{f"engine.recipes.grpo.{name}": f"engine.rl.{name}" for name in (
-        "ahead", "algorithms", "batches", "evaluate", "groups", "logprobs", "model", "prompt_types", "prompts",
+        "ahead", "batches", "evaluate", "groups", "logprobs", "model", "prompt_types", "prompts",
         "rewards", "rollout_correction", "scoring", "step_metrics", "tokenizer", "validation")},
 
-    # RL algorithms (engine/rl/algorithms/...)
+    # RL algorithms (engine/rl/algorithms/...): each recipe folder became its algorithm's package (issue 47)
+    "engine.recipes.grpo": "engine.rl.algorithms.grpo",
+    "engine.recipes.grpo.algorithms": "engine.rl.formulas",
+    "engine.recipes.ppo": "engine.rl.algorithms.ppo",
+    "engine.recipes.ppo.recipe": "engine.rl.algorithms.ppo.checks",
+    "engine.recipes.distill": "engine.rl.algorithms.distill",
+    "engine.recipes.distill.recipe": "engine.rl.algorithms.distill.checks",
+    "engine.rl.critic": "engine.rl.algorithms.ppo.critic",
+    "engine.rl.teacher": "engine.rl.algorithms.distill.teacher",
 
     # supervised objectives (engine/offline/...)
 }

@@ -79,7 +79,7 @@ class ScriptedRolloutEngine(RolloutEngine):
         return Responses(ids, mask, int(mask.sum()), log_probs)
 
     def _log_probs(self, prompts, sampling, ids, mask):
-        from engine.recipes.grpo.logprobs import response_log_probs
+        from engine.rl.logprobs import response_log_probs
 
         policy = self.context.policy
         prompt_ids, prompt_mask = left_padded(prompts, sampling.n, self.context.tokenizer.pad_token_id)

@@ -21,7 +21,7 @@ def not_a_number(prompt, response, answer):
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """verl style: 1.0 for the right final number; a dict with a score, as verl's reward managers accept."""
-    from engine.recipes.grpo.prompts import final_number
+    from engine.rl.prompts import final_number
 
     assert data_source == "openai/gsm8k" and isinstance(extra_info, dict), (data_source, extra_info)
     return {"score": 1.0 if final_number(solution_str) == final_number(ground_truth) else 0.0}

@@ -10,9 +10,10 @@ from pathlib import Path
 PACKAGES = ("accel_backends", "engine")
 
 # The floors, lowest first: the engine itself (everything under engine/ not named here) < the rollout layer < the
-# training frame < the RL layer < the trainers (recipes, and the compatibility packages engine/grpo and engine/sft) <
-# the benchmarks.
-FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"), ("engine.rl", 3, "engine/rl"),
+# training frame < the RL layer < the trainers (recipes, RL algorithms, and the compatibility packages engine/grpo
+# and engine/sft) < the benchmarks. The first package that holds a module names its floor.
+FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"),
+          ("engine.rl.algorithms", 4, "an RL algorithm"), ("engine.rl", 3, "engine/rl"),
           ("engine.recipes", 4, "a recipe"), ("engine.grpo", 4, "a recipe"), ("engine.sft", 4, "a recipe"),
           ("engine.bench", 5, "engine/bench"))
 BENCH = 5
@@ -20,9 +21,19 @@ BENCH = 5
 PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing", "engine.tiny_model",
               "engine.hookspecs", "engine.output_layer", "engine.object_loader", "engine.demo_model",
               "engine.sequence_parallel")
-# Which trainer a module belongs to: recipes never import each other.
-RECIPES = {"engine.recipes.grpo": "grpo", "engine.grpo": "grpo", "engine.recipes.sft": "sft", "engine.sft": "sft",
-           "engine.recipes.dpo": "dpo", "engine.recipes.rm": "rm"}
+# Where the trainers' packages are: every folder under one is a trainer of its own (found in the tree, so a new
+# recipe or algorithm is covered without editing this file); recipes and algorithms never import each other.
+TRAINER_ROOTS = ("engine/recipes", "engine/rl/algorithms", "engine/offline/objectives")
+COMPAT_TRAINERS = {"engine.grpo": "grpo", "engine.sft": "sft"}  # the first homes of accel-grpo and accel-sft
+
+
+def trainers(root: Path) -> dict[str, str]:
+    """``{package: trainer}``: every package under a trainer root, and the compatibility packages."""
+    found = dict(COMPAT_TRAINERS)
+    for base in TRAINER_ROOTS:
+        for init in sorted((root / base).glob("*/__init__.py")):
+            found[".".join((*Path(base).parts, init.parent.name))] = init.parent.name
+    return found
 
 
 def floor(module: str) -> tuple[int, str]:
@@ -33,8 +44,8 @@ def floor(module: str) -> tuple[int, str]:
     return 0, "the engine"
 
 
-def recipe_of(module: str) -> str | None:
-    return next((name for package, name in RECIPES.items() if _inside(module, package)), None)
+def trainer_of(module: str, packages: dict[str, str]) -> str | None:
+    return next((name for package, name in packages.items() if _inside(module, package)), None)
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -81,7 +92,7 @@ def _inside(module: str, package: str) -> bool:
     return module == package or module.startswith(package + ".")
 
 
-def _rule(importer: str, target: str) -> str | None:
+def _rule(importer: str, target: str, packages: dict[str, str]) -> str | None:
     """The layer rule ``importer -> target`` breaks, or None."""
     if _inside(importer, "accel_backends"):
         return "accel_backends imports nothing of engine" if _inside(target, "engine") else None
@@ -91,23 +102,26 @@ def _rule(importer: str, target: str) -> str | None:
         return "engine/runtime never imports engine/fsdp"
     if _inside(importer, "engine.packing") and not _inside(target, "engine.packing"):
         return "engine/packing imports nothing of the engine"
+    if _inside(importer, "engine.rl") and _inside(target, "engine.offline"):
+        return "engine/rl never imports engine/offline"
     (mine, mine_name), (theirs, theirs_name) = floor(importer), floor(target)
     if theirs > mine:
         return f"{mine_name} imports nothing above it ({theirs_name})"
     if mine and mine < BENCH and not theirs and target not in PUBLIC_API:  # the benchmarks measure the mechanics
         return f"{mine_name} uses the engine's public API only"
-    if recipe_of(importer) and recipe_of(target) and recipe_of(importer) != recipe_of(target):
+    mine, theirs = trainer_of(importer, packages), trainer_of(target, packages)
+    if mine and theirs and mine != theirs:
         return "recipes never import each other"
     return None
 
 
 def layer_violations(root: Path) -> list[str]:
     """Every import that breaks a layer rule, as ``file:line: importer -> imported (the rule)``."""
-    known = modules(root)
+    known, packages = modules(root), trainers(root)
     found = []
     for importer, path in known.items():
         for line, target in imports(path, root, known):
-            rule = _rule(importer, target)
+            rule = _rule(importer, target, packages)
             if rule:
                 found.append(f"{path.relative_to(root)}:{line}: {importer} -> {target} ({rule})")
     return found

@@ -46,7 +46,7 @@ def test_the_calculator_example_trains_end_to_end(tmp_path):
                 "ACCEL_BACKENDS_PLUGINS": "agent_script_plugin"}
     for env, argv in [*_commands(setup), *_commands(train)]:
         if argv[0] == "accel-grpo":
-            argv = [sys.executable, "-m", "engine.grpo.cli", *argv[1:]]
+            argv = [sys.executable, "-m", "engine.rl.algorithms.grpo.cli", *argv[1:]]
             if "model.path=tiny-qwen" in argv:
                 argv.append("rollout.engine=test-script")  # the tiny random model never calls a tool itself
         elif argv[0] == "python":

@@ -27,11 +27,11 @@ ENV = {"ACCEL_BACKENDS_PLUGINS": "agent_script_plugin", "ACCEL_TEST_SCRIPT": "ca
 def _trainer(tmp, model_dir, data_path, *overrides):
     from pathlib import Path
 
-    from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.config import build_config
+    from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
-    return GRPOTrainer(config, Path(tmp), resume=False)
+    return get_recipe("grpo").trainer_of(config, Path(tmp), resume=False)
 
 
 def _full_grads(module):
@@ -139,7 +139,7 @@ def _hand_loss(model, data, indices, temperature, mode, entropy_coeff, every_tok
 def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padded=False):
     from transformers import AutoModelForCausalLM
 
-    from engine.recipes.grpo.logprobs import planned_log_probs
+    from engine.rl.logprobs import planned_log_probs
     from engine.runtime import all_gather_rows
 
     trainer = _trainer(f"{tmp}/{name}", model_dir, data_path, *overrides)
@@ -195,10 +195,11 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     if not kl_coef:
         data.ref_log_probs = None
     trainer.config.algorithm.kl_loss_coef = kl_coef
+    trainer.reconfigure()  # the loss terms are built once
     data.advantages = torch.randn(len(data.sequences), generator=torch.Generator().manual_seed(7))
     plans = {"planned": data}
     if also_padded:  # the same global batch in padded micro-batches (its old-log-prob pass: its rows differ)
-        from engine.recipes.grpo.batches import StepData, plan_updates
+        from engine.rl.batches import StepData, plan_updates
 
         plans["padded"] = StepData(data.sequences, data.loss_mask, data.advantages,
                                    plan_updates(data.sequences, dataclasses.replace(trainer.batching, packed=False), 2),
@@ -212,6 +213,7 @@ def _variant(rank, tmp, model_dir, data_path, name, overrides, modes, also_padde
     out["grads"] = {}
     for mode, entropy_coeff in modes:
         trainer.config.algorithm.loss_agg, trainer.config.algorithm.entropy_coeff = mode, entropy_coeff
+        trainer.reconfigure()  # the loss terms are built once
         for plan_name, plan in plans.items():
             mini = plan.mini_batches[0]
             with trainer.actor.train_mode():

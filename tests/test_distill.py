@@ -1,5 +1,5 @@
-"""accel-distill (engine/recipes/distill) for real: a 2-rank run whose teacher is the student itself gets exactly 0
-for every token's advantage and leaves the weights bitwise unchanged (a checkpoint equal to the model directory);
+"""accel-distill (engine/rl/algorithms/distill) for real: a 2-rank run whose teacher is the student itself gets exactly
+0 for every token's advantage and leaves the weights bitwise unchanged (a checkpoint equal to the model directory);
 a 1-rank run in this process lowers its reverse KL to a sharper teacher (the gradient points the right way); a
 teacher with another tokenizer is refused in one line before any worker starts."""
 
@@ -40,6 +40,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_advantages_and_leaves_the_wei
         assert row["distill/reverse_kl"] == 0.0 and row["distill/advantage_abs"] == 0.0  # every token's, exactly
         assert row["pg_loss"] == 0.0 and row["grad_norm"] == 0.0
         assert row["distill/teacher_s"] > 0.0 and row["response_length"] > 0
+        assert row["frozen/teacher_s"] == row["distill/teacher_s"]  # the step times every frozen model's forward
     trained = read_model_state(tmp_path / "same" / "checkpoints" / "step_000002")
     initial = load_file(f"{student}/model.safetensors")
     assert sorted(trained) == sorted(initial)

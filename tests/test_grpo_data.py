@@ -8,10 +8,10 @@ import sys
 import pytest
 from grpo_data import QUESTIONS, fixture_model, verl_rows, write_datasets_dir, write_jsonl, write_parquet
 
-from engine.grpo.cli import main
-from engine.recipes.grpo.config import build_config, check
-from engine.recipes.grpo.prompts import PromptFormatter, load_samples, read_rows
-from engine.recipes.grpo.rewards import detect_style, load_rewards, parse_specs, score_all
+from engine.rl.algorithms.grpo.cli import main
+from engine.rl.algorithms.grpo.config import build_config, check
+from engine.rl.prompts import PromptFormatter, load_samples, read_rows
+from engine.rl.rewards import detect_style, load_rewards, parse_specs, score_all
 
 
 @pytest.fixture(scope="module")
@@ -106,7 +106,7 @@ def test_unreadable_parquet_and_template_absent(tmp_path, tokenizer):
 def test_reward_styles_by_signature_weights_and_failures():
     import grpo_rewards
 
-    from engine.recipes.grpo.prompts import Sample
+    from engine.rl.prompts import Sample
 
     assert detect_style(grpo_rewards.compute_score, "x") == "verl"
     assert detect_style(grpo_rewards.length_penalty, "x") == "trl"
@@ -136,7 +136,7 @@ def test_reward_styles_by_signature_weights_and_failures():
 def test_scientific_notation_and_typed_options(capsys):
     config = build_config(None, None, ["engine.lr=1e-4", "train.steps=1e2", "rollout.temperature=7e-1"])
     assert config.engine["lr"] == 1e-4 and check(config, 2) == []
-    from engine.recipes.grpo.config import engine_config
+    from engine.rl.algorithms.grpo.config import engine_config
 
     assert engine_config(config, 2).lr == 1e-4 and config.train.steps == 100 and config.rollout.temperature == 0.7
     code, err, _ = run_cli(capsys, "train.steps=abc")
@@ -184,7 +184,7 @@ def test_bad_model_and_data_fail_before_workers(tmp_path, capsys, model_dir):
 
 
 def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer, capsys):
-    from engine.recipes.grpo.prompts import drop_long_prompts
+    from engine.rl.prompts import drop_long_prompts
 
     rows = verl_rows() + verl_rows([("What is " + "very " * 80 + "big?", "1")])
     samples = load_samples(str(write_parquet(tmp_path / "t.parquet", rows)), PromptFormatter(tokenizer))
@@ -194,8 +194,8 @@ def test_long_prompts_are_dropped_and_counted(tmp_path, tokenizer, capsys):
 
 
 def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokenizer, monkeypatch):
-    from engine.recipes.grpo.config import GRPOConfig
-    from engine.recipes.grpo.prompts import build_tasks, data_spec
+    from engine.rl.algorithms.grpo.config import GRPOConfig
+    from engine.rl.prompts import build_tasks, data_spec
     from engine.train.loggers import require_tensorboard
 
     root = tmp_path / "dd"
@@ -215,8 +215,8 @@ def test_validation_split_dataset_dict_and_missing_tensorboard(tmp_path, tokeniz
 
 
 def test_the_config_enters_data_loading_once_and_answers_are_needed_only_for_non_trl_rewards(tmp_path, tokenizer):
-    from engine.recipes.grpo.config import GRPOConfig
-    from engine.recipes.grpo.prompts import build_tasks, data_spec, needs_answers, validation_set
+    from engine.rl.algorithms.grpo.config import GRPOConfig
+    from engine.rl.prompts import build_tasks, data_spec, needs_answers, validation_set
 
     path = write_jsonl(tmp_path / "q.jsonl", [{"prompt": f"What is {n} + 1?"} for n in range(6)])  # no answers
     config = GRPOConfig()

@@ -8,7 +8,7 @@ import pytest
 import torch
 from distributed import run_ranks
 
-from engine.grpo.cli import main
+from engine.rl.algorithms.grpo.cli import main
 
 CHAT_TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
 PROMPT_IDS = [[5, 9, 14, 3, 22, 7, 11], [8, 8, 2, 19, 4, 13, 6]]
@@ -19,8 +19,8 @@ RUNS = {"fsdp1": ["engine.fsdp_version=1"], "lora": ["engine.fsdp_version=2", "e
 def write_model_dir(directory):
     """A small Hugging Face model directory as a hub model has it: a bf16 config, a tokenizer with a chat
     template, and a generation_config.json with sampling settings of its own."""
-    from engine.recipes.grpo.prompts import EchoTask
-    from engine.recipes.grpo.tokenizer import build_char_tokenizer
+    from engine.rl.prompts import EchoTask
+    from engine.rl.tokenizer import build_char_tokenizer
     from engine.tiny_model import tiny_qwen2
 
     tokenizer = build_char_tokenizer(EchoTask.alphabet)
@@ -41,7 +41,7 @@ def _train_and_save(rank, root, model_dir):
     from tiny import make_micro_batches, token_loss
 
     from engine import FSDPEngine
-    from engine.recipes.grpo.config import build_config, engine_config, resolved
+    from engine.rl.algorithms.grpo.config import build_config, engine_config, resolved
 
     logits = {}
     for name, overrides in RUNS.items():

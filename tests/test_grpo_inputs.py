@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from engine.grpo.cli import main
-from engine.recipes.grpo.config import build_config, check
-from engine.recipes.grpo.prompts import EchoTask, echo_reward, final_number, gsm8k_reward, read_rows
-from engine.recipes.grpo.rewards import import_function
+from engine.rl.algorithms.grpo.cli import main
+from engine.rl.algorithms.grpo.config import build_config, check
+from engine.rl.prompts import EchoTask, echo_reward, final_number, gsm8k_reward, read_rows
+from engine.rl.rewards import import_function
 
 
 def run_cli(capsys, *args):
@@ -58,8 +58,8 @@ def test_reward_that_cannot_be_imported(capsys):
     with pytest.raises(ValueError, match="data.reward 'just_a_name': must look like 'package.module:function'"):
         import_function("just_a_name")
     with pytest.raises(ValueError,
-                       match="'CORRECT' in module 'engine.recipes.grpo.validation' is not a function; name a"):
-        import_function("engine.recipes.grpo.validation:CORRECT")
+                       match="'CORRECT' in module 'engine.rl.validation' is not a function; name a"):
+        import_function("engine.rl.validation:CORRECT")
 
 
 @pytest.mark.parametrize("overrides, message", [

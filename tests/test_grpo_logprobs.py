@@ -7,7 +7,7 @@ import torch
 from conftest import REPO
 
 from engine import output_layer
-from engine.recipes.grpo.logprobs import token_log_probs
+from engine.rl.logprobs import token_log_probs
 
 _spec = importlib.util.spec_from_file_location("logprob_memory", REPO / "tests" / "scripts" / "logprob_memory.py")
 logprob_memory = importlib.util.module_from_spec(_spec)

@@ -51,6 +51,7 @@ def _use(trainer, loss_type, **settings):
     a.entropy_coeff, a.mask_truncated = settings.get("entropy_coeff", 0.0), settings.get("mask_truncated", False)
     if "scale_rewards" in settings:
         a.scale_rewards = settings["scale_rewards"]
+    trainer.reconfigure()  # the loss type is resolved, and its terms built, once: again for the new keys
 
 
 def _response_lengths(data):
@@ -63,11 +64,11 @@ def _checks(rank, tmp):
     import torch
     import torch.distributed as dist
 
-    from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.config import build_config
+    from engine.train.registry import get_recipe
 
     out = {}
-    trainer = GRPOTrainer(build_config(None, None, BASE), Path(tmp), resume=False)
+    trainer = get_recipe("grpo").trainer_of(build_config(None, None, BASE), Path(tmp), resume=False)
 
     # -- dynamic sampling: rank 1's first draw has only equal rewards; both ranks draw again, then train --------
     data, stats, _ = trainer.collect(step=0)
@@ -148,6 +149,7 @@ def _estimators(trainer, rank, first_step):
                                                                                 groups[mine]).tolist(),
                       "rloo": rloo_advantages(rewards[mine, 0], groups[mine]).tolist()},
            "inputs": {"rewards": rewards.tolist(), "mask": mask.tolist()}, "trainer": {}}
+    _use(trainer, "dapo")  # the loss for every estimator step (the estimator's keys are read where used)
     algorithm, seen = trainer.algorithm, {}
     token_advantages, scores = algorithm.token_advantages, algorithm.scores
 
@@ -161,7 +163,6 @@ def _estimators(trainer, rank, first_step):
 
     algorithm.token_advantages, algorithm.scores = recording, recording_scores
     for step, (name, settings) in enumerate(ESTIMATOR_STEPS.items(), start=first_step):
-        _use(trainer, "dapo")
         trainer.config.algorithm.advantage = name.split("-")[0]
         trainer.config.algorithm.kl_reward_coef = settings.get("kl_reward_coef", 0.0)
         trainer.config.algorithm.multi_reward = settings.get("multi_reward", "sum_then_normalize")

@@ -16,7 +16,7 @@ COMPARED = ("reward_mean", "reward_std", "loss", "pg_loss", "kl", "clip_frac", "
 
 def grpo(tmp_path, *args, timeout=300, backend="cpu", path=()):
     env = {"PYTHONPATH": ":".join([*path, str(REPO / "tests")]), "ACCEL_BACKEND": backend, "OMP_NUM_THREADS": "1"}
-    return run_python(["-m", "engine.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", *args], env=env,
+    return run_python(["-m", "engine.rl.algorithms.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", *args], env=env,
                       timeout=timeout)
 
 
@@ -73,7 +73,7 @@ def test_fsdp2_run_writes_finite_metrics_every_step(straight):
 def test_fsdp2_run_without_matplotlib_notes_it_and_its_curves_draw_later(straight):
     """Plots are optional (ci/gpu-check.sh's image has no matplotlib): one line says so, the run succeeds, and the
     curves draw from its metrics where matplotlib is installed."""
-    from engine.recipes.grpo.report import plot_curves
+    from engine.rl.algorithms.grpo.report import plot_curves
 
     tmp_path, result, _ = straight
     assert result.stderr.count("curves not drawn: matplotlib is not installed") == 1, result.stderr[-2000:]
@@ -141,7 +141,7 @@ def test_non_finite_reward_is_named(tmp_path):
 def test_joins_an_existing_torchrun_job(tmp_path):
     env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
     result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2", "-m",
-                         "engine.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", "train.steps=2",
+                         "engine.rl.algorithms.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", "train.steps=2",
                          "run.name=torchrun"], env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("accel-grpo: preset") == 1, "only rank 0 reports"
@@ -153,7 +153,7 @@ def test_the_cpu_demo_learns(tmp_path):
     rate is constant and its seeds fixed, so these are the full run's first 100 steps, bit for bit (checked on
     2 December: reward 0.044 over steps 1-10, 0.782 over 91-100; the whole run reaches 0.858, ci/demo-figures.sh)."""
     env = {"ACCEL_BACKEND": "cpu"}
-    result = run_python(["-m", "engine.grpo.cli", f"run.output_dir={tmp_path}", "run.name=demo",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli", f"run.output_dir={tmp_path}", "run.name=demo",
                          "run.progress=false", "train.steps=100"], env=env, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rewards = [row["reward_mean"] for row in metrics(tmp_path, "demo")]
@@ -205,7 +205,7 @@ def test_a_refused_resume_leaves_the_record_and_the_run_exports_and_evaluates(re
     (the group size) is refused in one line naming the recorded value; config.json is unchanged, byte for byte, and
     the run still exports and evaluates."""
     from engine.demo_model import make_tiny_model
-    from engine.grpo.cli import main
+    from engine.rl.algorithms.grpo.cli import main
 
     run_dir, _ = real_run
     before = (run_dir / "config.json").read_bytes()
@@ -263,7 +263,7 @@ def test_a_planted_checkpoint_runs_nothing_on_resume_export_or_eval(real_run, tm
     exit non-zero, and the marker never appears."""
     from planted_pickles import plant
 
-    from engine.grpo.cli import main
+    from engine.rl.algorithms.grpo.cli import main
 
     run_dir, _ = real_run
     planted, marker = tmp_path / "planted", tmp_path / "marker"

@@ -9,8 +9,8 @@ import sys
 import pytest
 from conftest import REPO, run_python
 
-from engine.grpo.cli import main
-from engine.recipes.grpo.prompts import echo_reward
+from engine.rl.algorithms.grpo.cli import main
+from engine.rl.prompts import echo_reward
 from engine.train.loggers import flat_params, numbers
 
 pytestmark = pytest.mark.slow
@@ -35,7 +35,7 @@ def run(tmp_path_factory):
             "data.reward=engine.grpo.tasks:echo_reward", "run.val_every=2", "run.save_every=1",
             "run.keep_checkpoints=1", "run.loggers=[jsonl,wandb,mlflow]"]
     env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": ""}
-    result = run_python(["-m", "engine.grpo.cli", *args], env=env, timeout=300)
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli", *args], env=env, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = root / "tracked"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -34,7 +34,7 @@ def _step_data(packed: bool, budget):
     import torch
 
     from engine.packing import SequenceBatch
-    from engine.recipes.grpo.batches import Batching, StepData, plan_updates
+    from engine.rl.batches import Batching, StepData, plan_updates
 
     g = torch.Generator().manual_seed(11)
     prompts = [torch.randint(1, 96, (n,), generator=g) for n in PROMPTS]
@@ -48,12 +48,14 @@ def _step_data(packed: bool, budget):
 
 
 def _trainer(config, sp, backend, module=None):
-    """What ``GRPOTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
+    """What ``RLTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
     import types
 
-    from engine.recipes.grpo.algorithm import GRPOAlgorithm
+    from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
+    from engine.rl.update import Correction
 
-    return types.SimpleNamespace(algorithm=GRPOAlgorithm(config), backend=backend, config=config,
+    return types.SimpleNamespace(terms=GRPOAlgorithm(config).terms(), correction=Correction.of(config.algorithm),
+                                 backend=backend, config=config,
                                  actor=types.SimpleNamespace(sequence_parallel=sp), sequence_parallel=sp,
                                  module=module)
 
@@ -80,10 +82,10 @@ def _exactness(rank: int) -> dict:
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine, output_layer
-    from engine.recipes.grpo.logprobs import planned_log_probs
-    from engine.recipes.grpo.schema import AlgorithmConfig, GRPOConfig
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.schema import AlgorithmConfig, GRPOConfig
+    from engine.rl.logprobs import planned_log_probs
     from engine.rl.rollout_correction import MismatchStats
+    from engine.rl.step import RLTrainer
     from engine.runtime import sum_over_ranks
     from engine.sequence_parallel import SequenceParallel
 
@@ -100,9 +102,9 @@ def _exactness(rank: int) -> dict:
             ref_log_probs = planned_log_probs(_trainer(config, single, backend, reference), whole, 0.7, "old")
         _perturbed(whole, ref_log_probs, torch.Generator().manual_seed(5))
         # sp=1 on one process, as forward_backward_batch weighs the micro-batches: their weighted mean
-        plain, reference_mismatch = _trainer(config, single, backend), MismatchStats()
-        outputs = [GRPOTrainer.loss_fn(plain, reference, m)
-                   for m in whole.micro_batches(whole.mini_batches[0], reference_mismatch)]
+        plain, whole_micro = _trainer(config, single, backend), whole.micro_batches(whole.mini_batches[0], True)
+        outputs = [RLTrainer.loss_fn(plain, reference, m) for m in whole_micro]
+        reference_mismatch = MismatchStats.total(m.mismatch for m in whole_micro)
         ref_weight = sum(float(w) for _, w, _ in outputs)
         ref_loss = sum(loss * float(w) for loss, w, _ in outputs) / ref_weight
         ref_metrics = {k: sum(m[k] * float(w) for _, w, m in outputs) / ref_weight for k in outputs[0][2]}
@@ -121,9 +123,9 @@ def _exactness(rank: int) -> dict:
         trainer = _trainer(config, sp, backend)
         trainer.actor = engine
         with engine.train_mode():
-            stats = MismatchStats()
-            micro = data.micro_batches(data.mini_batches[0], stats)
-            metrics = engine.forward_backward_batch(micro, functools.partial(GRPOTrainer.loss_fn, trainer))
+            micro = data.micro_batches(data.mini_batches[0], record_mismatch=True)
+            metrics = engine.forward_backward_batch(micro, functools.partial(RLTrainer.loss_fn, trainer))
+            stats = MismatchStats.total(m.mismatch for m in micro)
             grad_norm = engine.optimizer_step()  # unclipped; lr 1e-30 leaves every fp32 weight as it was
         mismatch = sum_over_ranks(stats.sums(), backend.metrics_device())
         reference_mismatch = reference_mismatch.sums()
@@ -169,7 +171,8 @@ def test_rollout_mismatch_figures_count_each_token_and_sequence_once(results):
 
 def test_a_short_demo_run_at_sp_2_learns(tmp_path):
     """The cpu-demo echo task at sp=2 on 2 ranks (one group sampling 16 prompts a step): the reward rises."""
-    result = run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
+                         "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
                          "train.steps=20", "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
                         env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

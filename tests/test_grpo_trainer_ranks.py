@@ -1,5 +1,5 @@
-"""GRPOTrainer on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine (top-k and
-top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
+"""The GRPO recipe's RL step on 2 real gloo ranks with the fixture model: on-policy sampling with every rollout engine
+(top-k and top-p included), EOS masking, a plugin engine with its own copy of the model receiving exactly the trained
 weights, the loss modes' gradients against a hand-computed reference, the skipped old-log-prob forward, the LoRA
 reference and the process-group timeout. One spawn (a module fixture) runs all the checks, as a spawn costs seconds
 of imports; each test asserts one property of its results, so that one failure does not hide the others."""
@@ -28,11 +28,11 @@ BASE = ["train.prompts_per_step=2", "rollout.n=4", "train.prompts_per_update=2",
 def _trainer(tmp, model_dir, data_path, *overrides):
     from pathlib import Path
 
-    from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.config import build_config
+    from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*BASE, f"model.path={model_dir}", f"data.path={data_path}", *overrides])
-    return GRPOTrainer(config, Path(tmp), resume=False)
+    return get_recipe("grpo").trainer_of(config, Path(tmp), resume=False)
 
 
 def _full_grads(module):
@@ -55,7 +55,7 @@ def _full_model(model_config):
     """An unsharded copy of the policy: the model source is a factory, or a directory the engine loads itself."""
     from transformers import AutoModelForCausalLM
 
-    from engine.recipes.grpo.model import build_model
+    from engine.rl.model import build_model
 
     source = build_model(model_config)[1]
     return source() if callable(source) else AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
@@ -68,7 +68,7 @@ def _hand_reference_grads(trainer, data, mode):
     sequences = data.sequences
     for i in range(len(sequences)):
         # The plain formula, one sequence at a time: full logits, full log-softmax (independent of packing and of
-        # engine.recipes.grpo.logprobs' slicing).
+        # engine.rl.logprobs' slicing).
         start, end = int(sequences.starts[i]), int(sequences.lengths[i])
         ids = sequences.tokens[i, :end].unsqueeze(0)
         logits = model(input_ids=ids).logits[0, start - 1:end - 1] / trainer.config.rollout.temperature
@@ -108,7 +108,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     # -- on-policy, every engine: the model's greedy + repetition_penalty=2.0 + min_p + top_k=1 config is not
     # inherited, and the trainer's log-probs (temperature, top-k, top-p) equal the sampling distribution's --------
     samples = trainer.task.sample(2, torch.Generator().manual_seed(rank))
-    from engine.recipes.grpo.logprobs import response_log_probs
+    from engine.rl.logprobs import response_log_probs
     from engine.rollout.engines import RolloutContext, create_rollout_engine
     from engine.rollout.single_turn import rollout
 
@@ -197,6 +197,7 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     out["agg_max_rel_diff"] = {}
     for mode in LOSS_AGG_MODES:
         trainer.config.algorithm.loss_agg = mode
+        trainer.reconfigure()  # the loss terms are built once
         with trainer.actor.train_mode():
             trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
             got = _full_grads(trainer.actor.module)
@@ -224,8 +225,8 @@ def _checks(rank, tmp, model_dir, greedy_dir, data_path):
     with lora.actor.eval_mode():
         lora_batch = rollout(lora.rollout_engine, lora.tokenizer, [s.prompt for s in samples],
                              dataclasses.replace(lora.sampling, n=2, max_new_tokens=6, temperature=1.0))
-    from engine.recipes.grpo.batches import gather_step_data, rank_sequences
-    from engine.recipes.grpo.logprobs import planned_log_probs
+    from engine.rl.batches import gather_step_data, rank_sequences
+    from engine.rl.logprobs import planned_log_probs
 
     lora_data = gather_step_data(rank_sequences(lora_batch, torch.zeros(len(lora_batch))), lora.batching, rank,
                                  dist.get_world_size(), torch.device("cpu"))

@@ -1,5 +1,6 @@
-"""The layers hold (docs/architecture.md): floors engine < rollout < train < rl < recipes < bench with no upward import,
-the floors above the engine on its public API, recipes never importing each other, no import cycles; and the
+"""The layers hold (docs/architecture.md): floors engine < rollout < train < rl < recipes and RL algorithms < bench with
+no upward import, the floors above the engine on its public API, recipes and algorithms never importing each other
+(found from the tree: a new folder is covered), engine/rl never importing engine/offline, no import cycles; and the
 checks behind that verdict find each kind of violation they look for."""
 
 from pathlib import Path
@@ -51,6 +52,12 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
         "engine/rl/batches.py": "from ..train import recipe\nfrom ..rollout import single_turn\n"
                                 "def plan():\n    from ..recipes.grpo import config\n",  # a recipe's, lazily
         "engine/rl/logprobs.py": "from ..fsdp import sharding\nfrom .. import FSDPEngine\n",
+        "engine/rl/step.py": "from ..offline import parts\nfrom .algorithms.rloo import algorithm\n",
+        "engine/offline/__init__.py": "",
+        "engine/offline/parts.py": "",
+        "engine/rl/algorithms/__init__.py": "",
+        "engine/rl/algorithms/rloo/__init__.py": "",  # a new folder: a trainer of its own, found in the tree
+        "engine/rl/algorithms/rloo/algorithm.py": "from ...batches import X\nfrom ....recipes.grpo import config\n",
         "engine/recipes/__init__.py": "",
         "engine/recipes/grpo/__init__.py": "",
         "engine/recipes/grpo/trainer.py": "from ...rollout import single_turn\nfrom ...train import loop\n"
@@ -76,15 +83,21 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
         "it (a recipe))" in found
     assert "engine.rl.logprobs -> engine.fsdp.sharding (engine/rl uses the engine's public API only)" in found
     assert "engine.recipes.sft.cli -> engine.recipes.grpo.config (recipes never import each other)" in found
+    assert "engine.rl.algorithms.rloo.algorithm -> engine.recipes.grpo.config (recipes never import each other)" \
+        in found
+    assert "engine.rl.step -> engine.offline.parts (engine/rl never imports engine/offline)" in found
+    assert "engine.rl.step -> engine.rl.algorithms.rloo.algorithm (engine/rl imports nothing above it (an RL " \
+        "algorithm))" in found
     # downward, the public API, the bench's measurements
     allowed = ("engine.rollout.single_turn -> engine (", "-> engine.rollout.single_turn (",
                "engine.recipes.grpo.trainer -> engine.train.loop (",
                "engine.recipes.sft.cli -> engine.train.recipe (", "-> engine.recipes.sft.cli (",
                "engine.bench.cli -> engine.fsdp.sharding (", "engine.rl.batches -> engine.train.recipe (",
                "engine.rl.batches -> engine.rollout.single_turn (", "engine.rl.logprobs -> engine (",
-               "engine.recipes.grpo.trainer -> engine.rl.batches (")
+               "engine.recipes.grpo.trainer -> engine.rl.batches (",
+               "engine.rl.algorithms.rloo.algorithm -> engine.rl.batches (")
     assert not [a for a in allowed if a in found], found
-    assert len(found.splitlines()) == 11, found
+    assert len(found.splitlines()) == 14, found
     cycles = {tuple(cycle) for cycle in import_cycles(root)}
     assert ("engine.recipes.grpo.config", "engine.recipes.grpo.model", "engine.recipes.grpo.config") in cycles
     assert ("engine.fsdp.offload", "engine.runtime.launcher", "engine.fsdp.offload") in cycles

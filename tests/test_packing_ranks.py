@@ -40,10 +40,10 @@ def _local_sequences(rank: int, world_size: int = 2, total: int = 8) -> dict:
 
 
 def _trainer(tmp, *overrides):
-    from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.config import build_config
+    from engine.train.registry import get_recipe
 
-    return GRPOTrainer(build_config(None, None, [*BASE, *overrides]), Path(tmp), resume=False)
+    return get_recipe("grpo").trainer_of(build_config(None, None, [*BASE, *overrides]), Path(tmp), resume=False)
 
 
 def _full_grads(module):
@@ -58,7 +58,7 @@ def _full_grads(module):
 
 def _step_data(trainer, local, packed, rank, world_size, mini_batch_sequences=8, budget=None):
     """Packed micro-batches within the budget, or padded ones of 2 sequences (or within ``budget``, padded)."""
-    from engine.recipes.grpo.batches import Batching, gather_step_data
+    from engine.rl.batches import Batching, gather_step_data
 
     budget = BUDGET if packed else budget
     batching = Batching(mini_batch_sequences, 4, budget, 2, packed)
@@ -78,6 +78,7 @@ def _gradients_packed_and_padded(trainer, rank):
         plans[variant] = mini.plan
         for mode in MODES:
             trainer.config.algorithm.loss_agg = mode
+            trainer.reconfigure()  # the loss terms are built once
             with trainer.actor.train_mode():
                 trainer.actor.forward_backward_batch(data.micro_batches(mini), trainer.loss_fn)
                 grads[variant, mode] = _full_grads(trainer.actor.module)
@@ -163,7 +164,7 @@ def _two_ranks(rank, tmp):
     out["fallback_warnings"] = [str(w.message) for w in caught if "packed" in str(w.message)]
     out["fallback_packed"] = fallback.packed
     out["fallback_attention"] = fallback.actor.attn_implementation
-    from engine.recipes.grpo.logprobs import planned_log_probs
+    from engine.rl.logprobs import planned_log_probs
 
     padded = _step_data(fallback, _local_sequences(rank), False, rank, 2)
     with fallback.actor.eval_mode():
@@ -184,6 +185,7 @@ def _two_ranks(rank, tmp):
 
     # -- world-size-free updates (compared with the 1-rank job) -------------------------------------------------
     trainer.config.algorithm.loss_agg = "token-mean"  # as the 1-rank trainer (the parity loop left the last mode)
+    trainer.reconfigure()  # the loss terms are built once
     out["updates"] = _same_updates(trainer, rank, dist.get_world_size())
     return out
 

@@ -128,7 +128,7 @@ def _sharded_scores(rank: int, reward_model_dir: str) -> dict:
     import dataclasses
 
     import accel_backends
-    from engine.recipes.grpo.config import GRPOConfig
+    from engine.rl.algorithms.grpo.config import GRPOConfig
     from engine.rl.engine_settings import reward_model_engine
     from engine.rl.prompt_types import Sample
     from engine.rl.scorers import ClassifierReward

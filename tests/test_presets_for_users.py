@@ -8,7 +8,7 @@ import json
 import pytest
 from grpo_data import fixture_model, write_jsonl
 
-from engine.grpo.cli import main as grpo_main
+from engine.rl.algorithms.grpo.cli import main as grpo_main
 from engine.sft.cli import main as sft_main
 
 WORDS = "apples books pencils dollars minutes hours friends cookies marbles trees garden school".split()
@@ -68,7 +68,7 @@ def test_grpo_eval_of_a_model_directory_sizes_the_prompt_limit_from_its_validati
     demo's echo prompts (37 tokens) and died on a 62-token validation prompt."""
     from transformers import AutoTokenizer
 
-    from engine.recipes.grpo.config import max_sequence_tokens
+    from engine.rl.algorithms.grpo.config import max_sequence_tokens
     from engine.train.eval_config import eval_config
     from engine.train.registry import get_recipe
 

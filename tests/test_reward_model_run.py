@@ -13,7 +13,8 @@ pytestmark = pytest.mark.slow
 def test_grpo_with_a_reward_model_raises_its_score(tmp_path):
     model = make_reward_model(tmp_path / "rm")
     env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
-    result = run_python(["-m", "engine.grpo.cli", "train.prompts_per_step=8", "rollout.n=4", "train.steps=8",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
+                         "train.prompts_per_step=8", "rollout.n=4", "train.steps=8",
                          "train.micro_batch_size=16", "run.progress=false", f"run.output_dir={tmp_path}",
                          "run.name=rm-run", f"reward_model.path={model}",
                          "reward_model.sharding=sharded", "data.reward=engine.rl.prompts:echo_reward",

@@ -1,32 +1,39 @@
-"""A second RL recipe that writes only its algorithm (tests/rl_recipe_example.py: RLOO advantages, a policy gradient
-and a KL term to a frozen reference) runs on the RL layer through the frame's command (one rank, in this process:
-the RL step on 2 ranks is GRPO's tests'): the step's figures come out, the samples carry RLOO's advantages, the
-reference's KL is reported, and the shared sections are checked before any worker starts.
-docs/adding-a-trainer.md is built on it."""
+"""A third party's RL algorithm as one module, no recipe class (the example plugin's ``rloo``,
+plugins/accel-example-trainer/accel_example_trainer/rloo.py: RLOO advantages, a policy gradient and a KL term to a
+frozen reference), registered through ``register_algorithms`` by the plugin's entry-point module, runs on the one RL
+recipe through the frame's command (one rank, in this process: the RL step on 2 ranks is GRPO's tests'): the step's
+figures come out, the samples carry RLOO's advantages, the reference's KL and its forward's time are reported, and
+the shared sections are checked before any worker starts. docs/adding-a-trainer.md is built on it."""
 
 import json
+import sys
+from pathlib import Path
 
 import pytest
-import rl_recipe_plugin
-from rl_recipe_example import RLOORecipe
 
 import accel_backends
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "plugins" / "accel-example-trainer"))
+from accel_example_trainer import plugin  # noqa: E402  (the plugin's source, not installed)
+from accel_example_trainer.rloo import RLOO  # noqa: E402
 
 
 @pytest.fixture
 def registered():
-    """``rloo`` registered from its plugin module for the test (the workers find the recipe by its name)."""
-    accel_backends.register_plugin(rl_recipe_plugin)
+    """The plugin's entry-point module registered for the test (the workers find the algorithm by its name)."""
+    accel_backends.register_plugin(plugin)
     yield
-    accel_backends.unregister_plugin(rl_recipe_plugin)
+    accel_backends.unregister_plugin(plugin)
 
 
 def test_an_rl_recipe_of_its_algorithm_alone_trains(registered, tmp_path, monkeypatch):
+    from engine.rl.recipe import RLRecipe
     from engine.train import cli
     from engine.train.registry import get_recipe
 
     monkeypatch.setenv("ACCEL_BACKEND", "cpu")
-    assert isinstance(get_recipe("rloo"), RLOORecipe)
+    recipe = get_recipe("rloo")  # the one RL recipe, bound to the registered algorithm
+    assert type(recipe) is RLRecipe and recipe.algorithm is RLOO and recipe.tool == "accel-train rloo"
     code = cli.main(get_recipe("rloo"), ["--preset", "cpu-demo", "--nproc", "1", "run.progress=false",
                                          f"run.output_dir={tmp_path}", "run.name=rloo", "run.log_samples=4"])
     assert code == 0
@@ -35,6 +42,7 @@ def test_an_rl_recipe_of_its_algorithm_alone_trains(registered, tmp_path, monkey
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:
         assert row["kl"] >= 0.0 and row["grad_norm"] > 0.0 and "pg_loss" in row and "reward/echo_reward" in row
+        assert row["frozen/ref_s"] > 0.0  # the step times every frozen model's forward
     assert rows[1]["kl"] > 0.0  # the policy moved away from its reference after the first update
     for row in rows:  # MFU per phase on the CPU (its peak measured by a GEMM probe): the update's is the headline
         assert 0.0 < row["perf/mfu"] == row["perf/mfu/update"] < 1.0
@@ -52,9 +60,10 @@ def test_an_rl_recipe_of_its_algorithm_alone_trains(registered, tmp_path, monkey
 
 
 def test_its_shared_sections_are_checked_before_any_worker():
+    from engine.rl.recipe import RLRecipe
     from engine.train.config import build_config
 
-    recipe = RLOORecipe()
+    recipe = RLRecipe("rloo", RLOO)
 
     def problems(*overrides):
         return recipe.check(build_config(recipe.schema, recipe.presets, "cpu-demo", None, list(overrides)), 2)

@@ -25,7 +25,7 @@ def old_run(tmp_path_factory):
 
 
 def test_an_old_grpo_run_resumes_where_it_stopped(old_run):
-    result = run_python(["-m", "engine.grpo.cli", "--resume", *OLD_RUN, "train.steps=3",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli", "--resume", *OLD_RUN, "train.steps=3",
                          f"run.output_dir={old_run.parent}"], env=ENV, timeout=300)  # --resume finds it by preset
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"run directory {old_run}" in result.stdout
@@ -36,12 +36,13 @@ def test_an_old_grpo_run_resumes_where_it_stopped(old_run):
 
 def test_an_old_grpo_run_exports_and_evaluates(old_run, tmp_path):
     out = tmp_path / "exported"
-    exported = run_python(["-m", "engine.grpo.cli", "export", str(old_run / "checkpoints" / "step_000002"), str(out)],
+    exported = run_python(["-m", "engine.rl.algorithms.grpo.cli",
+                           "export", str(old_run / "checkpoints" / "step_000002"), str(out)],
                           env=ENV)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and json.loads((out / "config.json").read_text())["vocab_size"] > 0
     val = write_jsonl(tmp_path / "val.jsonl", [{"prompt": "abc", "answer": "cba"}, {"prompt": "xyz", "answer": "zyx"}])
-    evaluated = run_python(["-m", "engine.grpo.cli", "eval", str(old_run), "--step", "2", "--nproc", "1",
+    evaluated = run_python(["-m", "engine.rl.algorithms.grpo.cli", "eval", str(old_run), "--step", "2", "--nproc", "1",
                             f"data.val_path={val}", "data.reward=engine.grpo.tasks:echo_reward",
                             f"--out={tmp_path / 'eval'}"], env=ENV, timeout=300)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]

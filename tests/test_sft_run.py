@@ -133,7 +133,7 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
     exported = command("engine.sft.cli", "export", str(run), str(out))
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
-    wrong = command("engine.grpo.cli", "export", str(run), str(files["root"] / "x"))
+    wrong = command("engine.rl.algorithms.grpo.cli", "export", str(run), str(files["root"] / "x"))
     assert wrong.returncode == 2 and "is an accel-sft run: use accel-sft export" in wrong.stderr
     # The export remembers how the run prompted the model: the system message of every training conversation as
     # the chat template's default, the longest trained response as max_new_tokens (transformers honours both).
@@ -148,7 +148,7 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
 
     prompts = write_jsonl(files["root"] / "gsm8k.jsonl", [{"question": f"what is {a} + 1", "answer": f"#### {a + 1}"}
                                                           for a in range(8)])
-    grpo = command("engine.grpo.cli", f"model.path={out}", f"data.path={prompts}", "data.task=gsm8k",
+    grpo = command("engine.rl.algorithms.grpo.cli", f"model.path={out}", f"data.path={prompts}", "data.task=gsm8k",
                    "train.steps=1", "train.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4",
                    "run.progress=false", f"run.output_dir={files['root'] / 'grpo-runs'}", "run.name=rl", "--nproc", "1")
     assert grpo.returncode == 0, grpo.stderr[-3000:]

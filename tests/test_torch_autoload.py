@@ -87,7 +87,7 @@ def test_only_the_accel_backends_command_runs_itself_again(monkeypatch):
     for argv, orig, expected in ((["/venv/bin/accel-backends", "list"], None, True),
                                  (["-m", "list"], ["python", "-m", "accel_backends", "list"], True),
                                  (["-m"], ["python", "-m", "accel_backends.cli", "info"], True),
-                                 (["-m"], ["python", "-m", "engine.grpo.cli"], False),
+                                 (["-m"], ["python", "-m", "engine.rl.algorithms.grpo.cli"], False),
                                  (["/venv/bin/accel-grpo"], ["python", "/venv/bin/accel-grpo"], False)):
         monkeypatch.setattr(sys, "argv", argv)
         monkeypatch.setattr(sys, "orig_argv", orig or ["python", *argv])

@@ -1,6 +1,6 @@
-"""A third-party trainer from its own package (plugins/accel-example-trainer, pip-installed into a folder): found
-through its ``accel_backends`` entry point, run by the frame's command on 2 real gloo ranks with checkpoints, and
-resumed from its middle checkpoint to the same figures. docs/adding-a-trainer.md is built on it."""
+"""A third-party trainer and RL algorithm from their own package (plugins/accel-example-trainer, pip-installed into a
+folder): found through its ``accel_backends`` entry point, run by the frame's command on 2 real gloo ranks with
+checkpoints, and resumed from its middle checkpoint to the same figures. docs/adding-a-trainer.md is built on it."""
 
 import json
 import shutil
@@ -23,7 +23,10 @@ def _rows(path):
 
 def test_the_entry_point_registers_the_trainer(plugin_site):
     listed = run_python(["-m", "engine.train", "--help"], env={"PYTHONPATH": plugin_site}, check=True)
-    assert "trainers: count, distill, dpo, grpo, ppo, rm, sft" in listed.stdout
+    assert "trainers: count, distill, dpo, grpo, ppo, rloo, rm, sft" in listed.stdout
+    rloo = run_python(["-m", "engine.train", "rloo", "--print-config", "--preset", "cpu-demo"],
+                      env={"PYTHONPATH": plugin_site}, check=True)  # an algorithm, one module: the one RL recipe's
+    assert json.loads(rloo.stdout)["algorithm"]["kl_coef"] == 0.01 and json.loads(rloo.stdout)["trainer"] == "rloo"
     printed = run_python(["-m", "engine.train", "count", "--print-config", "data.batch_size=4"],
                          env={"PYTHONPATH": plugin_site}, check=True)
     config = json.loads(printed.stdout)

@@ -98,7 +98,7 @@ def _checks(rank, model_dir):
     from transformers import AutoTokenizer
 
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout.engines import RolloutContext, RolloutEngineError, SamplingConfig, create_rollout_engine
     from engine.rollout.single_turn import eos_token_ids, rollout, sync_weights
 
@@ -176,7 +176,7 @@ def _adapter_checks(model_dir, tokenizer, batch):
     import os
 
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout.engines import RolloutContext, create_rollout_engine
     from engine.rollout.engines.vllm_settings import VLLMConfig
 
@@ -200,7 +200,7 @@ def _one_rank_adapter_checks(rank, model_dir):
     from transformers import AutoTokenizer
 
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
     from engine.rollout.single_turn import eos_token_ids, rollout
 
@@ -271,7 +271,8 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
                             for i in range(16)))
     env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
-    result = run_python(["-m", "engine.grpo.cli", "--preset", "cpu-demo", *SMALL, *variant, f"model.path={model_dir}",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
+                         "--preset", "cpu-demo", *SMALL, *variant, f"model.path={model_dir}",
                          "data.task=gsm8k",
                          f"data.path={data}", "train.steps=3", f"run.output_dir={tmp_path}", "run.name=vllm"],
                         env=env, timeout=400)
@@ -291,7 +292,7 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
 def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, model_dir):
     import shutil
 
-    from engine.recipes.grpo.config import build_config, check
+    from engine.rl.algorithms.grpo.config import build_config, check
 
     other = tmp_path / "model"
     shutil.copytree(model_dir, other)
@@ -318,7 +319,7 @@ def test_the_lora_demo_trains_in_adapter_mode_as_in_merged_mode(tmp_path):
     env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **ENV}
     rows = {}
     for mode in ("merged", "adapter"):
-        result = run_python(["-m", "engine.grpo.cli", *LORA_DEMO, f"rollout.vllm.lora_sync={mode}",
+        result = run_python(["-m", "engine.rl.algorithms.grpo.cli", *LORA_DEMO, f"rollout.vllm.lora_sync={mode}",
                              f"run.output_dir={tmp_path}", f"run.name={mode}"], env=env, timeout=400)
         assert result.returncode == 0, result.stderr[-3000:]
         rows[mode] = [json.loads(line) for line in (tmp_path / mode / "metrics.jsonl").read_text().splitlines()]

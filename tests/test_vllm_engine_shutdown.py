@@ -17,7 +17,7 @@ def work(model_dir):
     import accel_backends
     from transformers import AutoTokenizer
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
 
     accel_backends.get_backend().init_distributed()
@@ -43,7 +43,8 @@ def model_dir(tmp_path_factory):
 
 
 def test_a_one_process_vllm_run_ends_without_a_shutdown_traceback(tmp_path):
-    result = run_python(["-m", "engine.grpo.cli", "--nproc", "1", "rollout.engine=vllm", f"model.hidden_size={HIDDEN}",
+    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
+                         "--nproc", "1", "rollout.engine=vllm", f"model.hidden_size={HIDDEN}",
                          "train.steps=1", "run.progress=false", f"run.output_dir={tmp_path}", "run.name=one"],
                         env=RUN, timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]

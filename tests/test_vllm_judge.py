@@ -94,7 +94,7 @@ def test_ppo_with_colocated_vllm_and_a_judge_model_it_starts_and_stops(tmp_path,
     port = free_port()
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
            "OMP_NUM_THREADS": "1", **ENV}
-    result = run_python(["-m", "engine.recipes.ppo.cli", "--preset", "cpu-demo", "--nproc", "1",
+    result = run_python(["-m", "engine.rl.algorithms.ppo.cli", "--preset", "cpu-demo", "--nproc", "1",
                          f"model.path={model_dir}", "train.steps=2", "train.prompts_per_step=4",
                          "train.micro_batch_size=8", "rollout.engine=vllm", "rollout.vllm.kv_cache_gib=1",
                          "run.progress=false", "run.save_every=0", f"reward_model.judge_model={model_dir}",

@@ -110,7 +110,7 @@ def _push_checks(rank, model_dir, url):
     from transformers import AutoTokenizer
 
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout import eos_token_ids, rollout, sync_weights
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
     from engine.rollout.engines.vllm_settings import VLLMConfig
@@ -152,7 +152,7 @@ def _adapter_push_checks(model_dir, url, tokenizer, batch, sampled):
     import torch
 
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout import rollout
     from engine.rollout.engines import RolloutContext, create_rollout_engine
     from engine.rollout.engines.vllm_settings import VLLMConfig
@@ -257,7 +257,8 @@ def _start_run(tmp_path, model_dir, port, nproc, name, *extra):
     """accel-grpo in server mode, a long run with a local server on ``port``, started in the background."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
            "OMP_NUM_THREADS": "1", **ENV}
-    return subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", str(nproc),
+    return subprocess.Popen([sys.executable, "-m", "engine.rl.algorithms.grpo.cli",
+                             "--preset", "cpu-demo", "--nproc", str(nproc),
                              *SMALL,
                              f"model.path={model_dir}", f"data.path={_data(tmp_path)}", "train.steps=500",
                              f"rollout.vllm.server_port={port}", f"run.output_dir={tmp_path}", f"run.name={name}",
@@ -291,7 +292,7 @@ def test_the_demo_learns_on_two_ranks_with_a_server_it_starts_and_stops_on_ctrl_
     port = free_port()
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
            "OMP_NUM_THREADS": "1", **ENV}
-    trainer = subprocess.Popen([sys.executable, "-m", "engine.grpo.cli", "rollout.engine=vllm",
+    trainer = subprocess.Popen([sys.executable, "-m", "engine.rl.algorithms.grpo.cli", "rollout.engine=vllm",
                                 "rollout.vllm.mode=server", "model.hidden_size=128", "rollout.vllm.kv_cache_gib=1",
                                 "run.progress=false", "train.steps=400", "run.save_on_interrupt=true",
                                 f"rollout.vllm.server_port={port}", f"run.output_dir={tmp_path}", "run.name=demo"],
@@ -401,7 +402,7 @@ def _partial_checks(rank, model_dir, url):
     from transformers import AutoTokenizer
 
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.grpo.config import RolloutConfig
+    from engine.rl.algorithms.grpo.config import RolloutConfig
     from engine.rollout import rollout, sync_weights
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
     from engine.rollout.engines.vllm_settings import VLLMConfig
@@ -467,7 +468,7 @@ def test_a_partial_rollouts_tokens_after_a_push_carry_the_new_version(model_dir,
                                         for mode in ("partial", "wait")}})
 
 
-def _grpo_against(tmp_path, model_dir, url, nproc, name, *extra, cli="engine.grpo.cli"):
+def _grpo_against(tmp_path, model_dir, url, nproc, name, *extra, cli="engine.rl.algorithms.grpo.cli"):
     """accel-grpo (or the recipe of ``cli``) in server mode against the module's running server (no server to
     start)."""
     env = {"PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]), "ACCEL_BACKEND": "cpu",
@@ -504,7 +505,7 @@ def test_ppo_samples_ahead_of_the_trainer_against_a_server(tmp_path, model_dir, 
     """accel-ppo (issue 37 item 4: every rollout engine and the asynchronous mode) against the server with
     rollout.max_staleness 1: the critic's values and GAE on batches sampled ahead, within the bound."""
     result = _grpo_against(tmp_path, model_dir, server, 1, "ppo", "train.steps=3", "rollout.max_staleness=1",
-                           cli="engine.recipes.ppo.cli")
+                           cli="engine.rl.algorithms.ppo.cli")
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "ppo" / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1, 2, 3]

@@ -9,7 +9,7 @@ import time
 def trainer_log_probs(policy, batch, temperature=1.0, top_k=0, top_p=1.0):
     import torch
 
-    from engine.recipes.grpo.logprobs import response_log_probs
+    from engine.rl.logprobs import response_log_probs
 
     with policy.eval_mode(), torch.no_grad():
         return response_log_probs(policy.module, batch.input_ids, batch.attention_mask, batch.prompt_length,
@@ -22,7 +22,7 @@ def largest_gap(a, b, mask):
 
 def big_update(policy, batch):
     """One optimizer step that raises the log-probs of ``batch``'s responses (large learning rate)."""
-    from engine.recipes.grpo.logprobs import response_log_probs
+    from engine.rl.logprobs import response_log_probs
 
     mask = batch.response_mask.float()
 

@@ -19,13 +19,13 @@ sys.path.insert(0, str(ROOT))
 def rollout_lengths(model_dir: Path) -> tuple[list[int], list[int]]:
     """(prompt + response lengths, prompt lengths) of one rollout of the long case, in rollout order."""
     from engine.bench.cli import LONG_CASE_WORK
-    from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.config import build_config
+    from engine.train.registry import get_recipe
 
     config = build_config(None, None, [*LONG_CASE_WORK, f"model.path={model_dir}", "run.progress=false",
                                        "algorithm.kl_coef=0"])
     with tempfile.TemporaryDirectory() as run_dir:
-        data, _ = GRPOTrainer(config, Path(run_dir), resume=False).collect(step=0)
+        data, _ = get_recipe("grpo").trainer_of(config, Path(run_dir), resume=False).collect(step=0)
     return data.sequences.lengths.tolist(), data.sequences.starts.tolist()
 
 

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
 TIMINGS = ("time", "per_s", "memory", "_s", "mfu", "busy")
-GRPO = ["-m", "engine.grpo.cli", "train.prompts_per_step=4", "rollout.n=4", "train.prompts_per_update=2",
+GRPO = ["-m", "engine.rl.algorithms.grpo.cli", "train.prompts_per_step=4", "rollout.n=4", "train.prompts_per_update=2",
         "train.micro_batch_size=4", "run.progress=false", "train.steps=4"]
 
 

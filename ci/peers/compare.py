@@ -61,7 +61,8 @@ def run_ours(python: str, args, run_dir: Path) -> dict:
                  "run.progress=false", f"run.output_dir={run_dir.parent}", f"run.name={run_dir.name}",
                  *([f"model.path={args.model_dir}"] if args.model_dir else []), *args.ours_override]
     started = time.perf_counter()
-    subprocess.run([python, "-m", "engine.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *overrides], check=True,
+    subprocess.run([python, "-m", "engine.rl.algorithms.grpo.cli",
+                    "--preset", "cpu-demo", "--nproc", "1", *overrides], check=True,
                    cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL)
     wall = time.perf_counter() - started
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -51,7 +51,7 @@ def run_ours(python: str, student: Path, teacher: Path, data: Path, steps: int, 
                  f"train.micro_batch_size={MICRO}", f"rollout.engine={engine}", "teacher.param_offload=false",
                  "engine.lr=1e-4", "run.progress=false", "run.log_samples=0", f"run.output_dir={out.parent}",
                  f"run.name={out.name}"]
-    subprocess.run([python, "-m", "engine.recipes.distill.cli", "--nproc", "1", *overrides], check=True, cwd=ROOT,
+    subprocess.run([python, "-m", "engine.rl.algorithms.distill.cli", "--nproc", "1", *overrides], check=True, cwd=ROOT,
                    env=peer_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return {"steps": [r["step_time_s"] for r in rows], "response_lengths": [r["response_length"] for r in rows]}

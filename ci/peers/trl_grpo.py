@@ -21,14 +21,14 @@ def build_dataset(prompts: int, seed: int):
     import torch
     from datasets import Dataset
 
-    from engine.recipes.grpo.prompts import EchoTask
+    from engine.rl.prompts import EchoTask
 
     samples = EchoTask().sample(prompts, torch.Generator().manual_seed(seed))
     return Dataset.from_dict({"prompt": [s.prompt for s in samples], "answer": [s.answer for s in samples]})
 
 
 def echo_rewards(prompts, completions, answer, **_):
-    from engine.recipes.grpo.prompts import echo_reward
+    from engine.rl.prompts import echo_reward
 
     return [echo_reward(p, c, a) for p, c, a in zip(prompts, completions, answer, strict=True)]
 
@@ -37,8 +37,8 @@ def save_demo_model(directory: str, hidden: int, layers: int, seed: int):
     """The cpu-demo model and tokenizer, built exactly as accel-grpo builds them (same config, same seed)."""
     import torch
 
-    from engine.recipes.grpo.config import GRPOConfig
-    from engine.recipes.grpo.trainer import build_model
+    from engine.rl.algorithms.grpo.config import GRPOConfig
+    from engine.rl.model import build_model
 
     config = GRPOConfig()
     config.model.hidden_size, config.model.layers = hidden, layers

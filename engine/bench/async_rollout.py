@@ -123,7 +123,8 @@ def one_run(model: Path, variant: str, url: str | None, options: dict, out_dir: 
                  f"run.output_dir={out_dir}", f"run.name={name}", *settings]
     started = time.perf_counter()
     pinned = cores and VARIANTS[variant] is not None
-    result = subprocess.run([sys.executable, "-m", "engine.grpo.cli", "--nproc", str(nproc), *overrides], env=env,
+    result = subprocess.run([sys.executable, "-m", "engine.rl.algorithms.grpo.cli",
+                             "--nproc", str(nproc), *overrides], env=env,
                             capture_output=True, text=True,
                             preexec_fn=(lambda: os.sched_setaffinity(0, cores)) if pinned else None)
     if result.returncode != 0:

@@ -288,7 +288,7 @@ def _case_overrides(args, stack: contextlib.ExitStack) -> list[str]:
 
 def _distill_teacher(args, stack: contextlib.ExitStack) -> str:
     """The distill scenario's teacher: the built-in character model at the asked size, in a temporary directory."""
-    from ..recipes.distill.demo import write_char_model
+    from ..rl.algorithms.distill.demo import write_char_model
 
     directory = Path(stack.enter_context(tempfile.TemporaryDirectory())) / "teacher"
     return str(write_char_model(directory, args.distill_teacher_hidden, args.distill_teacher_layers))

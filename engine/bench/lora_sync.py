@@ -109,7 +109,7 @@ def _child(work: dict) -> None:
 
     from engine import EngineConfig, FSDPEngine
     from engine.demo_model import make_tiny_model
-    from engine.recipes.grpo.schema import RolloutConfig
+    from engine.rl.algorithms.grpo.schema import RolloutConfig
     from engine.rollout import sync_weights
     from engine.rollout.engines import RolloutContext, SamplingConfig, create_rollout_engine
     from engine.rollout.engines.vllm_settings import VLLMConfig

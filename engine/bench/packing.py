@@ -97,7 +97,7 @@ def _rollout_micro_batches(data, rank: int, rows_per_rank: int, size: int) -> li
 
 def _rollout_step_fn(trainer, micro_batches_total: int):
     """The trainer's step function as it was before packing (left-padded log-probs, the same loss)."""
-    from ..rl.algorithms import aggregate_loss, micro_batch_scale, policy_loss
+    from ..rl.formulas import aggregate_loss, micro_batch_scale, policy_loss
     from ..rl.logprobs import response_log_probs
 
     settings, device = trainer.loss, trainer.backend.device()
@@ -130,7 +130,6 @@ def _timed_update(trainer, run) -> tuple[float, float]:
 def run(options, backend, rank) -> dict:
     import torch.distributed as dist
 
-    from ..recipes.grpo.trainer import GRPOTrainer
     from ..rl import batches
     from ..train.cli import load
     from ..train.registry import get_recipe
@@ -142,7 +141,7 @@ def run(options, backend, rank) -> dict:
     problems = recipe.check(config, world_size)
     if problems:
         raise ValueError("the packing benchmark's settings are invalid: " + "; ".join(problems))
-    trainer = GRPOTrainer(config)
+    trainer = recipe.trainer_of(config)
     data, _, _ = trainer.collect(step=0)
     data.old_log_probs = data.ref_log_probs = None  # the update alone is timed: its own log-probs are the old
     train = config.train

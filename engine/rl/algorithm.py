@@ -1,8 +1,9 @@
-"""What an RL recipe writes: its ``Algorithm``, a small class the RL step (``step.py``) asks at fixed points. The
+"""What an RL algorithm writes: its ``Algorithm``, a small class the RL step (``step.py``) asks at fixed points. The
 step itself is blind to the algorithm: it samples, scores, gathers the step's batch, computes the log-probs the
-algorithm asked for and runs the updates; the algorithm says which frozen models it needs, turns scores into
-advantages (per sequence, and per token once the frozen models' log-probs are in) and lists the loss's terms
-(``terms.py``). ``docs/adding-a-trainer.md`` walks through writing one.
+algorithm asked for and runs the updates; the algorithm says which frozen models it needs and which other models it
+trains beside the policy (PPO's critic), turns scores into advantages (per sequence, and per token once the frozen
+models' log-probs are in, seeing the trained models), lists the loss's terms (``terms.py``) and updates its own
+models after the policy's update. ``docs/adding-a-trainer.md`` walks through writing one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from collections.abc import Callable
 
 import torch
 
+from .registration import Registered
 from .scoring import ScoredRollout
 
 
@@ -35,18 +37,31 @@ class StepContext:
     total: Callable[[dict], dict]  # sums named numbers over all ranks (a collective: every rank calls it)
     reward_weights: tuple[float, ...]  # one per reward function, in the order of ScoredRollout.by_function
     pad_token_id: int
+    # The engines the algorithm trains beside the policy (``Algorithm.trained_models``), by name, built by the step.
+    trained: dict = dataclasses.field(default_factory=dict)
+    device: object = None  # where a micro-batch goes for a forward (the backend's device)
 
 
-class Algorithm:
-    """The defaults: one draw per step, the scores as they are for advantages, no frozen model, no loss term (a
-    recipe gives at least one). Hooks run on every rank; a hook that calls a collective is called on all."""
+class Algorithm(Registered):
+    """The defaults: one draw per step, the scores as they are for advantages, no frozen model, no loss term (an
+    algorithm gives at least one). Hooks run on every rank; a hook that calls a collective is called on all. Built
+    from the run's config (``Algorithm(config)``); the class attributes ``Registered`` lists make its command."""
 
     needs_old_log_probs = False  # the sampling policy's log-probs before the update (even with one update a step)
     mask_truncated = False  # responses cut at rollout.max_new_tokens get no loss
     overlong = (0, 1.0)  # DAPO's overlong penalty: (buffer length, factor); 0: off
+    metric_aliases: dict[str, str] = {}  # a step figure also reported under a name the algorithm gave it before
+
+    def __init__(self, config) -> None:
+        self.config = config  # the run's config (``schema``)
 
     def frozen_models(self, world_size: int) -> dict:
         """``{name: frozen.FrozenSpec}``: the frozen models whose log-probs of the step's tokens it uses."""
+        return {}
+
+    def trained_models(self, world_size: int) -> dict:
+        """``{name: trained.TrainedSpec}``: models the step builds and the algorithm trains beside the policy (PPO's
+        critic), in ``StepContext.trained``; the frame checkpoints and resumes them with the policy, as ``name/``."""
         return {}
 
     def draw(self, draw: Callable[[], ScoredRollout], context: StepContext, prompts_per_step: int) -> Drawn:
@@ -66,8 +81,17 @@ class Algorithm:
         return None
 
     def terms(self) -> list:
-        """The loss's terms (``terms.Term``), read at every micro-batch."""
+        """The loss's terms (``terms.Term``), asked for once per run, when the step is built."""
         raise NotImplementedError
+
+    def updates_policy(self, step: int) -> bool:
+        """Whether step ``step`` (0-based) updates the policy (False: a warm-up of the algorithm's own models)."""
+        return True
+
+    def after_update(self, data, step: int, context: StepContext) -> dict:
+        """After the policy's update of step ``step`` (``data``: the ``StepData`` the update ran on): the algorithm's
+        own models' updates; their figures (names with a ``/``) join the step's row."""
+        return {}
 
     def metrics(self, totals: dict[str, float], groups: int) -> dict[str, float]:
         """The algorithm's own figures of the step's row, from ``Drawn.metrics`` summed over ranks."""

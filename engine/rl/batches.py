@@ -20,6 +20,8 @@ import torch
 
 from ..packing import Layout, Plan, SequenceBatch, build_layout, plan_micro_batches
 from ..runtime import all_gather_rows
+from .micro_batch import PolicyMicroBatch
+from .rollout_correction import MismatchStats
 from .sizes import mini_batch_sequences
 from .terms import MiniBatchSize
 
@@ -62,6 +64,9 @@ class StepData:
     pad_tokens: dict[str, int] = dataclasses.field(default_factory=dict)  # counted per pass, on this rank
     # [N, R] each: frozen models' log-probs by name (``ref``: the KL reference; a distillation teacher)
     frozen_log_probs: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+    step: int = 0  # the step (0-based) whose batch it is
+    # What the algorithm keeps of the step for its ``after_update`` (PPO: the GAE returns, the critic's values).
+    kept: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
 
     @property
     def ref_log_probs(self) -> torch.Tensor | None:
@@ -97,9 +102,9 @@ class StepData:
     def count_pad_tokens(self, what: str, micro: Layout) -> None:
         self.pad_tokens[what] = self.pad_tokens.get(what, 0) + micro.pad_tokens
 
-    def micro_batches(self, mini: MiniBatch, mismatch=None) -> list[dict]:
+    def micro_batches(self, mini: MiniBatch, record_mismatch: bool = False) -> list[PolicyMicroBatch]:
         """This rank's micro-batches of ``mini`` as the step function takes them (host tensors), with the
-        mini-batch's sizes and ``mismatch``: where the loss records the rollout/trainer mismatch (None: nowhere)."""
+        mini-batch's sizes; ``record_mismatch``: each records its own rollout/trainer mismatch."""
         size = MiniBatchSize(mini.plan.non_empty, float(self.loss_mask[mini.indices.start:mini.indices.stop].sum()),
                              len(mini.indices))
         micro_batches = []
@@ -114,11 +119,11 @@ class StepData:
                     return tensor.new_zeros((1, width) if tensor.dim() == 2 else (1,))
                 return tensor[rows, :width] if tensor.dim() == 2 else tensor[rows]
 
-            micro_batches.append({"layout": micro, "loss_mask": part(self.loss_mask),
-                                  "advantages": part(self.advantages), "old_log_probs": part(self.old_log_probs),
-                                  "frozen": {name: part(values) for name, values in self.frozen_log_probs.items()},
-                                  "micro_batches": mini.plan.non_empty, "mini_batch": size, "mismatch": mismatch,
-                                  "sampling_log_probs": part(self.sampling_log_probs)})
+            micro_batches.append(PolicyMicroBatch(
+                micro, part(self.loss_mask), part(self.advantages), part(self.old_log_probs),
+                {name: part(values) for name, values in self.frozen_log_probs.items()},
+                part(self.sampling_log_probs), mini.plan.non_empty, size,
+                MismatchStats() if record_mismatch else None))
         return micro_batches
 
     def plan_metrics(self) -> dict[str, float]:

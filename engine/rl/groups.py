@@ -74,11 +74,11 @@ class MicroBatchShare:
     sp: object = None
 
     @classmethod
-    def of(cls, micro: dict, sp, device) -> MicroBatchShare:
-        counts = micro["loss_mask"].to(device)
+    def of(cls, micro, sp, device) -> MicroBatchShare:
+        counts = micro.loss_mask.to(device)
         if not sp.enabled:
-            return cls(micro["layout"].to(device), counts, counts)
-        piece = split_layout(micro["layout"], sp)
+            return cls(micro.layout.to(device), counts, counts)
+        piece = split_layout(micro.layout, sp)
         return cls(piece.to(device), counts * piece.scored_mask.to(device), counts,
                    lambda value: sp.group_sum(value, value.device), sp)
 

@@ -1,8 +1,9 @@
-"""``RLRecipe``: the frame's ``Recipe`` (``engine/train/recipe.py``) for a trainer on the RL step. A subclass names
-itself, its schema (the RL layer's sections, ``schema.py``, and its own ``algorithm`` section), its presets and
-checks, and its trainer (an ``RLTrainer`` subclass passing its ``Algorithm``); planning, building, the step,
-validation, ``eval``, the run's model for ``export``, what ``--resume`` may not change, the prompt settings an
-export remembers and the closing line are here."""
+"""``RLRecipe``: the frame's ``Recipe`` (``engine/train/recipe.py``) for every RL algorithm: one recipe, bound to
+a registered algorithm by name (``RLRecipe(name, algorithm_class)``; ``accel-grpo``, ``accel-ppo`` and
+``accel-distill`` are it bound to ``grpo``, ``ppo`` and ``distill``). The command's name and help, the schema and
+presets, the checks, the curves, the path keys and what ``--resume`` may not change come from the algorithm's class
+(``registration.py``); planning, building the step (``RLTrainer`` with the algorithm), validation, ``eval``, the
+run's model for ``export``, the prompt settings an export remembers and the closing line are here."""
 
 from __future__ import annotations
 
@@ -24,12 +25,45 @@ CURVES = (("reward_mean", "reward (mean)"), ("val/accuracy", "validation accurac
 class RLRecipe(Recipe):
     sections, example = "model, data, rollout, algorithm, train, run, engine", "train.steps=10 rollout.n=4"
     curves = CURVES
-    trainer = ""  # "package.module:Class": the recipe's RLTrainer, imported when a run builds its parts
+    # The Algorithm class, or "package.module:Class" naming it (a subclass of this recipe may set it).
+    algorithm: object = ""
     # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
     resume_fixed = {**Recipe.resume_fixed, "rollout.n": "the group size",
                     **{f"data.{key}": "the run's data" for key in (
                         "task", "path", "val_fraction", "prompt_key", "answer_key", "reward", "reward_weights",
                         "reward_style", "chat_template", "system_prompt")}}
+
+    def __init__(self, name: str | None = None, algorithm: type | None = None) -> None:
+        """Bound to ``algorithm`` (an ``Algorithm`` subclass) registered as ``name``: its class gives the rest."""
+        if algorithm is None:
+            return
+        self.name, self.algorithm = name, algorithm
+        self.tool = algorithm.tool or f"accel-train {name}"
+        self.help, self.schema, self.presets = algorithm.help, algorithm.schema, algorithm.presets
+        self.curves = algorithm.curves or CURVES
+        self.sections, self.example = algorithm.sections or self.sections, algorithm.example or self.example
+        self.path_keys = (*RLRecipe.path_keys, *algorithm.path_keys)
+        self.resume_fixed = {**RLRecipe.resume_fixed, **algorithm.resume_fixed}
+
+    @property
+    def algorithm_class(self) -> type:
+        if isinstance(self.algorithm, str):
+            module, _, name = self.algorithm.partition(":")
+            return getattr(importlib.import_module(module), name)
+        return self.algorithm
+
+    @property
+    def commands(self):
+        return self.algorithm_class.commands()
+
+    def migrate(self, config):
+        return self.algorithm_class.migrate(config)
+
+    def check(self, config, world_size):
+        return self.algorithm_class.check(config, world_size, self.tool)
+
+    def curves_for(self, config):
+        return self.algorithm_class.curves_for(config) or self.curves
 
     def plan_of(self, config, world_size: int, inputs=None) -> Plan:
         """The run's sizes from the options alone (an RL step's do not depend on the data)."""
@@ -37,17 +71,23 @@ class RLRecipe(Recipe):
 
     def plan(self, config, world_size, *, verbose):
         from ..train.loggers import require_loggers
-        from .parts import load_inputs
 
         require_loggers(config.run.loggers)
-        return self.plan_of(config, world_size, load_inputs(config, verbose=verbose))
+        return self.plan_of(config, world_size, self.algorithm_class.load_inputs(config, verbose))
 
     def resolved(self, plan):
         return resolved(plan.config, plan.world_size)
 
     def build(self, plan, backend):
-        module, _, name = self.trainer.partition(":")
-        return getattr(importlib.import_module(module), name)(plan.config, inputs=plan.inputs)
+        return self.trainer_of(plan.config, inputs=plan.inputs)
+
+    def trainer_of(self, config, run_dir=None, resume: bool = False, inputs=None):
+        """The RL step (``RLTrainer``) with this recipe's algorithm, on this rank (``run_dir``, ``resume``: for its
+        ``train()``)."""
+        from .step import RLTrainer
+
+        return RLTrainer(config, self.algorithm_class(config), run_dir, resume, inputs, recipe=self.name,
+                         tool=self.tool)
 
     def ready(self, parts, start):
         parts.ready(start)
@@ -94,7 +134,7 @@ class RLRecipe(Recipe):
 
     def eval_offload(self, config) -> bool:
         """Whether the evaluated model keeps its parameters in host memory between uses (a frozen engine's)."""
-        return False
+        return self.algorithm_class.eval_offload(config)
 
     def eval_problems(self, config, target, world_size):
         from .evaluate import problems

@@ -94,6 +94,22 @@ class MismatchStats:
             _largest(torch.where(keep, diff, -math.inf)), _largest(torch.where(counted, ratios, -math.inf)),
             _largest(torch.where(counted, -ratios, -math.inf))]))
 
+    @classmethod
+    def total(cls, parts) -> MismatchStats:
+        """Several micro-batches' own statistics added up in their order (the extremes the largest), on the device:
+        no read. ``None`` parts (not recorded) count nothing."""
+        out = cls()
+        for part in parts:
+            if part is None or part.counts is None:
+                continue
+            if out.counts is None:
+                out.counts, out.figures, out.extremes = part.counts.clone(), part.figures.clone(), part.extremes
+            else:
+                out.counts += part.counts
+                out.figures += part.figures
+                out.extremes = torch.maximum(out.extremes, part.extremes)
+        return out
+
     def sums(self) -> dict[str, float]:
         """This rank's figures to add over ranks (``reduced`` makes the metrics of the totals)."""
         tokens, ratios, masked = self.counts.tolist() if self.counts is not None else (0, 0, 0)

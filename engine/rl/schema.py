@@ -1,7 +1,7 @@
 """The config sections every RL recipe shares (its schema adds its own ``algorithm`` section): the prompt data and
 rewards (``data.*``), the rollout (``rollout.*``), the step's sizes (``train.*``) and the RL run's outputs
 (``run.*`` beyond the frame's), in the config root ``RLConfig`` that a recipe's root derives from (GRPO's:
-``engine/recipes/grpo/schema.py``)."""
+``engine/rl/algorithms/grpo/schema.py``)."""
 
 from __future__ import annotations
 

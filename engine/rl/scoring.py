@@ -11,7 +11,7 @@ import torch
 
 from ..rollout import RolloutBatch, Trajectories
 from . import reward_model
-from .algorithms import overlong_penalty
+from .formulas import overlong_penalty
 from .prompt_types import Sample
 from .rewards import Reward, score_each, weighted_sum
 

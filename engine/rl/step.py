@@ -40,22 +40,21 @@ from .reward_model import stop_on_failures
 from .rewards import metric_names
 from .rollout_correction import MismatchStats
 from .sizes import prompts_per_rank, updates_per_step
-from .step_metrics import phase_flops, require_finite, shown, step_row
-from .update import Correction, policy_loss_of, ppo_updates
+from .step_metrics import frozen_seconds, phase_flops, require_finite, shown, step_row
+from .trained import trained_models
+from .update import Correction, idle_update, policy_loss_of, ppo_updates
 from .validation import validate
 
 
 class RLTrainer:
-    """An RL run's parts on one rank: the policy (``actor``) and frozen models, the rollout engine, data and
-    rewards; ``algorithm`` decides advantages and the loss. A recipe subclasses it to name itself (``recipe``,
-    ``tool``) and pass its algorithm."""
-
-    recipe = "rl"  # the registered recipe whose loop ``train()`` runs
-    tool = "accel-rl"  # how notices name the command
+    """An RL run's parts on one rank: the policy (``actor``), the frozen models and the models the algorithm trains
+    beside it, the rollout engine, data and rewards; ``algorithm`` decides advantages, the loss and its own models'
+    updates. ``recipe``: the registered recipe whose loop ``train()`` runs; ``tool``: how notices name the
+    command."""
 
     def __init__(self, config, algorithm: Algorithm, run_dir: Path | None = None, resume: bool = False,
-                 inputs=None) -> None:
-        self.config, self.algorithm = config, algorithm
+                 inputs=None, *, recipe: str = "rl", tool: str = "accel-rl") -> None:
+        self.config, self.algorithm, self.recipe, self.tool = config, algorithm, recipe, tool
         self.run_dir, self.resume = run_dir, resume  # for train() only
         self.backend = accel_backends.get_backend()
         world_size = self.backend.init_distributed(timeout=dist_timeout_s(config)).world_size
@@ -80,8 +79,10 @@ class RLTrainer:
         self.sampling, self.val_sampling = rollout.sampling, rollout.val_sampling
         self.rollout_engine, self.sampler = rollout.engine, rollout.sampler
         sync_weights(self.actor, self.rollout_engine)  # an engine holding its own copy starts from the policy
+        self.trained: dict[str, FSDPEngine] = {}  # built last (below), seen by the algorithm through the context
         self.context = StepContext(self.groups, self._global, tuple(reward.weight for reward in self.rewards),
-                                   self.tokenizer.pad_token_id)
+                                   self.tokenizer.pad_token_id, self.trained, self.backend.device())
+        self.terms, self.correction = algorithm.terms(), Correction.of(config.algorithm)  # once per run
         # rollout.max_staleness > 0: a thread samples the next steps' batches while this one trains (ready())
         bound = config.rollout.max_staleness
         self.ahead = AheadSampling(self, bound) if bound > 0 else None
@@ -90,11 +91,17 @@ class RLTrainer:
         self.geometry = Geometry.of(self.actor.model_config)
         self.frozen_geometry = {name: self._frozen_geometry(model) for name, model in self.frozen.items()}
         self.peak_flops = self.backend.peak_flops(self.actor.compute_dtype)
+        self.trained.update(trained_models(algorithm.trained_models(world_size), factory, self.backend))
 
     @property
     def engine(self) -> FSDPEngine:
-        """The engine the frame's loop checkpoints and resumes."""
+        """The policy's engine (the one export writes)."""
         return self.actor
+
+    @property
+    def engines(self) -> dict[str, FSDPEngine]:
+        """Every trained engine, the policy first: the frame checkpoints and resumes them as one."""
+        return {"policy": self.actor, **self.trained}
 
     @property
     def reference(self) -> FSDPEngine | None:
@@ -157,9 +164,14 @@ class RLTrainer:
         if not self.reuse_policy_log_probs:
             with self.actor.eval_mode(), phase("old_log_probs"):
                 data.old_log_probs = self._log_probs(self.actor, data, "old")
-        for name, model in self.frozen.items():
+        data.step = step
+        frozen_s = {}
+        for name, model in self.frozen.items():  # each timed to its end on the device: frozen/<name>_s
+            began = time.perf_counter()
             with phase(f"{name}_log_probs"):
                 data.frozen_log_probs[name] = model.log_probs(data, roll)
+                self.backend.synchronize()
+            frozen_s[name] = time.perf_counter() - began
         per_token = algorithm.token_advantages(data, self.context)
         if per_token is not None:
             data.advantages = per_token
@@ -167,7 +179,7 @@ class RLTrainer:
         stats = self.groups.once({**scoring.rollout_sums(drawn.draws, overlong=overlong), **drawn.metrics,
                                   "rollout_tokens_computed": float(sum(p.batch.tokens_computed for p in drawn.draws))})
         extras = {"longest": max(float(part.lengths.max().item()) for part in drawn.draws),
-                  "sampling_s": sampling_s[0],
+                  "sampling_s": sampling_s[0], "frozen_s": frozen_s,
                   "samples": scoring.sample_records(step + 1, scored, advantages,
                                                     cfg.run.log_samples if leads else 0, self.reward_names)}
         return data, stats, extras
@@ -181,19 +193,30 @@ class RLTrainer:
         """Log-probs under the frozen reference (``frozen["ref"]``)."""
         return self.frozen["ref"].log_probs(data, self.config.rollout)
 
-    def loss_fn(self, module, micro: dict):
+    def loss_fn(self, module, micro):
         """The loss of one micro-batch (``FSDPEngine.forward_backward_batch``'s ``step_fn``): the algorithm's
-        terms over the micro-batch's streams (``update.py``)."""
-        return policy_loss_of(module, micro, self.algorithm.terms(), self.config.rollout,
-                              Correction.of(self.config.algorithm), self.actor.sequence_parallel,
-                              self.backend.device())
+        terms, built once per run, over the micro-batch's streams (``update.py``)."""
+        return policy_loss_of(module, micro, self.terms, self.config.rollout, self.correction,
+                              self.actor.sequence_parallel, self.backend.device())
+
+    def reconfigure(self) -> None:
+        """The algorithm, its loss terms and the rollout correction built again from ``config`` (a test or a
+        benchmark that changed ``algorithm.*`` keys between updates; a run never does)."""
+        self.algorithm = type(self.algorithm)(self.config)
+        self.terms, self.correction = self.algorithm.terms(), Correction.of(self.config.algorithm)
 
     def update(self, data: StepData, loss_fn=None) -> dict:
-        """The PPO updates of a step; the averaged metrics, with ``mismatch``: the rollout engine's log-probs
-        against the policy's over the first epoch (``MismatchStats``). ``loss_fn`` replaces ``self.loss_fn`` (a
-        benchmark measuring it)."""
-        with phase("update"):
-            return ppo_updates(self.actor, data, loss_fn or self.loss_fn, self.config.train.ppo_epochs)
+        """The PPO updates of a step (none while the algorithm warms up its own models), then the algorithm's
+        ``after_update``; the averaged metrics, with ``mismatch``: the rollout engine's log-probs against the
+        policy's over the first epoch (``MismatchStats``). ``loss_fn`` replaces ``self.loss_fn`` (a benchmark
+        measuring it)."""
+        if self.algorithm.updates_policy(data.step):
+            with phase("update"):
+                figures = ppo_updates(self.actor, data, loss_fn or self.loss_fn, self.config.train.ppo_epochs)
+        else:
+            figures = idle_update()
+        figures.update(self.algorithm.after_update(data, data.step, self.context))
+        return figures
 
     def _frozen_geometry(self, model) -> Geometry | None:
         """A frozen model's shape when its forward runs on this trainer's devices (a LoRA policy's base: the
@@ -285,6 +308,7 @@ class RLTrainer:
         sums = {**stats, **self.pad_counts(data), **mismatch.sums(), **self.groups.once(staleness),
                 "sampler_busy_frac": busy / max(finished - started, 1e-9)}
         maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
+                  **{f"frozen_{name}_s": seconds for name, seconds in extras["frozen_s"].items()},
                   "weight_sync_bytes": float(pushed),
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
@@ -296,6 +320,7 @@ class RLTrainer:
             row = step_row(totals, largest, update, times, plan_metrics, MismatchStats.reduced(totals, largest),
                            self.reward_names, self.world_size, self.algorithm.metrics(totals, self.groups.size),
                            perf)
+            row.update(frozen_seconds(largest, self.frozen, self.algorithm.metric_aliases))
             require_finite(row, step)
             return row
 

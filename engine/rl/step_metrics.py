@@ -14,6 +14,9 @@ thread's batch and, in pause mode ``wait``, for requests in flight to finish bef
 for the phases the step times (``rollout``, ``update``, ``old_log_probs``, ``ref_log_probs``,
 ``teacher_log_probs``): the FLOPs of ``phase_flops`` (``engine/runtime/flops.py``) over rank 0's seconds in the phase
 x the ranks x the backend's ``peak_flops`` (no ``perf/mfu*`` where the backend knows no peak).
+
+``frozen/<name>_s``: each frozen model's forward over the step's batch (``ref``, ``teacher``), timed to its end on
+the device, the rank that took longest.
 """
 
 from __future__ import annotations
@@ -93,6 +96,13 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
     row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
     row.update(perf or {})  # perf/mfu, perf/mfu/<phase>, perf/tflops/<phase>
     return row
+
+
+def frozen_seconds(largest: dict, frozen, aliases: dict[str, str]) -> dict[str, float]:
+    """``frozen/<name>_s`` of every frozen model (``largest``: the step's maxima over ranks), each also under the
+    name ``aliases`` gives it (``Algorithm.metric_aliases``: a name the algorithm reported it by before)."""
+    row = {f"frozen/{name}_s": largest[f"frozen_{name}_s"] for name in frozen}
+    return {**row, **{aliases[key]: value for key, value in row.items() if key in aliases}}
 
 
 def require_finite(row: dict, step: int) -> None:

@@ -1,5 +1,6 @@
-"""The built-in trainers, registered through the same hook as a third party's, by name: the frame imports no
-recipe until one is chosen."""
+"""The built-in trainers and RL algorithms, registered through the same hooks as a third party's, by name: the frame
+imports no recipe or algorithm until one is chosen. Every registered algorithm runs on the one RL recipe
+(``RL_RECIPE``), bound to its name."""
 
 from accel_backends import hookimpl
 
@@ -8,9 +9,16 @@ from . import hookspecs  # noqa: F401 - the hook below must be specified before 
 
 @hookimpl
 def register_recipes(register):
-    register("grpo", "engine.recipes.grpo:GRPORecipe")
     register("sft", "engine.recipes.sft:SFTRecipe")
-    register("distill", "engine.recipes.distill:DistillRecipe")
     register("dpo", "engine.recipes.dpo:DPORecipe")
     register("rm", "engine.recipes.rm:RewardModelRecipe")
-    register("ppo", "engine.recipes.ppo:PPORecipe")
+
+
+@hookimpl
+def register_algorithms(register):
+    register("grpo", "engine.rl.algorithms.grpo:GRPOAlgorithm")
+    register("ppo", "engine.rl.algorithms.ppo:PPOAlgorithm")
+    register("distill", "engine.rl.algorithms.distill:DistillAlgorithm")
+
+
+RL_RECIPE = "engine.rl.recipe:RLRecipe"  # the recipe every registered algorithm runs on

@@ -84,10 +84,10 @@ def print_outputs(directory: Path) -> None:
 
 
 def no_imports_from_the_working_directory() -> None:
-    """``python -m engine.grpo.cli`` (and ``torchrun -m``) put the working directory first on ``sys.path``: a file
-    there named like a vendor's package would be imported by the launcher's backend probe and by every worker (which
-    take this ``sys.path``). Taken off, unless the command runs from the root of a source checkout (the project's
-    code)."""
+    """``python -m engine.rl.algorithms.grpo.cli`` (and ``torchrun -m``) put the working directory first on
+    ``sys.path``: a file there named like a vendor's package would be imported by the launcher's backend probe and by
+    every worker (which take this ``sys.path``). Taken off, unless the command runs from the root of a source
+    checkout (the project's code)."""
     from accel_backends.spawn import forget_working_directory
 
     started = getattr(sys.modules.get("__main__"), "__spec__", None)

@@ -31,12 +31,12 @@ def _mark(variable):
 
 def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
     import engine.checkpoint.store
-    import engine.recipes.grpo.trainer as trainer_module
     import engine.rl.scoring as scoring
-    from engine.recipes.grpo.config import GRPOConfig
+    from engine.rl.algorithms.grpo.config import GRPOConfig
+    from engine.train.registry import get_recipe
 
     kind, rank, at = os.environ["GRPO_FAULT"].split(":")
-    trainer = trainer_module.GRPOTrainer(GRPOConfig.from_dict(config_dict), Path(run_dir), resume)
+    trainer = get_recipe("grpo").trainer_of(GRPOConfig.from_dict(config_dict), Path(run_dir), resume)
     armed = trainer.rank == int(rank)
     state = {"step": 0, "paused": False}
 
@@ -99,7 +99,7 @@ def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir:
 
 
 if __name__ == "__main__":
-    import engine.grpo.cli as cli
+    import engine.rl.algorithms.grpo.cli as cli
     import engine.train.loop
 
     os.environ["GRPO_FAULT"] = sys.argv[1]

@@ -14,12 +14,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir: str, resume: bool) -> dict:
-    from engine.recipes.ppo.schema import PPOConfig
-    from engine.recipes.ppo.trainer import PPOTrainer
+    from engine.rl.algorithms.ppo.schema import PPOConfig
+    from engine.train.registry import get_recipe
 
     rank, step = (int(x) for x in os.environ["PPO_KILL"].split(":"))
-    trainer = PPOTrainer(PPOConfig.from_dict(config_dict), Path(run_dir), resume)
-    critic, save = trainer.critic, trainer.critic.save_checkpoint
+    trainer = get_recipe("ppo").trainer_of(PPOConfig.from_dict(config_dict), Path(run_dir), resume)
+    critic = trainer.trained["critic"]
+    save = critic.save_checkpoint
 
     def dying_save(path):
         if critic.rank == rank and trainer.actor.global_step == step:  # one policy update per step
@@ -31,7 +32,7 @@ def faulty_worker(recipe_name: str, config_dict: dict, world_size: int, run_dir:
 
 
 if __name__ == "__main__":
-    import engine.recipes.ppo.cli as cli
+    import engine.rl.algorithms.ppo.cli as cli
     import engine.train.loop
 
     os.environ["PPO_KILL"] = sys.argv[1]

@@ -42,7 +42,7 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
     # Saving changes nothing (issue 45): the same run saving no checkpoint until its end trains to the same figures
     # at every step, though the killed run saved the policy at step 1, during the critic's warm-up, before its
     # optimizer stepped (its first update, at step 2, then counted as its second: step 3 differed).
-    unsaved = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, "run.save_every=0",
+    unsaved = run_python(["-m", "engine.rl.algorithms.ppo.cli", *SMALL, "run.save_every=0",
                           "run.name=ppo-unsaved", f"run.output_dir={tmp_path}"], env=ENV, timeout=400)
     assert unsaved.returncode == 0, unsaved.stderr[-3000:]
     figures = ("loss", "pg_loss", "grad_norm", "reward_mean", "critic/vf_loss", "critic/grad_norm")
@@ -51,7 +51,7 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
 
     # The resumed run splits the critic's passes into micro-batches of one sequence (critic.micro_batch_size): its
     # values, loss and gradient are the killed run's, which had one micro-batch per rank (train.micro_batch_size).
-    resumed = run_python(["-m", "engine.recipes.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume",
+    resumed = run_python(["-m", "engine.rl.algorithms.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume",
                           "critic.micro_batch_size=1"], env=ENV, timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from step 2" in resumed.stdout + resumed.stderr
@@ -68,7 +68,7 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
         assert row["critic/grad_norm"] > 0 and row["critic/lr"] == pytest.approx(1e-3)
         assert {"critic/vf_loss", "critic/vf_clip_frac", "critic/values_mean", "critic/returns_mean"} <= set(row)
 
-    exported = run_python(["-m", "engine.recipes.ppo.cli", "export", str(run), str(tmp_path / "hf")],
+    exported = run_python(["-m", "engine.rl.algorithms.ppo.cli", "export", str(run), str(tmp_path / "hf")],
                           env={"ACCEL_BACKEND": "cpu"}, timeout=200)
     assert exported.returncode == 0, exported.stderr[-2000:]
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
@@ -82,7 +82,7 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
     shutil.copytree(run, planted)
     critic_metadata = planted / "checkpoints" / "step_000003" / "critic" / ".metadata"
     plant(critic_metadata, marker)
-    refused = run_python(["-m", "engine.recipes.ppo.cli", *SMALL[:-1], "run.name=planted",
+    refused = run_python(["-m", "engine.rl.algorithms.ppo.cli", *SMALL[:-1], "run.name=planted",
                           f"run.output_dir={tmp_path}", "--resume"], env=ENV, timeout=200)
     assert refused.returncode != 0 and not marker.exists(), refused.stderr[-2000:]
     err = refused.stderr.strip()

@@ -32,11 +32,11 @@ def _rank(rank, args, tmp):
     from grpo_data import write_jsonl
 
     from engine.demo_model import make_tiny_model
-    from engine.recipes.grpo.config import build_config
-    from engine.recipes.grpo.trainer import GRPOTrainer
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.rollout.engines import Responses, RolloutContext
     from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
     from engine.rollout.single_turn import rollout
+    from engine.train.registry import get_recipe
 
     model_dir = make_tiny_model(Path(tmp) / "model", hidden_size=args.hidden, layers=args.layers)
     data = write_jsonl(Path(tmp) / "arith.jsonl", agent_tools.arithmetic_rows(64))
@@ -44,7 +44,7 @@ def _rank(rank, args, tmp):
                                        "rollout.tools=[agent_tools:calculator]", f"rollout.n={args.n}",
                                        f"train.prompts_per_step={args.prompts}", "rollout.max_new_tokens=400",
                                        "data.reward=agent_tools:correct_answer", "algorithm.kl_loss_coef=0"])
-    trainer = GRPOTrainer(config, Path(tmp) / "run", resume=False)
+    trainer = get_recipe("grpo").trainer_of(config, Path(tmp) / "run", resume=False)
     tokenizer, end = trainer.tokenizer, trainer.tokenizer.convert_tokens_to_ids("<|im_end|>")
     filler = tokenizer(" apples", add_special_tokens=False)["input_ids"]
 

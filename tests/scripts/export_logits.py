@@ -25,8 +25,8 @@ def _engine_logits(rank, run_dir, prompts):
 
     from engine import FSDPEngine
     from engine.checkpoint import latest_complete
-    from engine.recipes.grpo.config import GRPOConfig, engine_config
-    from engine.recipes.grpo.model import build_model
+    from engine.rl.algorithms.grpo.config import GRPOConfig, engine_config
+    from engine.rl.model import build_model
 
     config = GRPOConfig.from_dict(json.loads((Path(run_dir) / "config.json").read_text()))
     tokenizer, source = build_model(config.model)

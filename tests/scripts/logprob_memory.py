@@ -1,5 +1,5 @@
 """Peak host memory of one GRPO log-prob micro-batch: the naive full-vocabulary log-softmax vs
-engine.recipes.grpo.logprobs.
+engine.rl.logprobs.
 
     python tests/scripts/logprob_memory.py --vocab 151936 --batch 8 --prompt 64 --response 256
 
@@ -17,7 +17,7 @@ def naive(model, input_ids, attention_mask, prompt_length, temperature):
     """What the trainer did before: full logits, an fp32 copy scaled by temperature, a full log-softmax."""
     import torch.nn.functional as F
 
-    from engine.recipes.grpo.logprobs import position_ids
+    from engine.rl.logprobs import position_ids
 
     logits = model(input_ids=input_ids, attention_mask=attention_mask,
                    position_ids=position_ids(attention_mask)).logits
@@ -43,7 +43,7 @@ def measure(variant, vocab, batch, prompt, response, grad):
     import torch
 
     from accel_backends.backends.cpu import CPUBackend
-    from engine.recipes.grpo.logprobs import response_log_probs
+    from engine.rl.logprobs import response_log_probs
     from engine.tiny_model import tiny_qwen2
 
     model = tiny_qwen2(seed=0, vocab_size=vocab, layers=1, max_positions=prompt + response)

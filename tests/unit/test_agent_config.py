@@ -6,7 +6,7 @@ import shutil
 import pytest
 
 from engine.demo_model import make_tiny_model
-from engine.recipes.grpo.config import build_config, check
+from engine.rl.algorithms.grpo.config import build_config, check
 from engine.rollout.engines.hf_continuous import ContinuousRolloutEngine
 
 PLAIN_CHATML = ("{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
@@ -66,7 +66,7 @@ def test_an_engine_that_cannot_continue_token_ids_is_refused(model_dir, monkeypa
 
 
 def test_the_cli_stops_with_one_line_before_any_worker(model_dir, capsys, tmp_path):
-    from engine.grpo.cli import main
+    from engine.rl.algorithms.grpo.cli import main
 
     assert main(["--preset", "cpu-demo", f"model.path={model_dir}", "rollout.tools=[agent_tools:untyped]",
                  f"run.output_dir={tmp_path}"]) == 2

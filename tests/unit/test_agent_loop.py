@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from engine.demo_model import build_tokenizer
-from engine.recipes.grpo import scoring
-from engine.recipes.grpo.config import GRPOConfig
-from engine.recipes.grpo.prompts import Sample
-from engine.recipes.grpo.rewards import Reward, environment_rewards
+from engine.rl import scoring
+from engine.rl.algorithms.grpo.config import GRPOConfig
+from engine.rl.prompts import Sample
+from engine.rl.rewards import Reward, environment_rewards
 from engine.rollout import multi_turn as agent
 from engine.rollout.engines import Responses, RolloutContext, RolloutEngine, SamplingConfig
 from engine.rollout.multi_turn.template import encode

@@ -1,4 +1,4 @@
-"""engine/recipes/grpo/algorithms.py: every loss type's value and gradient against numbers worked out from the published
+"""engine/rl/formulas.py: every loss type's value and gradient against numbers worked out from the published
 formulas (GRPO, DAPO, Dr. GRPO, TRL's bnpo, GSPO, CISPO), the new advantage scalings, the overlong penalty, and the
 micro-batch weights that make a split mini-batch equal one pass over it."""
 
@@ -15,7 +15,7 @@ from engine.grpo.algorithms import (
     overlong_penalty,
     policy_loss,
 )
-from engine.recipes.grpo.loss_types import LOSS_TYPES
+from engine.rl.algorithms.grpo.loss_types import LOSS_TYPES
 
 
 def close(actual, expected, tol=1e-5):

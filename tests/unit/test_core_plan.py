@@ -170,7 +170,7 @@ def test_a_trainer_process_computes_on_its_share_and_borrows_while_the_servers_i
 
 
 def test_print_config_shows_what_auto_chose_and_why(monkeypatch):
-    from engine.recipes.grpo.config import build_config, resolved
+    from engine.rl.algorithms.grpo.config import build_config, resolved
 
     monkeypatch.setattr(core_plans, "allowed_cores", lambda: [0, 1])
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

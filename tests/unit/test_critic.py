@@ -1,11 +1,11 @@
-"""engine/rl/critic.py: PPO's critic (a value head on the policy's architecture), its values at the response
-positions (packed = padded = one sequence at a time) and the clipped value loss against its formula."""
+"""engine/rl/algorithms/ppo/critic.py: PPO's critic (a value head on the policy's architecture), its values at the
+response positions (packed = padded = one sequence at a time) and the clipped value loss against its formula."""
 
 import pytest
 import torch
 
 from engine.packing import SequenceBatch, build_layout
-from engine.rl.critic import critic_factory, token_values, value_loss
+from engine.rl.algorithms.ppo.critic import critic_factory, token_values, value_loss
 from engine.tiny_model import tiny_qwen2
 
 
@@ -70,7 +70,7 @@ def test_value_loss_against_its_formula():
 def test_the_critics_own_micro_batches_keep_each_ranks_sequences_and_match_in_count():
     """critic.micro_batch_size / micro_batch_tokens: each rank's sequences of the policy's plan (whose values and
     returns that rank computed) planned again within the critic's sizes; as many micro-batches on every rank."""
-    from engine.rl.critic import own_micro_batches
+    from engine.rl.algorithms.ppo.critic import own_micro_batches
 
     lengths = [5, 3, 4, 6, 2]
     policy = (((0, 1), (2,)), ((3, 4), ()))  # rank 0: sequences 0, 1, 2; rank 1: 3, 4 (and a filler)
@@ -95,8 +95,8 @@ def test_the_critics_own_micro_batches_keep_each_ranks_sequences_and_match_in_co
 
 
 def test_the_critics_micro_batch_keys_are_checked_before_any_worker():
-    from engine.recipes.ppo.recipe import algorithm_problems
-    from engine.recipes.ppo.schema import PPOConfig
+    from engine.rl.algorithms.ppo.checks import algorithm_problems
+    from engine.rl.algorithms.ppo.schema import PPOConfig
 
     config = PPOConfig()
     assert algorithm_problems(config) == []
@@ -126,7 +126,7 @@ def _critic_dir(directory, vocab_size: int, alphabet: str | None = None):
 def test_critic_path_is_refused_in_one_line_before_any_worker(tmp_path, capsys):
     """Issue 45: a missing critic.path ended in a Hub lookup that never named the key, another vocabulary in an
     IndexError inside a worker; each is now one line naming critic.path, before the run directory exists."""
-    from engine.recipes.ppo import cli
+    from engine.rl.algorithms.ppo import cli
 
     unknown = tmp_path / "unknown"
     unknown.mkdir()
@@ -143,12 +143,14 @@ def test_critic_path_is_refused_in_one_line_before_any_worker(tmp_path, capsys):
 
 
 def test_resume_refuses_a_changed_critic_path(tmp_path):
-    from engine.recipes.ppo.recipe import PPORecipe
+    from engine.train.registry import get_recipe
     from engine.train.resume import changes, refusal
+
+    ppo = get_recipe("ppo")
 
     recorded = {"critic": {"path": str(tmp_path / "a"), "lr": 1e-5}}
     line = refusal(tmp_path, changes(recorded, {"critic": {"path": str(tmp_path / "b"), "lr": 1e-5}},
-                                     PPORecipe.path_keys), PPORecipe.resume_fixed)
+                                     ppo.path_keys), ppo.resume_fixed)
     assert line is not None and f"critic.path={tmp_path / 'b'} would change the critic the checkpoint holds" in line
     assert refusal(tmp_path, changes(recorded, {"critic": {"path": str(tmp_path / "a"), "lr": 2e-5}},
-                                     PPORecipe.path_keys), PPORecipe.resume_fixed) is None  # its lr may change
+                                     ppo.path_keys), ppo.resume_fixed) is None  # its lr may change

@@ -114,9 +114,9 @@ def test_hccl_connect_timeout_stays_within_canns_range():
 
 
 def _grpo_check(monkeypatch, backend, nproc: int, *overrides: str, installed=None) -> list[str]:
-    """``accel-grpo``'s check before any worker (``engine.recipes.grpo.config.check``) with ``backend`` selected
+    """``accel-grpo``'s check before any worker (``engine.rl.algorithms.grpo.config.check``) with ``backend`` selected
     and ``installed`` as the vLLM distributions of this Python."""
-    from engine.recipes.grpo.config import build_config, check
+    from engine.rl.algorithms.grpo.config import build_config, check
 
     monkeypatch.setattr(accel_backends, "get_backend", lambda name=None: backend)
     monkeypatch.setattr(device_guard, "installed_vllm", lambda: installed or {})

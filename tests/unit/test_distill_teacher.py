@@ -14,7 +14,7 @@ import pytest
 import torch
 from distill_models import char_model_dir
 
-from engine.rl.teacher import tokenizer_problem
+from engine.rl.algorithms.distill.teacher import tokenizer_problem
 
 
 def _tokenizer(alphabet=None):
@@ -123,8 +123,8 @@ def test_a_served_teacher_gives_the_log_probs_of_this_ranks_rows(served):
 
 
 def test_a_served_teacher_is_refused_for_other_sampling_or_another_tokenizer(served):
+    from engine.rl.algorithms.distill.teacher import TeacherConfig
     from engine.rl.server_logprobs import server_problems
-    from engine.rl.teacher import TeacherConfig
 
     teacher = TeacherConfig(server_url=served.url)
     plain = SimpleNamespace(temperature=1.0, top_k=0, top_p=1.0)
@@ -140,7 +140,7 @@ def test_a_served_teacher_is_refused_for_other_sampling_or_another_tokenizer(ser
 
 
 def test_the_reverse_kl_term_is_the_policy_gradient_of_the_teachers_gap():
-    from engine.recipes.distill.algorithm import reverse_kl_policy_gradient
+    from engine.rl.algorithms.distill.algorithm import reverse_kl_policy_gradient
     from engine.rl.terms import Norm, Streams, micro_batch_loss
 
     generator = torch.Generator().manual_seed(1)

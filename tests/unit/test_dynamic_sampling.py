@@ -1,12 +1,12 @@
-"""engine/recipes/grpo/dynamic_sampling.py and scoring.py: which groups are kept, when drawing stops, how ranks agree
-on the batch size, how groups of several draws are put back together, and what the metrics say."""
+"""engine/rl/algorithms/grpo/dynamic_sampling.py and scoring.py: which groups are kept, when drawing stops, how ranks
+agree on the batch size, how groups of several draws are put back together, and what the metrics say."""
 
 import torch
 
-from engine.recipes.grpo.dynamic_sampling import fill_batch, informative_groups, shares, summary
-from engine.recipes.grpo.prompts import Sample
-from engine.recipes.grpo.rewards import Reward, metric_names
-from engine.recipes.grpo.scoring import (
+from engine.rl.algorithms.grpo.dynamic_sampling import fill_batch, informative_groups, shares, summary
+from engine.rl.prompts import Sample
+from engine.rl.rewards import Reward, metric_names
+from engine.rl.scoring import (
     ScoredRollout,
     concat,
     reward_metrics,

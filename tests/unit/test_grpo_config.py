@@ -1,8 +1,9 @@
-"""engine/recipes/grpo/config.py: typed options from YAML and the command line, and overrides into the config tree."""
+"""engine/rl/algorithms/grpo/config.py: typed options from YAML and the command line, and overrides into the config
+tree."""
 
 import pytest
 
-from engine.recipes.grpo.config import GRPOConfig, apply, coerce, parse_override
+from engine.rl.algorithms.grpo.config import GRPOConfig, apply, coerce, parse_override
 
 
 @pytest.mark.parametrize(("value", "annotation", "expected"), [
@@ -55,7 +56,7 @@ def test_apply_sets_typed_fields_and_names_mistakes():
 # ---------------------------------------------------------------- algorithm.* (issue 18)
 
 def _problems(*overrides, world_size=2):
-    from engine.recipes.grpo.config import build_config, check
+    from engine.rl.algorithms.grpo.config import build_config, check
 
     return check(build_config(None, None, list(overrides)), world_size)
 
@@ -99,7 +100,7 @@ def test_every_estimator_is_valid(overrides):
 
 
 def test_dr_grpo_without_a_length_constant_names_the_keys():
-    from engine.recipes.grpo.config import GRPOConfig, check
+    from engine.rl.algorithms.grpo.config import GRPOConfig, check
 
     config = GRPOConfig()
     config.algorithm.loss_type, config.rollout.max_new_tokens = "dr_grpo", None
@@ -107,7 +108,7 @@ def test_dr_grpo_without_a_length_constant_names_the_keys():
 
 
 def test_bad_loss_type_stops_the_cli_before_any_worker(capsys, tmp_path):
-    from engine.grpo.cli import main
+    from engine.rl.algorithms.grpo.cli import main
 
     assert main(["algorithm.loss_type=ppo", "algorithm.scale_rewards=std", f"run.output_dir={tmp_path}"]) == 2
     err = capsys.readouterr().err
@@ -122,8 +123,8 @@ def test_every_loss_type_is_valid_with_the_demo_preset(loss_type):
 
 
 def test_the_recipe_fills_only_what_is_unset_and_old_names_still_work():
-    from engine.recipes.grpo.config import apply_loss_type, build_config
-    from engine.recipes.grpo.loss_types import resolve
+    from engine.rl.algorithms.grpo.config import apply_loss_type, build_config
+    from engine.rl.algorithms.grpo.loss_types import resolve
 
     config = build_config(None, None, ["algorithm.loss_type=dr_grpo", "algorithm.clip_high=0.3"])
     assert apply_loss_type(config) == []
@@ -142,7 +143,7 @@ def test_the_recipe_fills_only_what_is_unset_and_old_names_still_work():
     assert (a.kl_loss_coef, a.kl_coef, a.scale_rewards, a.norm_by_std) == (0.05, None, "none", None)
     assert (a.loss_type, a.loss_agg, a.clip_high) == ("dapo", "token-mean", 0.28)  # the default recipe
 def test_keep_checkpoints_and_loggers_are_checked():
-    from engine.recipes.grpo.config import check
+    from engine.rl.algorithms.grpo.config import check
 
     config = _config()
     config.run.keep_checkpoints, config.run.loggers = 0, ["jsonl", "wandbb", "mlflow"]
@@ -158,7 +159,7 @@ def test_resolved_config_has_every_engine_default_and_the_derived_sizes():
     import dataclasses
 
     from engine import EngineConfig
-    from engine.recipes.grpo.config import build_config, resolved
+    from engine.rl.algorithms.grpo.config import build_config, resolved
 
     config = build_config(None, None, ["train.ppo_epochs=2", "train.prompts_per_update=8", "train.steps=10"])
     data = resolved(config, 4)
@@ -189,13 +190,13 @@ def test_bad_nproc_on_the_command_line(text):
     with pytest.raises(argparse.ArgumentTypeError, match="must be a positive integer or auto"):
         parse_nproc(text)
 def _config(*overrides):
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
 
     return build_config(None, None, list(overrides))
 
 
 def test_updates_per_step_do_not_depend_on_the_number_of_ranks():
-    from engine.recipes.grpo.config import check, updates_per_step
+    from engine.rl.algorithms.grpo.config import check, updates_per_step
 
     config = _config("train.prompts_per_step=16", "train.prompts_per_update=4", "train.ppo_epochs=2")
     assert [updates_per_step(config, w) for w in (1, 2, 8)] == [8, 8, 8]
@@ -205,7 +206,7 @@ def test_updates_per_step_do_not_depend_on_the_number_of_ranks():
 
 
 def test_the_deprecated_per_rank_key_still_works_with_a_notice_naming_its_replacement():
-    from engine.recipes.grpo.config import check, deprecation_notices
+    from engine.rl.algorithms.grpo.config import check, deprecation_notices
 
     legacy = _config("train.prompts_per_step=16", "rollout.n=8", "train.mini_batch_size=32")
     assert check(legacy, 2) == []
@@ -221,7 +222,7 @@ def test_the_deprecated_per_rank_key_still_works_with_a_notice_naming_its_replac
 
 @pytest.mark.parametrize("padding_free", ["true", "false"])
 def test_a_token_budget_below_the_longest_sequence_is_refused_naming_both_numbers(padding_free):
-    from engine.recipes.grpo.config import check
+    from engine.rl.algorithms.grpo.config import check
 
     fits = _config("data.max_prompt_tokens=100", "rollout.max_new_tokens=28", "train.micro_batch_tokens=128",
                    f"train.padding_free={padding_free}")
@@ -235,7 +236,7 @@ def test_a_token_budget_below_the_longest_sequence_is_refused_naming_both_number
 
 
 def test_a_token_budget_needs_a_prompt_limit_for_data_files(tmp_path):
-    from engine.recipes.grpo.config import check
+    from engine.rl.algorithms.grpo.config import check
 
     data = tmp_path / "train.jsonl"
     data.write_text('{"prompt": "2+2?", "answer": "4"}\n')
@@ -256,7 +257,7 @@ def test_train_eval_and_bench_go_through_one_config_pipeline(tmp_path, capsys):
     import dataclasses
     import json
 
-    import engine.recipes.grpo.config as grpo_config
+    import engine.rl.algorithms.grpo.config as grpo_config
     from engine.bench.cli import _check_grpo_settings
     from engine.grpo import cli
     from engine.train.cli import load
@@ -295,7 +296,7 @@ def test_train_eval_and_bench_go_through_one_config_pipeline(tmp_path, capsys):
 
 
 def test_a_run_config_is_migrated_by_the_same_pipeline_and_the_preset_is_refused_on_it(tmp_path):
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.train.cli import load
     from engine.train.registry import get_recipe
 

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from engine.recipes.grpo.report import panels
+from engine.rl.algorithms.grpo.report import panels
 from engine.train.loggers import flat_params, numbers, require_logger
 from engine.train.retention import human_size
 

@@ -52,17 +52,18 @@ def _update_reads(backend, micro_batches: int, layers: int):
     terms = [policy_gradient(norm), kl_to("ref", 0.1, norm), entropy_bonus(0.01, norm)]
     loss_fn = functools.partial(policy_loss_of, terms=terms, rollout=_Rollout, correction=Correction("token_truncate",
                                 2.0), sp=engine.sequence_parallel, device=backend.device())
-    data, mismatch = _step_data(micro_batches), MismatchStats()
+    data = _step_data(micro_batches)
     layouts = list(data.rank_layouts())  # planned on the host (on a device no read), outside the counted block
     data.rank_layouts = lambda: iter(layouts)
     with engine.eval_mode(), count_host_reads(backend) as log_prob_reads:
         old = planned_log_probs(engine, data, 1.0, "old")
     assert old.shape == data.loss_mask.shape and bool(old[data.loss_mask.bool()].lt(0).all())
-    micro = data.micro_batches(data.mini_batches[0], mismatch)  # planned on the host, before the update
+    micro = data.micro_batches(data.mini_batches[0], record_mismatch=True)  # on the host, before the update
     assert len(micro) == micro_batches
     with engine.train_mode():
         with count_host_reads(backend) as reads:
             metrics = engine.forward_backward_batch(micro, loss_fn)
+            mismatch = MismatchStats.total(m.mismatch for m in micro)  # each micro-batch's own, added on the device
             mismatch.sums(), mismatch.maxima()
         engine.optimizer_step()
     assert {"pg_loss", "kl", "entropy", "clip_frac", "approx_kl"} <= set(metrics)

@@ -173,7 +173,7 @@ def test_a_non_finite_reward_or_loss_stops_the_run():
 
 
 def test_eval_refuses_a_judge_that_does_not_answer(tmp_path):
-    from engine.recipes.grpo.config import GRPOConfig
+    from engine.rl.algorithms.grpo.config import GRPOConfig
     from engine.rl.evaluate import problems
 
     config = GRPOConfig()

@@ -12,9 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from engine.recipes.grpo.algorithm import GRPOAlgorithm
-from engine.recipes.grpo.schema import AlgorithmConfig
 from engine.rl import update
+from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
+from engine.rl.algorithms.grpo.schema import AlgorithmConfig
+from engine.rl.micro_batch import PolicyMicroBatch
 from engine.rl.rollout_correction import MismatchStats
 from engine.rl.terms import MiniBatchSize, Norm, Streams, cross_entropy, kl_to, micro_batch_loss, policy_gradient
 
@@ -43,11 +44,10 @@ def _today(case: dict, monkeypatch) -> dict:
     layout = SimpleNamespace(filler=bool(holds.get("filler")))
     layout.to = lambda device: layout
     mismatch = MismatchStats()
-    micro = {"layout": layout, "loss_mask": data["mask"], "advantages": data["advantages"],
-             "old_log_probs": data["old"] if holds.get("old") else None,
-             "frozen": {"ref": data["ref"]} if holds.get("ref") else {},
-             "sampling_log_probs": data["sampling"] if holds.get("sampling") else None,
-             "micro_batches": holds.get("micro_batches", 3), "mismatch": mismatch}
+    micro = PolicyMicroBatch(layout, data["mask"], data["advantages"], data["old"] if holds.get("old") else None,
+                             {"ref": data["ref"]} if holds.get("ref") else {},
+                             data["sampling"] if holds.get("sampling") else None, holds.get("micro_batches", 3),
+                             mismatch=mismatch)
     log_probs = data["log_probs"].clone().requires_grad_(True)
     entropy = data["entropy"].clone().requires_grad_(True)
     monkeypatch.setattr(update, "sequence_log_probs", lambda *args, **kwargs: (log_probs, entropy))

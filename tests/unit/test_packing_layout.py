@@ -1,4 +1,4 @@
-"""engine/packing/layout.py and probe.py, with engine/recipes/grpo/logprobs.py on them: packed and padded micro-batches
+"""engine/packing/layout.py and probe.py, with engine/rl/logprobs.py on them: packed and padded micro-batches
 give each sequence's log-probs (and gradients) as the sequence alone does; an attention that mixes packed sequences is
 caught by the probe."""
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from engine.packing import SequenceBatch, build_layout, probe_packed_input, register_packed_sdpa
-from engine.recipes.grpo.logprobs import response_log_probs, sequence_log_probs
+from engine.rl.logprobs import response_log_probs, sequence_log_probs
 from engine.tiny_model import tiny_qwen2
 
 VOCAB = 96

@@ -39,7 +39,7 @@ def test_real_pickled_weights_pass(tmp_path):
 
 
 def test_model_and_teacher_paths(planted):
-    from engine.rl.teacher import source_problems
+    from engine.rl.algorithms.distill.teacher import source_problems
     from engine.train.model_dir import check_model_dir
 
     directory, marker = planted
@@ -59,8 +59,8 @@ def test_reward_model_path(planted):
 
 
 def test_critic_path(planted):
-    from engine.recipes.ppo.recipe import algorithm_problems
-    from engine.recipes.ppo.schema import PPOConfig
+    from engine.rl.algorithms.ppo.checks import algorithm_problems
+    from engine.rl.algorithms.ppo.schema import PPOConfig
 
     directory, marker = planted
     config = PPOConfig()

@@ -13,8 +13,8 @@ import torch
 from reward_models import make_reward_model
 
 import accel_backends
-from engine.recipes.grpo.config import GRPOConfig, check
 from engine.rl import reward_model, scoring
+from engine.rl.algorithms.grpo.config import GRPOConfig, check
 from engine.rl.judge import JudgeReward, parse_score
 from engine.rl.prompt_types import Sample
 from engine.rl.prompts import data_spec, echo_reward

@@ -1,4 +1,4 @@
-"""engine/recipes/grpo/rollout_correction.py: the importance weights of every algorithm.rollout_correction mode against
+"""engine/rl/rollout_correction.py: the importance weights of every algorithm.rollout_correction mode against
 numbers worked out by hand, over the loss mask only, and the rollout/* mismatch metrics over micro-batches and
 ranks."""
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from engine.recipes.grpo.rollout_correction import CORRECTION_MODES, MismatchStats, importance_weights
+from engine.rl.rollout_correction import CORRECTION_MODES, MismatchStats, importance_weights
 
 # Two sequences; the trainer's log-probs minus the engine's give the per-token log ratios below.
 # Sequence 0 has 3 loss tokens with ratios 1.5, 3.0 (above the cap 2), 0.5; sequence 1 has 1 loss token (ratio
@@ -105,3 +105,38 @@ def test_a_sequence_split_over_two_ranks_gets_the_ratio_of_all_its_tokens():
         split.add(TRAINER, SAMPLING, part, ratios, masked, sequences=MASK.bool().any(dim=-1) & (rank == 0))
     stats.add(TRAINER, SAMPLING, MASK, whole_ratios, torch.zeros_like(MASK, dtype=torch.bool))
     assert split.sums() == pytest.approx(stats.sums())
+
+
+def test_each_micro_batchs_own_statistics_add_up_to_one_accumulators_exactly():
+    """Issue 47: a micro-batch records its own mismatch (``PolicyMicroBatch.mismatch``) and the update adds them up
+    (``MismatchStats.total``), bit for bit what one accumulator fed every micro-batch gave; unrecorded ones count
+    nothing."""
+    one, parts = MismatchStats(), []
+    for rows in ([0], [1], []):  # two micro-batches and a filler
+        _, ratios, masked = importance_weights(TRAINER[rows], SAMPLING[rows], MASK[rows], "token_mask", cap=2.0)
+        own = MismatchStats()
+        for stats in (one, own):
+            stats.add(TRAINER[rows], SAMPLING[rows], MASK[rows], ratios, masked)
+        parts.append(own)
+    total = MismatchStats.total([*parts, None])
+    assert total.sums() == one.sums() and total.maxima() == one.maxima()
+    assert total.sums()["mismatch/tokens"] == 4.0
+    assert MismatchStats.total([None, MismatchStats()]).sums() == MismatchStats().sums()
+
+
+def test_grpo_resolves_its_loss_settings_once_when_built():
+    """Issue 47: ``algorithm.loss_type`` is resolved when the algorithm is built, into a frozen ``LossSettings``
+    (before, on every use and again per micro-batch)."""
+    import dataclasses
+
+    from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
+    from engine.rl.algorithms.grpo.config import build_config
+
+    config = build_config("cpu-demo", None, ["algorithm.loss_type=dr_grpo"])
+    algorithm = GRPOAlgorithm(config)
+    settings = algorithm.settings
+    assert (settings.agg, settings.scale_rewards, settings.norm_length) == ("seq-mean-token-sum-norm", "none", 4)
+    config.algorithm.loss_type = "gspo"  # the built algorithm keeps what it resolved
+    assert algorithm.settings is settings and GRPOAlgorithm(config).settings.loss_mode == "gspo"
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        settings.agg = "token-mean"

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import accel_backends
-from engine.recipes.grpo.logprobs import response_log_probs, token_log_probs
+from engine.rl.logprobs import response_log_probs, token_log_probs
 from engine.rollout.engines import (
     Responses,
     RolloutContext,
@@ -157,7 +157,7 @@ def _plugin(tmp_path, monkeypatch, name, source):
 
 def test_a_plugin_that_raises_on_import_is_named_before_training(tmp_path, monkeypatch):
     _plugin(tmp_path, monkeypatch, "broken_rollout_plugin", "raise ImportError('libvllm.so: cannot open')\n")
-    from engine.recipes.grpo.config import build_config, check
+    from engine.rl.algorithms.grpo.config import build_config, check
 
     config = build_config("cpu-demo", None, [])  # the demo's config: valid but for the engine
     config.rollout.engine = "sglang"
@@ -222,7 +222,7 @@ def scripted(monkeypatch):
 
 
 def _char_tokenizer():
-    from engine.recipes.grpo.tokenizer import build_char_tokenizer
+    from engine.rl.tokenizer import build_char_tokenizer
 
     return build_char_tokenizer("abcdef ")
 

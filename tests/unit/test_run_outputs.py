@@ -47,7 +47,7 @@ def test_the_progress_is_a_line_every_few_steps_when_not_on_a_terminal():
 
 def test_the_loss_panel_names_the_terms_in_use():
     """Bug: the loss panel said "policy + KL" for a run without a KL term."""
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
     from engine.train.registry import get_recipe
 
     recipe = get_recipe("grpo")
@@ -106,8 +106,8 @@ def test_a_worker_failure_is_one_uncut_line_and_the_rest_goes_to_a_file(tmp_path
 def test_a_reward_is_a_real_number_and_a_trl_rewards_count_is_said():
     """Bug: a reward returning the string "1.0" was taken as 1.0; a TRL-style reward returning 1 value for 64
     completions said "got list" without the lengths."""
-    from engine.recipes.grpo.prompt_types import Sample
-    from engine.recipes.grpo.rewards import Reward, real_number, score_all
+    from engine.rl.prompt_types import Sample
+    from engine.rl.rewards import Reward, real_number, score_all
 
     for value, number in ((True, 1.0), (3, 3.0), (0.5, 0.5), (np.float32(0.25), 0.25), (np.int64(2), 2.0),
                           (torch.tensor(0.75), 0.75), (np.array(1.5), 1.5)):

@@ -238,8 +238,8 @@ def test_stale_groups_are_dropped_whole_and_counted():
      "rollout.max_staleness=0, got 1"),
 ])
 def test_staleness_settings_are_refused_in_one_line(options, expected):
-    from engine.recipes.grpo.ahead import staleness_problems
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.ahead import staleness_problems
+    from engine.rl.algorithms.grpo.config import build_config
 
     problems = staleness_problems(build_config(None, None, options))
     assert len(problems) == 1 and expected in problems[0], problems
@@ -247,7 +247,7 @@ def test_staleness_settings_are_refused_in_one_line(options, expected):
 
 
 def test_values_of_the_wrong_type_are_refused_by_the_config_pipeline():
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.algorithms.grpo.config import build_config
 
     with pytest.raises(ValueError, match="rollout.partial must be true or false, got 'maybe'"):
         build_config(None, None, ["rollout.partial=maybe"])
@@ -256,8 +256,8 @@ def test_values_of_the_wrong_type_are_refused_by_the_config_pipeline():
 
 
 def test_the_defaults_are_synchronous_and_shown_in_the_config():
-    from engine.recipes.grpo.ahead import staleness_problems
-    from engine.recipes.grpo.config import build_config
+    from engine.rl.ahead import staleness_problems
+    from engine.rl.algorithms.grpo.config import build_config
 
     config = build_config(None, None, [])
     assert (config.rollout.max_staleness, config.rollout.partial) == (0, False)

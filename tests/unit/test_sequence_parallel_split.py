@@ -214,7 +214,7 @@ GRPO_REFUSALS = {
 def test_grpo_refuses_a_split_it_cannot_run_before_any_worker(case, capsys, tmp_path):
     """accel-grpo trains on slices (tests/test_grpo_sequence_parallel.py); what it cannot do with them is said
     before any worker starts, in one line (colocated vLLM: among vLLM's own problems, one line each)."""
-    from engine.grpo.cli import main
+    from engine.rl.algorithms.grpo.cli import main
 
     args, words = GRPO_REFUSALS[case]
     code = main(["--preset", "cpu-demo", *args, f"run.output_dir={tmp_path / 'runs'}"])

@@ -167,8 +167,8 @@ def test_every_client_sends_the_key(monkeypatch):
 
 
 def test_the_host_keys_are_checked_in_one_line_each(monkeypatch):
-    from engine.recipes.grpo.config import build_config, check
     from engine.rl import reward_model
+    from engine.rl.algorithms.grpo.config import build_config, check
     from engine.rollout.vllm_server.settings import server_problems
 
     monkeypatch.setenv("ACCEL_BACKEND", "cpu")

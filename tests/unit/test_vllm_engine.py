@@ -12,7 +12,7 @@ from accel_backends import DeviceBackend, InferenceEngineFacts
 from accel_backends.backends.cpu import CPUBackend
 from accel_backends.backends.cuda import CUDABackend
 from accel_backends.backends.npu import NPUBackend
-from engine.recipes.grpo.config import GRPOConfig, RolloutConfig, build_config, check, resolved
+from engine.rl.algorithms.grpo.config import GRPOConfig, RolloutConfig, build_config, check, resolved
 from engine.rollout.engines import RolloutContext, RolloutEngineError, engine_names, vllm_settings
 from engine.rollout.engines.vllm import (
     VLLMRolloutEngine,

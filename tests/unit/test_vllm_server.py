@@ -242,7 +242,7 @@ def test_facts_stay_a_frozen_dataclass():
 
 
 def test_an_unreachable_server_url_is_one_line_before_any_worker_starts(monkeypatch):
-    from engine.recipes.grpo.config import build_config, check
+    from engine.rl.algorithms.grpo.config import build_config, check
 
     monkeypatch.setenv("ACCEL_BACKEND", "cpu")
     config = build_config(None, None, ["rollout.engine=vllm", "model.hidden_size=128", "rollout.vllm.mode=server",

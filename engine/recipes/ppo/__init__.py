@@ -1,5 +1,0 @@
-"""``accel-ppo``: PPO with a critic (``recipe.py``)."""
-
-from .recipe import PPORecipe
-
-__all__ = ["PPORecipe"]
