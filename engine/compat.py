@@ -27,7 +27,13 @@ ALIASES: dict[str, str] = {
 
     # RL algorithms (engine/rl/algorithms/...)
 
-    # supervised objectives (engine/offline/...)
+    # supervised objectives (engine/offline/...; issue 47): the shared machinery left engine/rl, the recipes became
+    # objectives of one supervised step, and accel-sft's command left engine/sft
+    "engine.rl.offline": "engine.offline",
+    "engine.recipes.sft": "engine.offline.objectives.sft",
+    "engine.recipes.dpo": "engine.offline.objectives.dpo",
+    "engine.recipes.rm": "engine.offline.objectives.rm",
+    "engine.sft": "engine.offline.objectives.sft",
 }
 
 

@@ -13,6 +13,7 @@ PACKAGES = ("accel_backends", "engine")
 # training frame < the RL layer < the trainers (recipes, and the compatibility packages engine/grpo and engine/sft) <
 # the benchmarks.
 FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"), ("engine.rl", 3, "engine/rl"),
+          ("engine.offline", 3, "engine/offline"),
           ("engine.recipes", 4, "a recipe"), ("engine.grpo", 4, "a recipe"), ("engine.sft", 4, "a recipe"),
           ("engine.bench", 5, "engine/bench"))
 BENCH = 5
@@ -22,7 +23,8 @@ PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", 
               "engine.sequence_parallel")
 # Which trainer a module belongs to: recipes never import each other.
 RECIPES = {"engine.recipes.grpo": "grpo", "engine.grpo": "grpo", "engine.recipes.sft": "sft", "engine.sft": "sft",
-           "engine.recipes.dpo": "dpo", "engine.recipes.rm": "rm"}
+           "engine.recipes.dpo": "dpo", "engine.recipes.rm": "rm",
+           **{f"engine.offline.objectives.{name}": name for name in ("sft", "dpo", "rm")}}
 
 
 def floor(module: str) -> tuple[int, str]:

@@ -9,8 +9,8 @@ from . import hookspecs  # noqa: F401 - the hook below must be specified before 
 @hookimpl
 def register_recipes(register):
     register("grpo", "engine.recipes.grpo:GRPORecipe")
-    register("sft", "engine.recipes.sft:SFTRecipe")
+    register("sft", "engine.offline.objectives.sft:SFTRecipe")
     register("distill", "engine.recipes.distill:DistillRecipe")
-    register("dpo", "engine.recipes.dpo:DPORecipe")
-    register("rm", "engine.recipes.rm:RewardModelRecipe")
+    register("dpo", "engine.offline.objectives.dpo:DPORecipe")
+    register("rm", "engine.offline.objectives.rm:RewardModelRecipe")
     register("ppo", "engine.recipes.ppo:PPORecipe")

@@ -1,0 +1,58 @@
+"""``accel-dpo``'s recipe: DPO on the frame (``engine/train``). What is DPO's own lives here and in this package:
+the ``dpo.*`` options and presets (``config.py``), the losses and metrics (``loss.py``), the reference
+(``reference.py``), the step and validation (``trainer.py``); pairs, batches and the step's frame are shared with
+the reward model (``engine.offline``)."""
+
+from __future__ import annotations
+
+from ....train import export as export_module
+from ... import pair_eval
+from ...pair_recipe import PairRecipe
+from . import trainer
+from .config import PRESETS, DPOConfig, check
+
+HELP = """Direct preference optimisation (DPO, IPO, SLiC's hinge) of a causal language model on preference pairs:
+prompt/chosen/rejected as text or conversations, or chosen/rejected conversations sharing their prompt.
+
+With no arguments: the CPU demo (2 processes; a tiny model learns synthetic preferences in about a minute). Given
+a model or data of your own, the library defaults apply (TRL's: beta 0.1, sigmoid loss, lr 1e-6) unless you name a
+preset with --preset. The reference is the model you start from (model.path), frozen; with LoRA, its base weights.
+
+examples:
+  accel-dpo                                       # the CPU demo
+  accel-dpo model.path=/models/sft-out data.path=/data/pairs.jsonl
+  accel-dpo --preset h100 model.path=/models/sft-out data.path=/data/pairs.jsonl dpo.beta=0.05
+  accel-dpo --resume run.name=dpo-cpu-demo-20261201-101500
+  accel-dpo export runs/NAME /models/NAME-hf      # a checkpoint as a Hugging Face model directory
+  accel-dpo eval runs/NAME data.val_path=val.jsonl
+
+Ctrl-C or SIGTERM finishes the current step, saves it and stops; the last line says how to resume.
+Options, data formats and metrics: docs/preference.md.
+"""
+
+
+class DPORecipe(PairRecipe):
+    name, tool, help = "dpo", "accel-dpo", HELP
+    schema, presets, curves, trainer = DPOConfig, PRESETS, trainer.CURVES, trainer
+    sections, example = "model, data, train, dpo, run, engine", "dpo.beta=0.05"
+    accuracy = ("rewards/accuracies", "reward accuracy")
+    resume_fixed = {**PairRecipe.resume_fixed, "dpo.ref_model": "the reference the rewards are measured against"}
+    eval_help = pair_eval.HELP.format(tool="accel-dpo", metrics="val/rewards/*, val/logps/*")
+
+    def check_options(self, config, world_size):
+        return check(config, world_size)
+
+    def eval_problems(self, config, target, world_size):
+        found = super().eval_problems(config, target, world_size)
+        if "model" in target and config.dpo.ref_model is None:
+            found.append("evaluating a model directory needs dpo.ref_model=DIR, the reference its rewards are "
+                         "measured against (the model DPO started from)")
+        return found
+
+    def run_model(self, config) -> export_module.RunModel:
+        from ...model_files import load_tokenizer
+        from ...run_config import engine_config
+
+        path = config.model.path
+        return export_module.RunModel(model_path=path, engine=engine_config(config, 1),
+                                      build=lambda: (load_tokenizer(path), path))
