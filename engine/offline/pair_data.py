@@ -10,6 +10,7 @@ import random
 
 from .messages import DataError
 from .pairs import Pair, PairColumns, TokenizedPair, fit_pair, load_pairs, tokenize_pair
+from .split import held_out
 
 TRUNCATIONS = ("keep_start", "drop", "error")
 DEMO_VAL_FRACTION = 0.1  # the demo task's held-out share (data.val_fraction overrides it)
@@ -93,21 +94,15 @@ def _tokenize_all(pairs: list[Pair], tokenizer, d: PairDataConfig, data: PairDat
 def build_pairs(d: PairDataConfig, tokenizer, seed: int, margin_key: str | None = None) -> PairData:
     """The run's tokenized pairs: ``data.path`` (or the demo task) split by ``data.val_path`` / ``val_fraction``."""
     columns = PairColumns.of(d, margin_key)
-    fraction = d.val_fraction
     if d.path:
         pairs = load_pairs(d.path, columns)
     else:
         pairs = demo_pairs(d.demo_pairs, seed)
-        fraction = fraction or DEMO_VAL_FRACTION
     val_pairs: list[Pair] = []
     if d.val_path:
         val_pairs = load_pairs(d.val_path, columns)
-    elif fraction:
-        order = list(range(len(pairs)))
-        random.Random(seed).shuffle(order)
-        held = set(order[:max(1, int(len(pairs) * fraction))])
-        val_pairs = [p for i, p in enumerate(pairs) if i in held]
-        pairs = [p for i, p in enumerate(pairs) if i not in held]
+    else:
+        pairs, val_pairs = held_out(pairs, d.val_fraction, seed, None if d.path else DEMO_VAL_FRACTION)
     kinds = {pair.conversational for pair in pairs + val_pairs}
     if len(kinds) > 1:
         odd = next(p for p in pairs + val_pairs if p.conversational != pairs[0].conversational)

@@ -8,6 +8,7 @@ import dataclasses
 import random
 
 from ...masks import Tokenized, fit_length, tokenize_example
+from ...split import held_out
 from .data import Columns, DataError, Example, load_examples
 
 DEMO_VAL_FRACTION = 0.03  # the demo task's held-out share (data.val_fraction overrides it)
@@ -91,21 +92,15 @@ def shared_system_prompt(examples: list[Example]) -> str | None:
 
 def build_data(data_config, loss_on: str, tokenizer, seed: int) -> SFTData:
     d, columns = data_config, Columns.of(data_config)
-    fraction = d.val_fraction
     if d.path:
         examples, fmt = load_examples(d.path, d.format, columns)
     else:
         examples, fmt = demo_examples(d.demo_examples, seed), "messages"
-        fraction = fraction or DEMO_VAL_FRACTION
     val_examples: list[Example] = []
     if d.val_path:
         val_examples, _ = load_examples(d.val_path, fmt, columns)
-    elif fraction:
-        order = list(range(len(examples)))
-        random.Random(seed).shuffle(order)
-        held = set(order[:max(1, int(len(examples) * fraction))])
-        val_examples = [e for i, e in enumerate(examples) if i in held]
-        examples = [e for i, e in enumerate(examples) if i not in held]
+    else:
+        examples, val_examples = held_out(examples, d.val_fraction, seed, None if d.path else DEMO_VAL_FRACTION)
     resolved = resolve_loss_on(loss_on, fmt)
     data = SFTData([], [], fmt, resolved, system_prompt=shared_system_prompt(examples))
     data.train = _tokenize_all(examples, tokenizer, resolved, d, data)
