@@ -23,6 +23,7 @@ from ..packing import plan_micro_batches
 from ..sequence_parallel import split_layout
 from .pairs import TokenizedPair
 from .sequences import MicroBatch, micro_batch, sequence_batch
+from .step import Objective
 
 
 @dataclasses.dataclass
@@ -100,3 +101,21 @@ def group_total(partial: torch.Tensor, sp) -> torch.Tensor:
 def chosen_and_rejected(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-sequence values ``[2 P]`` of a pair micro-batch as ``(chosen [P], rejected [P])``."""
     return values[0::2], values[1::2]
+
+
+class PairObjective(Objective):
+    """The data shape of an objective on preference pairs (DPO, reward models): a pair's two sequences in one
+    micro-batch, each micro-batch weighted by its pairs (the step's loss is the mean over the global batch's)."""
+
+    weight = "pairs"
+
+    def micro_batches(self, items, rank, world_size, *, micro_batch_tokens, micro_batch_size, packed):
+        return rank_pair_micro_batches(items, rank, world_size, micro_batch_tokens=micro_batch_tokens,
+                                       micro_batch_size=micro_batch_size, packed=packed)
+
+    def lengths(self, items):
+        return [len(side.ids) for pair in items for side in (pair.chosen, pair.rejected)]
+
+    def counts(self, items, weight, elapsed):
+        tokens = float(sum(pair.tokens for pair in items))
+        return {"pairs": float(len(items)), "num_tokens": tokens, "tokens_per_s": tokens / elapsed}

@@ -1,17 +1,15 @@
-"""``PairRecipe``: what DPO's and the reward model's recipes share on the frame. A subclass names its trainer module
-(``build``, ``step``, ``validate``, ``evaluate``), its checks, the metric its done line reports and, for a reward
-model, the margin column; the run's record, resume rules, eval inputs and done line are the same."""
+"""``PairRecipe``: what DPO's and the reward model's recipes share beyond every offline recipe's (``recipe.py``): the
+pairs planned, the resume rules, the eval inputs and the done line. A subclass names its objective's module, its
+checks, the metric its done line reports and, for a reward model, the margin column."""
 
 from __future__ import annotations
 
-from ..train.recipe import Recipe
 from . import pair_eval
 from .pair_config import PAIR_RESUME_FIXED, plan_pairs
-from .run_config import resolved
+from .recipe import OfflineRecipe
 
 
-class PairRecipe(Recipe):
-    trainer = None  # the recipe's trainer module: build(plan, backend), step, validate, evaluate
+class PairRecipe(OfflineRecipe):
     accuracy: tuple[str, str] = ("accuracy", "accuracy")  # (metric, words) of the done line
     resume_fixed = PAIR_RESUME_FIXED
 
@@ -27,29 +25,11 @@ class PairRecipe(Recipe):
     def plan(self, config, world_size, *, verbose):
         return plan_pairs(self.tool, config, world_size, verbose=verbose, margin_key=self.margin_key(config))
 
-    def resolved(self, plan):
-        return resolved(plan.config, plan.derived)
-
-    def derived_engine_options(self, config, derived):
-        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
-
-    def build(self, plan, backend):
-        return self.trainer.build(plan, backend)
-
-    def step(self, parts, index):
-        return self.trainer.step(parts, index)
-
-    def validate(self, parts, index, *, baseline=False):
-        return self.trainer.validate(parts, index, baseline)
-
     def eval_problems(self, config, target, world_size):
         return pair_eval.problems(config, target) + self.check_options(config, world_size)
 
     def eval_inputs(self, config):
         return pair_eval.inputs(config, self.margin_key(config))
-
-    def evaluate(self, config, weights, backend):
-        return self.trainer.evaluate(config, weights, backend)
 
     def done_line(self, rows, seconds):
         rows = [row for row in rows if "loss" in row]

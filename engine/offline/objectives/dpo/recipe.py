@@ -5,7 +5,6 @@ the reward model (``engine.offline``)."""
 
 from __future__ import annotations
 
-from ....train import export as export_module
 from ... import pair_eval
 from ...pair_recipe import PairRecipe
 from . import trainer
@@ -48,11 +47,3 @@ class DPORecipe(PairRecipe):
             found.append("evaluating a model directory needs dpo.ref_model=DIR, the reference its rewards are "
                          "measured against (the model DPO started from)")
         return found
-
-    def run_model(self, config) -> export_module.RunModel:
-        from ...model_files import load_tokenizer
-        from ...run_config import engine_config
-
-        path = config.model.path
-        return export_module.RunModel(model_path=path, engine=engine_config(config, 1),
-                                      build=lambda: (load_tokenizer(path), path))

@@ -15,10 +15,10 @@ import functools
 
 from .... import FSDPEngine
 from ....sequence_parallel import slice_log_probs
-from ....train.recipe import Evaluation, Plan, StepResult
-from ...pair_batches import PairMicroBatch, chosen_and_rejected, group_total, rank_share, sequence_sums
-from ...pair_steps import PairParts, score, train_step, validation_due
+from ....train.recipe import Evaluation, Plan
+from ...pair_batches import PairMicroBatch, PairObjective, chosen_and_rejected, group_total, rank_share, sequence_sums
 from ...run_config import engine_config
+from ...step import Parts, score
 from .config import DPOSettings, reference_config
 from .loss import METRICS, pair_losses, pair_metrics
 from .reference import Reference
@@ -54,16 +54,20 @@ def dpo_loss(module, micro: PairMicroBatch, device, sp, settings: DPOSettings, n
     return loss / sp.size, float(pairs), {name: value / sp.size for name, value in metrics.items()}
 
 
-@dataclasses.dataclass
-class DPOParts(PairParts):
-    reference: Reference = None
+class DPOObjective(PairObjective):
+    """DPO's loss on pairs, against the reference's log-probs (filled in ``prepare``, before the update)."""
 
-    def loss(self, nll_scale: float = 0.0):
-        return functools.partial(dpo_loss, device=self.backend.device(), sp=self.engine.sequence_parallel,
-                                 settings=self.plan.config.dpo, nll_scale=nll_scale)
+    metrics = NAMES
 
-    def fill_reference(self, micro_batches) -> None:
-        self.reference.fill(micro_batches, self.backend.device())
+    def __init__(self, reference: Reference) -> None:
+        self.reference = reference
+
+    def loss(self, parts, items):
+        return functools.partial(dpo_loss, device=parts.backend.device(), sp=parts.engine.sequence_parallel,
+                                 settings=parts.plan.config.dpo, nll_scale=nll_scale(items))
+
+    def prepare(self, parts, micro_batches) -> None:
+        self.reference.fill(micro_batches, parts.backend.device())
 
 
 def build_engines(config, total_steps: int, backend, model_dir: str | None = None) -> tuple[FSDPEngine, Reference]:
@@ -79,22 +83,16 @@ def build_engines(config, total_steps: int, backend, model_dir: str | None = Non
     return policy, Reference(policy, frozen)
 
 
-def build(plan: Plan, backend) -> DPOParts:
+def build(plan: Plan, backend) -> Parts:
     config = plan.config
     policy, reference = build_engines(config, plan.total_steps, backend)
     packed = config.train.padding_free and policy.packed_input_supported()
-    return DPOParts(plan, policy, backend, packed, reference)
+    return Parts(plan, policy, backend, packed, DPOObjective(reference))
 
 
 def nll_scale(pairs) -> float:
     """Pairs over chosen tokens of a global batch (``dpo_loss``'s ``nll_scale``)."""
     return len(pairs) / max(1, sum(pair.chosen.supervised for pair in pairs))
-
-
-def step(parts: DPOParts, step: int) -> StepResult:
-    data, batches = parts.plan.inputs
-    scale = nll_scale([data.train[i] for i in batches[step].indices])
-    return train_step(parts, step, parts.loss(nll_scale=scale), NAMES, prepare=parts.fill_reference)
 
 
 def evaluate(config, model_dir: str | None, backend) -> Evaluation:
@@ -104,18 +102,5 @@ def evaluate(config, model_dir: str | None, backend) -> Evaluation:
     pairs = evaluation_set(config)
     policy, reference = build_engines(config, 1, backend, model_dir)
     packed = config.train.padding_free and policy.packed_input_supported()
-    parts = DPOParts(Plan(config, policy.world_size, 1, {}), policy, backend, packed, reference)
-    micro_batches, _ = parts.micro_batches(pairs)
-    parts.fill_reference(micro_batches)
-    return Evaluation(score(policy, micro_batches, parts.loss(nll_scale=nll_scale(pairs)), NAMES))
-
-
-def validate(parts: DPOParts, step: int, baseline: bool = False) -> dict:
-    """Loss and TRL's figures over the whole validation set after ``step`` when due."""
-    if not validation_due(parts, step, baseline):
-        return {}
-    data, _ = parts.plan.inputs
-    micro_batches, _ = parts.micro_batches(data.val)
-    parts.fill_reference(micro_batches)
-    return score(parts.engine, micro_batches, parts.loss(nll_scale=nll_scale(data.val)), NAMES)
-
+    parts = Parts(Plan(config, policy.world_size, 1, {}), policy, backend, packed, DPOObjective(reference))
+    return Evaluation(score(parts, pairs))

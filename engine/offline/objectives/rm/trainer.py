@@ -5,7 +5,6 @@ the held-out pairs. The step's loss is the mean over the global batch's pairs, e
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 
 import torch
@@ -13,10 +12,10 @@ import torch
 from .... import FSDPEngine
 from ....packing import SequenceBatch, build_layout
 from ....runtime import on_every_rank
-from ....train.recipe import Evaluation, Plan, StepResult
-from ...pair_batches import PairMicroBatch, chosen_and_rejected, group_total, rank_share, sequence_sums
-from ...pair_steps import PairParts, score, train_step, validation_due
+from ....train.recipe import Evaluation, Plan
+from ...pair_batches import PairMicroBatch, PairObjective, chosen_and_rejected, group_total, rank_share, sequence_sums
 from ...run_config import engine_config
+from ...step import Parts, score
 from .config import RewardSettings
 from .loss import METRICS, pair_losses, pair_metrics
 from .model import factory, token_rewards
@@ -62,11 +61,14 @@ def packed_rewards_supported(engine: FSDPEngine, device) -> bool:
     return on_every_rank(works, engine.backend.metrics_device())
 
 
-@dataclasses.dataclass
-class RewardParts(PairParts):
-    def loss(self):
-        return functools.partial(reward_loss, device=self.backend.device(), sp=self.engine.sequence_parallel,
-                                 settings=self.plan.config.rm)
+class RewardObjective(PairObjective):
+    """The Bradley-Terry loss on the rewards the head reads at each sequence's last token."""
+
+    metrics, lm_head = METRICS, False
+
+    def loss(self, parts, items):
+        return functools.partial(reward_loss, device=parts.backend.device(), sp=parts.engine.sequence_parallel,
+                                 settings=parts.plan.config.rm)
 
 
 def build_engine(config, total_steps: int, backend, pad_token_id: int | None, model_dir: str | None = None):
@@ -76,15 +78,11 @@ def build_engine(config, total_steps: int, backend, pad_token_id: int | None, mo
     return FSDPEngine(source, engine_config(config, total_steps), backend)
 
 
-def build(plan: Plan, backend) -> RewardParts:
+def build(plan: Plan, backend) -> Parts:
     config = plan.config
     engine = build_engine(config, plan.total_steps, backend, plan.derived["pad_token_id"])
     packed = config.train.padding_free and packed_rewards_supported(engine, backend.device())
-    return RewardParts(plan, engine, backend, packed)
-
-
-def step(parts: RewardParts, step: int) -> StepResult:
-    return train_step(parts, step, parts.loss(), METRICS, lm_head=False)
+    return Parts(plan, engine, backend, packed, RewardObjective())
 
 
 def evaluate(config, model_dir: str | None, backend) -> Evaluation:
@@ -97,16 +95,6 @@ def evaluate(config, model_dir: str | None, backend) -> Evaluation:
     tokenizer = load_tokenizer(config.model.path)
     pairs = evaluation_set(config, config.rm.margin_key)
     engine = build_engine(config, 1, backend, tokenizer.pad_token_id, model_dir)
-    parts = RewardParts(Plan(config, engine.world_size, 1, {}), engine, backend,
-                        config.train.padding_free and packed_rewards_supported(engine, backend.device()))
-    micro_batches, _ = parts.micro_batches([scoring_pair(p) for p in pairs])
-    return Evaluation(score(engine, micro_batches, parts.loss(), METRICS))
-
-
-def validate(parts: RewardParts, step: int, baseline: bool = False) -> dict:
-    """Loss, accuracy and margins over the whole validation set after ``step`` when due."""
-    if not validation_due(parts, step, baseline):
-        return {}
-    data, _ = parts.plan.inputs
-    micro_batches, _ = parts.micro_batches(data.val)
-    return score(parts.engine, micro_batches, parts.loss(), METRICS)
+    parts = Parts(Plan(config, engine.world_size, 1, {}), engine, backend,
+                  config.train.padding_free and packed_rewards_supported(engine, backend.device()), RewardObjective())
+    return Evaluation(score(parts, [scoring_pair(p) for p in pairs]))

@@ -54,32 +54,18 @@ def load_inputs(config) -> dict:
 
 
 def evaluate(config, checkpoint: str | None, backend) -> Evaluation:
-    """This rank's micro-batches of the validation set, forward only (``checkpoint``: a run's, loaded into the run's
-    model whatever world size wrote it); the figures are the global sums' ratios."""
-    import torch
-
-    from .... import FSDPEngine
+    """The validation set scored on this rank's micro-batches, forward only (``checkpoint``: a run's, loaded into
+    the run's model whatever world size wrote it; a run trained with sequence parallelism evaluates on slices, as it
+    validated); the figures are the global sums' ratios."""
+    from ....train.recipe import Plan
     from ...model_files import load_tokenizer
-    from ...run_config import engine_config
-    from .batches import rank_micro_batches
-    from .trainer import token_loss
+    from ...step import score
+    from .trainer import parts_of
 
-    tokenizer = load_tokenizer(config.model.path)
-    items = evaluation_set(config, tokenizer)
-    engine = FSDPEngine(config.model.path, engine_config(config, 1), backend)
-    if checkpoint:
-        engine.load_checkpoint(checkpoint)
-    packed = config.train.padding_free and engine.packed_input_supported()
-    sp = engine.sequence_parallel  # a run trained with sequence parallelism evaluates on slices, as it validated
-    micro, _ = rank_micro_batches(items, sp.data_parallel_rank, sp.data_parallel_size, packed=packed,
-                                  micro_batch_tokens=config.train.micro_batch_tokens,
-                                  micro_batch_size=config.train.micro_batch_size)
-    device = backend.device()
-    with engine.eval_mode(), torch.no_grad():
-        result = engine.forward_backward_batch(micro, lambda module, m: token_loss(module, m, device, sp),
-                                               forward_only=True)
-    return Evaluation(metrics={"val/loss": result["loss"], "val/mean_token_accuracy": result["mean_token_accuracy"],
-                               "val/num_tokens": result["weight"]})
+    items = evaluation_set(config, load_tokenizer(config.model.path))
+    parts = parts_of(Plan(config, 0, 1, {}), backend, checkpoint)
+    parts.plan.world_size = parts.world_size
+    return Evaluation(metrics=score(parts, items))
 
 
 def prompt_settings(config) -> dict:

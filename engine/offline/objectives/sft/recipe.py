@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import sys
 
-from ....train import export as export_module
 from ....train.recipe import Plan, Recipe
-from ...run_config import resolved
+from ...recipe import OfflineRecipe
 from . import evaluate, trainer
 from .config import PRESETS, SFTConfig, check
 
@@ -31,9 +30,9 @@ Options, data formats and metrics: docs/sft.md.
 """
 
 
-class SFTRecipe(Recipe):
+class SFTRecipe(OfflineRecipe):
     name, tool, help = "sft", "accel-sft", HELP
-    schema, presets, curves = SFTConfig, PRESETS, trainer.CURVES
+    schema, presets, curves, trainer = SFTConfig, PRESETS, trainer.CURVES, trainer
     sections, example = "model, data, train, run, engine", "train.batch_size=32"
 
     # --resume may not change what the run means (the frame adds the model, LoRA and the trainer).
@@ -66,29 +65,6 @@ class SFTRecipe(Recipe):
         derived = {"world_size": world_size, "total_steps": len(batches), "format": data.format,
                    "loss_on": data.loss_on, "train_examples": len(data.train), "val_examples": len(data.val)}
         return Plan(config, world_size, len(batches), derived, inputs=(data, batches))
-
-    def resolved(self, plan):
-        return resolved(plan.config, plan.derived)
-
-    def build(self, plan, backend):
-        return trainer.build(plan, backend)
-
-    def step(self, parts, index):
-        return trainer.train_step(parts, index)
-
-    def validate(self, parts, index, *, baseline=False):
-        return trainer.validate(parts, index, baseline)
-
-    def run_model(self, config) -> export_module.RunModel:
-        from ...model_files import load_tokenizer
-        from ...run_config import engine_config
-
-        path = config.model.path
-        return export_module.RunModel(model_path=path, engine=engine_config(config, 1),
-                                      build=lambda: (load_tokenizer(path), path))
-
-    def derived_engine_options(self, config, derived):
-        return {"seed": config.train.seed, "total_steps": derived.get("total_steps")}
 
     def prompt_settings(self, config, derived):
         return evaluate.prompt_settings(config)
