@@ -27,6 +27,22 @@ class Example:
     tools: list | None = None
 
 
+@dataclasses.dataclass
+class Columns:
+    """The columns rows are read from, each named by the ``data.<name>_key`` option of its name; a trainer's data
+    adds its own (SFT's text, messages and completion; a pair's chosen and rejected)."""
+
+    prompt: str = "prompt"
+    tools: str = "tools"  # a row's tool schemas, passed to the chat template when present
+
+    @classmethod
+    def of(cls, data_config, **given):
+        """The columns ``data_config`` names; ``given``: those that no ``data`` option names."""
+        named = {field.name: getattr(data_config, f"{field.name}_key") for field in dataclasses.fields(cls)
+                 if hasattr(data_config, f"{field.name}_key")}
+        return cls(**named, **given)
+
+
 def check_messages(value: Any, where: str, column: str) -> list[dict]:
     """A list of role/content messages (content may be empty on an assistant tool call), or a DataError."""
     if not isinstance(value, list) or not value:

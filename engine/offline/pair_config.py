@@ -9,7 +9,8 @@ import sys
 from accel_backends.names import did_you_mean
 
 from ..train.recipe import Plan, Recipe
-from .pair_data import TRUNCATIONS
+from ..train.settings import RunConfig, TrainerConfig
+from .pair_data import TRUNCATIONS, PairDataConfig
 from .run_config import input_problems, size_problems, sizing_problems
 
 
@@ -23,6 +24,24 @@ class PairTrainConfig:
     micro_batch_size: int = 8  # pairs per micro-batch per rank, when micro_batch_tokens is not set
     padding_free: bool = True  # pack each micro-batch in one row where the model keeps sequences apart
     seed: int = 0  # shuffling (each epoch its own order), the demo task, a new head's weights, the engine's seed
+
+
+@dataclasses.dataclass
+class PairConfig(TrainerConfig):
+    """The sections every trainer on preference pairs shares (its own, ``run``, ``engine`` and ``trainer`` follow)."""
+
+    data: PairDataConfig = dataclasses.field(default_factory=PairDataConfig)
+    train: PairTrainConfig = dataclasses.field(default_factory=PairTrainConfig)
+
+
+def pair_config(name: str, trainer: str, settings: type, module: str) -> type:
+    """A pair trainer's config root ``name``: the shared sections, then its own ``<trainer>`` section (``settings``),
+    ``run``, ``engine`` and ``trainer`` (recorded in config.json: export and eval know which schema reads it)."""
+    fields = [(trainer, settings.__name__, dataclasses.field(default_factory=settings)),
+              ("run", "RunConfig", dataclasses.field(default_factory=RunConfig)),
+              ("engine", "dict[str, Any]", dataclasses.field(default_factory=dict)),
+              ("trainer", "str", dataclasses.field(default=trainer))]
+    return dataclasses.make_dataclass(name, fields, bases=(PairConfig,), namespace={"__module__": module})
 
 
 # What ``--resume`` may not change in a run over pairs (beside the frame's model and adapters), with why.

@@ -93,7 +93,7 @@ def _tokenize_all(pairs: list[Pair], tokenizer, d: PairDataConfig, data: PairDat
 
 def build_pairs(d: PairDataConfig, tokenizer, seed: int, margin_key: str | None = None) -> PairData:
     """The run's tokenized pairs: ``data.path`` (or the demo task) split by ``data.val_path`` / ``val_fraction``."""
-    columns = PairColumns.of(d, margin_key)
+    columns = PairColumns.of(d, margin=margin_key)
     if d.path:
         pairs = load_pairs(d.path, columns)
     else:

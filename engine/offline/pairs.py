@@ -22,21 +22,14 @@ from typing import Any
 
 from ..train.rows import read_rows
 from .masks import Tokenized, fit_length, tokenize_example
-from .messages import DataError, Example, check_messages
+from .messages import Columns, DataError, Example, check_messages
 
 
 @dataclasses.dataclass
-class PairColumns:
-    prompt: str = "prompt"
+class PairColumns(Columns):
     chosen: str = "chosen"
     rejected: str = "rejected"
-    tools: str = "tools"
     margin: str | None = None  # a reward model's per-pair margin column (rm.margin_key)
-
-    @classmethod
-    def of(cls, data_config, margin: str | None = None) -> PairColumns:
-        d = data_config
-        return cls(d.prompt_key, d.chosen_key, d.rejected_key, d.tools_key, margin)
 
 
 @dataclasses.dataclass

@@ -111,3 +111,21 @@ def sizing_problems(config, world_size: int, *, unit_tokens: int, limit: str, un
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     return problems
+
+
+def demo_preset(*, data: dict, train: dict, run: dict, engine: dict) -> dict:
+    """An offline trainer's ``cpu-demo`` preset: 2 processes, the tiny demo model, sequences of 64 tokens, FSDP2."""
+    return {"nproc": 2, "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
+            "data": {"max_length": 64, **data}, "train": train, "run": run, "engine": {"fsdp_version": 2, **engine}}
+
+
+def command_help(tool: str, run_args: str, *, preset_extra: str = "", export_to: str = "/models/NAME-hf",
+                 export_what: str = "a checkpoint as a Hugging Face model directory", doc: str) -> str:
+    """The examples and the closing lines of an offline trainer's ``--help`` (they differ only in these words)."""
+    name = tool.removeprefix("accel-")
+    lines = [tool.ljust(48) + "# the CPU demo", f"{tool} {run_args}", f"{tool} --preset h100 {run_args}{preset_extra}",
+             f"{tool} --resume run.name={name}-cpu-demo-20261201-101500",
+             f"{tool} export runs/NAME {export_to}".ljust(48) + f"# {export_what}",
+             f"{tool} eval runs/NAME data.val_path=val.jsonl"]
+    return ("examples:\n" + "".join(f"  {line}\n" for line in lines) + "\nCtrl-C or SIGTERM finishes the current step, "
+            f"saves it and stops; the last line says how to resume.\nOptions, data formats and metrics: {doc}.\n")

@@ -7,17 +7,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Any
 
 from accel_backends.names import did_you_mean
 
 from ....config import EngineConfig
 from ....train import config as train_config
-from ....train.settings import RunConfig, TrainerConfig
-from ...model_files import DEMO_MODEL
-from ...pair_config import PairTrainConfig, pair_problems
-from ...pair_data import PairDataConfig
-from ...run_config import accelerator_presets
+from ...pair_config import pair_config, pair_problems
+from ...run_config import accelerator_presets, demo_preset
 from .loss import LOSS_TYPES
 
 
@@ -31,26 +27,13 @@ class DPOSettings:
     ref_param_offload: bool = False  # keep the frozen reference in host memory between uses
 
 
-@dataclasses.dataclass
-class DPOConfig(TrainerConfig):
-    data: PairDataConfig = dataclasses.field(default_factory=PairDataConfig)
-    train: PairTrainConfig = dataclasses.field(default_factory=PairTrainConfig)
-    dpo: DPOSettings = dataclasses.field(default_factory=DPOSettings)
-    run: RunConfig = dataclasses.field(default_factory=RunConfig)
-    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
-    trainer: str = "dpo"  # recorded in config.json: export / eval know which schema reads it
-
+DPOConfig = pair_config("DPOConfig", "dpo", DPOSettings, __name__)
 
 PRESETS: dict[str, dict] = {
     "default": {"engine": {"lr": 1e-6, "lr_schedule": "cosine"}},  # the library defaults (TRL's lr)
-    "cpu-demo": {
-        "nproc": 2,
-        "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
-        "data": {"max_length": 64, "demo_pairs": 1024},
-        "train": {"epochs": 1, "batch_size": 32, "micro_batch_tokens": 512},
-        "run": {"val_every": 10},
-        "engine": {"fsdp_version": 2, "lr": 2e-3, "lr_schedule": "constant", "max_grad_norm": 1.0},
-    },
+    "cpu-demo": demo_preset(data={"demo_pairs": 1024}, train={"epochs": 1, "batch_size": 32, "micro_batch_tokens": 512},
+                            run={"val_every": 10},
+                            engine={"lr": 2e-3, "lr_schedule": "constant", "max_grad_norm": 1.0}),
     **accelerator_presets(max_length=2048, batch_size=64, micro_batch_tokens=16384, lr=1e-6, warmup_steps=10),
 }
 

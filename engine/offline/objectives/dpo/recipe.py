@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from ... import pair_eval
 from ...pair_recipe import PairRecipe
+from ...run_config import command_help
 from . import trainer
 from .config import PRESETS, DPOConfig, check
 
@@ -17,17 +18,8 @@ With no arguments: the CPU demo (2 processes; a tiny model learns synthetic pref
 a model or data of your own, the library defaults apply (TRL's: beta 0.1, sigmoid loss, lr 1e-6) unless you name a
 preset with --preset. The reference is the model you start from (model.path), frozen; with LoRA, its base weights.
 
-examples:
-  accel-dpo                                       # the CPU demo
-  accel-dpo model.path=/models/sft-out data.path=/data/pairs.jsonl
-  accel-dpo --preset h100 model.path=/models/sft-out data.path=/data/pairs.jsonl dpo.beta=0.05
-  accel-dpo --resume run.name=dpo-cpu-demo-20261201-101500
-  accel-dpo export runs/NAME /models/NAME-hf      # a checkpoint as a Hugging Face model directory
-  accel-dpo eval runs/NAME data.val_path=val.jsonl
-
-Ctrl-C or SIGTERM finishes the current step, saves it and stops; the last line says how to resume.
-Options, data formats and metrics: docs/preference.md.
-"""
+""" + command_help("accel-dpo", "model.path=/models/sft-out data.path=/data/pairs.jsonl",
+                         preset_extra=" dpo.beta=0.05", doc="docs/preference.md")
 
 
 class DPORecipe(PairRecipe):

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
 
-from ....train.settings import RunConfig, TrainerConfig
-from ...model_files import DEMO_MODEL
-from ...pair_config import PairTrainConfig, pair_problems
-from ...pair_data import PairDataConfig
-from ...run_config import accelerator_presets
+from ...pair_config import pair_config, pair_problems
+from ...run_config import accelerator_presets, demo_preset
 
 
 @dataclasses.dataclass
@@ -20,30 +16,16 @@ class RewardSettings:
     center_rewards_coef: float = 0.0  # > 0: adds coef x (r_chosen + r_rejected)^2, rewards centred on 0
 
 
-@dataclasses.dataclass
-class RewardModelConfig(TrainerConfig):
-    data: PairDataConfig = dataclasses.field(default_factory=PairDataConfig)
-    train: PairTrainConfig = dataclasses.field(default_factory=PairTrainConfig)
-    rm: RewardSettings = dataclasses.field(default_factory=RewardSettings)
-    run: RunConfig = dataclasses.field(default_factory=RunConfig)
-    engine: dict[str, Any] = dataclasses.field(default_factory=dict)
-    trainer: str = "rm"  # recorded in config.json: export / eval know which schema reads it
-
+RewardModelConfig = pair_config("RewardModelConfig", "rm", RewardSettings, __name__)
 
 PRESETS: dict[str, dict] = {
     "default": {"engine": {"lr": 1e-4, "lr_schedule": "cosine"}},  # the library defaults (TRL's lr)
-    "cpu-demo": {
-        "nproc": 2,
-        "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
-        "data": {"max_length": 64, "demo_pairs": 1024},
-        # A new head starts from nothing and must read a two-token number 4 tokens back: two passes in steps of 16
-        # pairs (115 steps), warmed up and decayed (a constant 5e-3 over 86 steps of 32 was chaotic: its grad norm
-        # reached 15 and runs that differed only in summation order ended at 0.79 and 0.93).
-        "train": {"epochs": 2, "batch_size": 16, "micro_batch_tokens": 512},
-        "run": {"val_every": 29},
-        "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10,
-                   "max_grad_norm": 1.0},
-    },
+    # A new head starts from nothing and must read a two-token number 4 tokens back: two passes in steps of 16 pairs
+    # (115 steps), warmed up and decayed (a constant 5e-3 over 86 steps of 32 was chaotic: its grad norm reached 15
+    # and runs that differed only in summation order ended at 0.79 and 0.93).
+    "cpu-demo": demo_preset(data={"demo_pairs": 1024}, train={"epochs": 2, "batch_size": 16, "micro_batch_tokens": 512},
+                            run={"val_every": 29},
+                            engine={"lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10, "max_grad_norm": 1.0}),
     **accelerator_presets(max_length=2048, batch_size=64, micro_batch_tokens=16384, lr=1e-5, warmup_steps=10),
 }
 

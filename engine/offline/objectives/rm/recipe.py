@@ -11,6 +11,7 @@ from ....train import export as export_module
 from ... import pair_eval
 from ...pair_config import plan_pairs
 from ...pair_recipe import PairRecipe
+from ...run_config import command_help
 from . import trainer
 from .config import PRESETS, RewardModelConfig, check
 
@@ -22,17 +23,10 @@ With no arguments: the CPU demo (2 processes; a tiny model learns synthetic pref
 minutes). Given a model or data of your own, the library defaults apply (TRL's lr 1e-4) unless you name a preset
 with --preset. The export loads with AutoModelForSequenceClassification.
 
-examples:
-  accel-rm                                        # the CPU demo
-  accel-rm model.path=/models/Qwen2.5-0.5B-Instruct data.path=/data/pairs.jsonl
-  accel-rm --preset h100 model.path=/models/Qwen2.5-0.5B-Instruct data.path=/data/pairs.jsonl
-  accel-rm --resume run.name=rm-cpu-demo-20261201-101500
-  accel-rm export runs/NAME /models/NAME-rm       # a checkpoint as a sequence-classification model directory
-  accel-rm eval runs/NAME data.val_path=val.jsonl
-
-Ctrl-C or SIGTERM finishes the current step, saves it and stops; the last line says how to resume.
-Options, data formats and metrics: docs/preference.md.
-"""
+""" + command_help("accel-rm", "model.path=/models/Qwen2.5-0.5B-Instruct data.path=/data/pairs.jsonl",
+                         export_to="/models/NAME-rm",
+                         export_what="a checkpoint as a sequence-classification model directory",
+                         doc="docs/preference.md")
 
 
 def plan(tool, config, world_size, verbose):

@@ -10,8 +10,7 @@ from accel_backends.names import did_you_mean
 
 from ....train import config as train_config
 from ....train.settings import RunConfig, TrainerConfig
-from ...model_files import DEMO_MODEL
-from ...run_config import accelerator_presets, input_problems, size_problems, sizing_problems
+from ...run_config import accelerator_presets, demo_preset, input_problems, size_problems, sizing_problems
 
 FORMATS = ("auto", "text", "messages", "prompt_completion")
 TRUNCATIONS = ("keep_start", "drop", "error")
@@ -59,15 +58,9 @@ class SFTConfig(TrainerConfig):
 
 PRESETS: dict[str, dict] = {
     "default": {"engine": {"lr_schedule": "cosine"}},  # the library defaults, for a user's model and data
-    "cpu-demo": {
-        "nproc": 2,
-        "model": {"path": DEMO_MODEL, "hidden_size": 64, "layers": 2},
-        "data": {"max_length": 64, "demo_examples": 2048},
-        "train": {"epochs": 2, "batch_size": 32, "micro_batch_tokens": 512},
-        "run": {"val_every": 20},
-        "engine": {"fsdp_version": 2, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10,
-                   "max_grad_norm": 1.0},
-    },
+    "cpu-demo": demo_preset(data={"demo_examples": 2048},
+                            train={"epochs": 2, "batch_size": 32, "micro_batch_tokens": 512}, run={"val_every": 20},
+                            engine={"lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 10, "max_grad_norm": 1.0}),
     **accelerator_presets(max_length=4096, batch_size=128, micro_batch_tokens=16384, lr=1e-5, warmup_steps=20),
 }
 

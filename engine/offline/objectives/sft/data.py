@@ -15,21 +15,15 @@ import dataclasses
 from typing import Any
 
 from ....train.rows import read_rows
+from ...messages import Columns as RowColumns
 from ...messages import DataError, Example, check_messages
 
 
 @dataclasses.dataclass
-class Columns:
+class Columns(RowColumns):
     text: str = "text"
     messages: str = "messages"
-    prompt: str = "prompt"
     completion: str = "completion"
-    tools: str = "tools"
-
-    @classmethod
-    def of(cls, data_config) -> Columns:
-        d = data_config
-        return cls(d.text_key, d.messages_key, d.prompt_key, d.completion_key, d.tools_key)
 
 
 def detect_format(row: dict, columns: Columns, where: str) -> str:

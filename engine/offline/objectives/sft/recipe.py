@@ -8,6 +8,7 @@ import sys
 
 from ....train.recipe import Plan, Recipe
 from ...recipe import OfflineRecipe
+from ...run_config import command_help
 from . import evaluate, trainer
 from .config import PRESETS, SFTConfig, check
 
@@ -17,17 +18,8 @@ With no arguments: the CPU demo (2 processes; a tiny model learns a synthetic ch
 Given a model or data of your own, the library defaults apply (examples of up to 1024 tokens) unless you name a
 preset with --preset.
 
-examples:
-  accel-sft                                       # the CPU demo
-  accel-sft model.path=/models/Qwen2.5-0.5B data.path=/data/chat.jsonl
-  accel-sft --preset h100 model.path=/models/Qwen2.5-0.5B data.path=/data/chat.jsonl
-  accel-sft --resume run.name=sft-cpu-demo-20261201-101500
-  accel-sft export runs/NAME /models/NAME-hf      # a checkpoint as a Hugging Face model directory
-  accel-sft eval runs/NAME data.val_path=val.jsonl
-
-Ctrl-C or SIGTERM finishes the current step, saves it and stops; the last line says how to resume.
-Options, data formats and metrics: docs/sft.md.
-"""
+""" + command_help("accel-sft", "model.path=/models/Qwen2.5-0.5B data.path=/data/chat.jsonl",
+                         doc="docs/sft.md")
 
 
 class SFTRecipe(OfflineRecipe):
