@@ -14,7 +14,6 @@ import torch
 
 from ..runtime import supervised_perf
 from ..train.recipe import Plan, StepResult
-from ..train.validation import should_validate
 
 LossFn = Callable[[object, object], tuple]  # (module, micro-batch) -> (loss share, weight, metrics)
 
@@ -119,8 +118,9 @@ def score(parts: Parts, items: list) -> dict:
 
 
 def validate(parts: Parts, step: int, baseline: bool = False) -> dict:
-    """The held-out set's figures after ``step`` when the frame says validation is due."""
-    data, batches = parts.plan.inputs
-    if baseline or not data.val or not should_validate(step, len(batches), parts.plan.config.run.val_every):
+    """The held-out set's figures after ``step`` (the frame's loop calls it when validation is due); none before
+    the first step."""
+    data, _ = parts.plan.inputs
+    if baseline or not data.val:
         return {}
     return score(parts, data.val)
