@@ -64,7 +64,7 @@ def geometry_steps(name: str, cpu: bool, work: Path) -> list[dict]:
          "cmd": [PY, "-m", "engine.rl.algorithms.grpo.cli", "--preset", "cpu-demo", "--nproc", "1", *common, *grpo,
                  f"run.name=grpo-{name}"]},
         {"name": f"sft_{name}", "limit_s": 40 if big else 30, "metrics": runs / f"sft-{name}" / "metrics.jsonl",
-         "cmd": [PY, "-m", "engine.sft.cli", "--preset", "cpu-demo", "--nproc", "1", *common, *sft,
+         "cmd": [PY, "-m", "engine.offline.objectives.sft.cli", "--preset", "cpu-demo", "--nproc", "1", *common, *sft,
                  f"run.name=sft-{name}"]},
     ]
 

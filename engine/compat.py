@@ -16,6 +16,7 @@ REMOVED_IN = "0.9"
 
 ALIASES: dict[str, str] = {
     # GRPO's first home (public in the architecture notes: engine.grpo.algorithms)
+    "engine.grpo": "engine.rl.algorithms.grpo",
     "engine.grpo.algorithms": "engine.rl.formulas",
     "engine.grpo.cli": "engine.rl.algorithms.grpo.cli",
     "engine.grpo.rollout_engines": "engine.rollout.engines",
@@ -27,6 +28,7 @@ ALIASES: dict[str, str] = {
         "rewards", "rollout_correction", "scoring", "step_metrics", "tokenizer", "validation")},
 
     # RL algorithms (engine/rl/algorithms/...): each recipe folder became its algorithm's package (issue 47)
+    "engine.recipes": "engine.rl.algorithms",
     "engine.recipes.grpo": "engine.rl.algorithms.grpo",
     "engine.recipes.grpo.algorithms": "engine.rl.formulas",
     "engine.recipes.ppo": "engine.rl.algorithms.ppo",
@@ -36,7 +38,13 @@ ALIASES: dict[str, str] = {
     "engine.rl.critic": "engine.rl.algorithms.ppo.critic",
     "engine.rl.teacher": "engine.rl.algorithms.distill.teacher",
 
-    # supervised objectives (engine/offline/...)
+    # supervised objectives (engine/offline/...; issue 47): the shared machinery left engine/rl, the recipes became
+    # objectives of one supervised step, and accel-sft's command left engine/sft
+    "engine.rl.offline": "engine.offline",
+    "engine.recipes.sft": "engine.offline.objectives.sft",
+    "engine.recipes.dpo": "engine.offline.objectives.dpo",
+    "engine.recipes.rm": "engine.offline.objectives.rm",
+    "engine.sft": "engine.offline.objectives.sft",
 }
 
 

@@ -10,11 +10,11 @@ from pathlib import Path
 PACKAGES = ("accel_backends", "engine")
 
 # The floors, lowest first: the engine itself (everything under engine/ not named here) < the rollout layer < the
-# training frame < the RL layer < the trainers (recipes, RL algorithms, and the compatibility packages engine/grpo
-# and engine/sft) < the benchmarks. The first package that holds a module names its floor.
+# training frame < the RL layer < the trainers (RL algorithms and
+# supervised objectives) < the benchmarks. The first package that holds a module names its floor.
 FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"),
           ("engine.rl.algorithms", 4, "an RL algorithm"), ("engine.rl", 3, "engine/rl"),
-          ("engine.recipes", 4, "a recipe"), ("engine.grpo", 4, "a recipe"), ("engine.sft", 4, "a recipe"),
+          ("engine.offline.objectives", 4, "an objective"), ("engine.offline", 3, "engine/offline"),
           ("engine.bench", 5, "engine/bench"))
 BENCH = 5
 # What the floors above the engine may use of it: its public API, not the mechanics under it.
@@ -23,13 +23,12 @@ PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", 
               "engine.sequence_parallel")
 # Where the trainers' packages are: every folder under one is a trainer of its own (found in the tree, so a new
 # recipe or algorithm is covered without editing this file); recipes and algorithms never import each other.
-TRAINER_ROOTS = ("engine/recipes", "engine/rl/algorithms", "engine/offline/objectives")
-COMPAT_TRAINERS = {"engine.grpo": "grpo", "engine.sft": "sft"}  # the first homes of accel-grpo and accel-sft
+TRAINER_ROOTS = ("engine/rl/algorithms", "engine/offline/objectives")
 
 
 def trainers(root: Path) -> dict[str, str]:
-    """``{package: trainer}``: every package under a trainer root, and the compatibility packages."""
-    found = dict(COMPAT_TRAINERS)
+    """``{package: trainer}``: every package under a trainer root."""
+    found = {}
     for base in TRAINER_ROOTS:
         for init in sorted((root / base).glob("*/__init__.py")):
             found[".".join((*Path(base).parts, init.parent.name))] = init.parent.name

@@ -19,8 +19,8 @@ def conversation(index: int) -> list[dict]:
 
 def tokenized(tokenizer, index: int, name: str | None = None):
     """Conversation ``index`` tokenized as SFT does, the loss on the assistant turns."""
-    from engine.rl.offline.masks import tokenize_example
-    from engine.rl.offline.messages import Example
+    from engine.offline.masks import tokenize_example
+    from engine.offline.messages import Example
 
     return tokenize_example(Example(name or f"t:{index}", messages=conversation(index)), tokenizer, "assistant")
 
@@ -61,10 +61,10 @@ def reference(model_dir: str, count: int) -> Reference:
     import torch
     from transformers import AutoModelForCausalLM
 
+    from engine.offline.model_files import load_tokenizer
+    from engine.offline.objectives.sft.trainer import token_loss
+    from engine.offline.sequences import MicroBatch, sequence_batch
     from engine.packing import build_layout
-    from engine.recipes.sft.trainer import token_loss
-    from engine.rl.offline.model_files import load_tokenizer
-    from engine.rl.offline.sequences import MicroBatch, sequence_batch
 
     tokenizer = load_tokenizer(model_dir)
     items = [tokenized(tokenizer, i) for i in range(count)]

@@ -102,3 +102,18 @@ def test_the_checks_find_every_kind_of_violation(tmp_path):
     assert ("engine.recipes.grpo.config", "engine.recipes.grpo.model", "engine.recipes.grpo.config") in cycles
     assert ("engine.fsdp.offload", "engine.runtime.launcher", "engine.fsdp.offload") in cycles
     assert ("engine.recipes.grpo.trainer", "engine.train.loop", "engine.recipes.grpo.trainer") in cycles  # upward
+
+
+def test_training_on_a_fixed_data_set_stands_apart_from_rl_and_the_rollout_layer():
+    """engine/offline (SFT, DPO, reward models) imports the frame and the engine, never engine/rollout nor engine/rl
+    (issue 47): a supervised objective runs without generating, and RL may change without touching it."""
+    from import_layers import imports, modules
+
+    known = modules(REPO)
+    offline = {name: path for name, path in known.items() if name == "engine.offline" or
+               name.startswith("engine.offline.")}
+    assert "engine.offline.objectives.sft" in offline, "engine/offline is missing"
+    found = [f"{path.relative_to(REPO)}:{line}: {name} -> {target}" for name, path in offline.items()
+             for line, target in imports(path, REPO, known)
+             if any(target == top or target.startswith(top + ".") for top in ("engine.rollout", "engine.rl"))]
+    assert not found, "engine/offline imports RL or the rollout layer:\n" + "\n".join(found)

@@ -21,8 +21,8 @@ RM = {"margin_key": "m", "center_rewards_coef": 0.1}
 
 
 def _pairs(tokenizer):
-    from engine.rl.offline.pair_data import demo_pairs
-    from engine.rl.offline.pairs import tokenize_pair
+    from engine.offline.pair_data import demo_pairs
+    from engine.offline.pairs import tokenize_pair
 
     pairs = [tokenize_pair(p, tokenizer) for p in demo_pairs(PAIRS, seed=5)]
     for index, pair in enumerate(pairs):
@@ -64,15 +64,15 @@ def _exactness(rank: int, policy_dir: str, reference_dir: str) -> dict:
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.dpo.config import DPOSettings
-    from engine.recipes.dpo.reference import Reference, sequence_log_probs
-    from engine.recipes.dpo.trainer import NAMES, dpo_loss, nll_scale
-    from engine.recipes.rm.config import RewardSettings
-    from engine.recipes.rm.loss import METRICS
-    from engine.recipes.rm.model import factory, scoring_pair
-    from engine.recipes.rm.trainer import reward_loss
-    from engine.rl.offline.model_files import load_tokenizer
-    from engine.rl.offline.pair_batches import rank_pair_micro_batches
+    from engine.offline.model_files import load_tokenizer
+    from engine.offline.objectives.dpo.config import DPOSettings
+    from engine.offline.objectives.dpo.reference import Reference, sequence_log_probs
+    from engine.offline.objectives.dpo.trainer import NAMES, dpo_loss, nll_scale
+    from engine.offline.objectives.rm.config import RewardSettings
+    from engine.offline.objectives.rm.loss import METRICS
+    from engine.offline.objectives.rm.model import factory, scoring_pair
+    from engine.offline.objectives.rm.trainer import reward_loss
+    from engine.offline.pair_batches import rank_pair_micro_batches
     from engine.sequence_parallel import SequenceParallel
 
     cpu, one = torch.device("cpu"), SequenceParallel.single(0, 1)

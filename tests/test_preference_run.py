@@ -15,8 +15,8 @@ import pytest
 import torch
 from grpo_data import write_jsonl
 
-from engine.recipes.dpo.cli import main as dpo_main
-from engine.recipes.rm.cli import main as rm_main
+from engine.offline.objectives.dpo.cli import main as dpo_main
+from engine.offline.objectives.rm.cli import main as rm_main
 
 pytestmark = pytest.mark.slow
 
@@ -113,7 +113,7 @@ def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, rm_
 
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from engine.rl.offline.pair_data import PairDataConfig, evaluation_pairs
+    from engine.offline.pair_data import PairDataConfig, evaluation_pairs
 
     model = AutoModelForSequenceClassification.from_pretrained(rm_export).eval()
     held_out = evaluation_pairs(PairDataConfig(), AutoTokenizer.from_pretrained(rm_export), seed=0)
@@ -130,8 +130,8 @@ def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, rm_
 def test_grpo_with_the_trained_reward_model_as_its_reward_raises_its_score(root, rm_export):
     """The pipeline of docs/preference.md: accel-rm's export is GRPO's only reward (reward_model.path), on the demo
     preferences' prompts, the policy the causal LM the reward model started from."""
-    from engine.rl.algorithms.grpo.cli import main as grpo_main
-    from engine.rl.offline.pair_data import demo_pairs
+from engine.rl.algorithms.grpo.cli import main as grpo_main
+    from engine.offline.pair_data import demo_pairs
 
     prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": pair.prompt} for pair in demo_pairs(64, seed=11)])
     policy = next((root / "runs" / ".models").glob("tiny-chat-*"))  # the reward model's base, written by its run

@@ -25,7 +25,7 @@ def _model(kind: str):
 def _items():
     import torch
 
-    from engine.rl.offline.masks import Tokenized
+    from engine.offline.masks import Tokenized
 
     g = torch.Generator().manual_seed(5)
     items = []
@@ -55,10 +55,10 @@ def _train(rank: int) -> dict:
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
+    from engine.offline.objectives.sft.batches import rank_micro_batches
+    from engine.offline.objectives.sft.trainer import token_loss
+    from engine.offline.sequences import MicroBatch, sequence_batch
     from engine.packing import build_layout
-    from engine.recipes.sft.batches import rank_micro_batches
-    from engine.recipes.sft.trainer import token_loss
-    from engine.rl.offline.sequences import MicroBatch, sequence_batch
 
     cpu, items, results = torch.device("cpu"), _items(), {}
     backend = accel_backends.get_backend()

@@ -28,10 +28,10 @@ def _exactness(rank: int, model_dir: str) -> dict:
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
+    from engine.offline.objectives.sft.batches import rank_micro_batches
+    from engine.offline.objectives.sft.trainer import token_loss
+    from engine.offline.sequences import sequence_batch
     from engine.packing import build_layout
-    from engine.recipes.sft.batches import rank_micro_batches
-    from engine.recipes.sft.trainer import token_loss
-    from engine.rl.offline.sequences import sequence_batch
 
     ref = reference(model_dir, 16)  # one plain process, the whole global batch in one padded forward
     items, cpu = ref.items, torch.device("cpu")

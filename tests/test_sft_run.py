@@ -11,7 +11,7 @@ import pytest
 from conftest import REPO, run_python
 from grpo_data import write_jsonl
 
-from engine.sft.cli import main
+from engine.offline.objectives.sft.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def files(tmp_path_factory):
 
 def sft(files, *args):
     """A training run on the test's data."""
-    return command("engine.sft.cli", f"model.path={files['model']}", f"data.path={files['train']}",
+    return command("engine.offline.objectives.sft.cli", f"model.path={files['model']}", f"data.path={files['train']}",
                    "train.batch_size=8", "train.micro_batch_tokens=128", "data.max_length=128", "run.progress=false",
                    f"run.output_dir={files['root'] / 'runs'}", *args)
 
@@ -103,7 +103,7 @@ def test_resume_repeats_the_same_steps_exactly(files, straight, capsys):
         "data.max_length=128)" in err, err
     assert (runs / "resumed" / "config.json").read_bytes() == before
     # The README's form: the run's own record (the user's model directory, data, LoRA), nothing else given.
-    result = command("engine.sft.cli", "--resume", "run.name=resumed", f"run.output_dir={runs}")
+    result = command("engine.offline.objectives.sft.cli", "--resume", "run.name=resumed", f"run.output_dir={runs}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from step 2 (step_000002) with the run's recorded config" in result.stdout, result.stdout
     recorded, now = json.loads(before), json.loads((runs / "resumed" / "config.json").read_bytes())
@@ -120,7 +120,8 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
     # One process reads the checkpoint two ranks wrote: the same weights, the same loss. The frame's eval: the
     # results' JSON on stdout and in results.json (--json: also there); no samples, no samples.jsonl.
     run = files["root"] / "runs" / "straight"
-    evaluated = command("engine.sft.cli", "eval", str(run), "--nproc", "1", "--json", str(files["root"] / "v.json"))
+    evaluated = command("engine.offline.objectives.sft.cli", "eval", str(run), "--nproc", "1", "--json",
+                        str(files["root"] / "v.json"))
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     figures = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
     assert figures["val/loss"] == pytest.approx(metrics(files, "straight")[-1]["val/loss"], rel=1e-5)
@@ -130,7 +131,7 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
     assert not (run / "eval" / "step_000004" / "samples.jsonl").exists() and not (run / "samples.jsonl").exists()
 
     out = files["root"] / "exported"
-    exported = command("engine.sft.cli", "export", str(run), str(out))
+    exported = command("engine.offline.objectives.sft.cli", "export", str(run), str(out))
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
     wrong = command("engine.rl.algorithms.grpo.cli", "export", str(run), str(files["root"] / "x"))
@@ -165,7 +166,8 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
 
 def test_lora_run_exports_its_adapter_alone(files, straight):
     out = files["root"] / "adapter"
-    exported = command("engine.sft.cli", "export", str(files["root"] / "runs" / "straight"), str(out), "--lora",
+    exported = command("engine.offline.objectives.sft.cli", "export", str(files["root"] / "runs" / "straight"),
+                       str(out), "--lora",
                        "adapter")
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()

@@ -12,7 +12,7 @@ import pytest
 from conftest import run_python
 from distributed import run_ranks
 
-from engine.sft.cli import main
+from engine.offline.objectives.sft.cli import main
 
 pytestmark = pytest.mark.slow
 
@@ -25,8 +25,8 @@ def _exactness(rank: int, model_dir: str) -> dict:
 
     import accel_backends
     from engine import EngineConfig, FSDPEngine
-    from engine.recipes.sft.batches import rank_micro_batches
-    from engine.recipes.sft.trainer import token_loss
+    from engine.offline.objectives.sft.batches import rank_micro_batches
+    from engine.offline.objectives.sft.trainer import token_loss
 
     ref = reference(model_dir, 12)  # one plain process, the whole global batch in one padded forward
     items, cpu = ref.items, torch.device("cpu")
@@ -79,7 +79,8 @@ def test_loss_and_grad_norm_equal_one_rank_without_a_split(results, name):
 
 
 def _command(*args):
-    return run_python(["-m", "engine.sft.cli", *args], env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"},
+    return run_python(["-m", "engine.offline.objectives.sft.cli", *args],
+                      env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"},
                       timeout=600)
 
 

@@ -29,7 +29,8 @@ def sft_args(root: Path) -> list[str]:
     if not model.exists():
         make_tiny_model(model, vocab_size=512, single_eos=True)
     train.write_text("".join(json.dumps(_conversation(i)) + "\n" for i in range(40)))
-    return ["-m", "engine.sft.cli", f"model.path={model}", f"data.path={train}", "train.batch_size=8",
+    return ["-m", "engine.offline.objectives.sft.cli", f"model.path={model}",
+            f"data.path={train}", "train.batch_size=8",
             "train.micro_batch_tokens=128", "data.max_length=128", "run.progress=false", "train.steps=4",
             "engine.lora_rank=4", "engine.lr=1e-2"]
 

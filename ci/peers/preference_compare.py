@@ -30,8 +30,8 @@ from pathlib import Path
 from peer_common import ROOT, median_ratio, peer_env, publish
 
 PAIRS_PER_STEP, PER_DEVICE, MAX_LENGTH, LR = 16, 4, 512, 1e-5
-RECIPES = {"dpo": ("engine.recipes.dpo.cli", "trl_dpo.py", "accel-dpo", "TRL DPOTrainer"),
-           "rm": ("engine.recipes.rm.cli", "trl_rm.py", "accel-rm", "TRL RewardTrainer")}
+RECIPES = {"dpo": ("engine.offline.objectives.dpo.cli", "trl_dpo.py", "accel-dpo", "TRL DPOTrainer"),
+           "rm": ("engine.offline.objectives.rm.cli", "trl_rm.py", "accel-rm", "TRL RewardTrainer")}
 
 
 def write_work(directory: Path) -> tuple[Path, Path]:

@@ -39,9 +39,9 @@ def write_work(directory: Path) -> tuple[Path, Path, float, float]:
     counts them)."""
     sys.path.insert(0, str(ROOT))
     from engine.demo_model import _WORDS, make_tiny_model
-    from engine.rl.offline.masks import tokenize_example
-    from engine.rl.offline.messages import Example
-    from engine.rl.offline.model_files import load_tokenizer
+    from engine.offline.masks import tokenize_example
+    from engine.offline.messages import Example
+    from engine.offline.model_files import load_tokenizer
 
     model = make_tiny_model(directory / "model", hidden_size=128, layers=4, vocab_size=2048, single_eos=True)
     rng = random.Random(0)
@@ -65,7 +65,8 @@ def run_ours(python: str, model: Path, data: Path, steps: int, out: Path) -> lis
                  f"data.max_length={MAX_LENGTH}", "data.val_fraction=0", "run.val_every=0", "run.progress=false",
                  "engine.lr=1e-4", "engine.lr_schedule=constant", "engine.warmup_steps=0",
                  f"run.output_dir={out.parent}", f"run.name={out.name}"]
-    subprocess.run([python, "-m", "engine.sft.cli", "--nproc", "1", *overrides], check=True, cwd=ROOT, env=peer_env(),
+    subprocess.run([python, "-m", "engine.offline.objectives.sft.cli", "--nproc", "1", *overrides], check=True,
+                   cwd=ROOT, env=peer_env(),
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return [row["step_time_s"] for row in rows]

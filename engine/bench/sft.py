@@ -16,9 +16,9 @@ from __future__ import annotations
 import math
 
 from .. import EngineConfig, FSDPEngine
-from ..recipes.sft.batches import rank_micro_batches
-from ..recipes.sft.trainer import token_loss
-from ..rl.offline.masks import Tokenized
+from ..offline.masks import Tokenized
+from ..offline.objectives.sft.batches import rank_micro_batches
+from ..offline.objectives.sft.trainer import token_loss
 from ..runtime import supervised_perf
 from .common import interleave, model_factory, ratio, release, summary, timed
 from .packing import SavedActivations

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from ..train.rows import read_rows  # noqa: F401  (read here; tests and plugins import it from here)
+from ..train.validation import split_validation  # the frame's: the same rows for every trainer
 from . import reward_model
 from .prompt_types import DataSpec, Sample
 from .rewards import Reward, parse_specs
@@ -128,16 +129,6 @@ def drop_long_prompts(samples: list[Sample], tokenizer, max_prompt_tokens: int |
         print(f"accel-grpo: {path}: dropped {dropped} of {len(samples)} prompts longer than "
               f"data.max_prompt_tokens={max_prompt_tokens}", flush=True)
     return kept
-
-
-def split_validation(samples: list[Sample], fraction: float, seed: int) -> tuple[list[Sample], list[Sample]]:
-    """(train, validation): a seeded random ``fraction`` of the rows held out."""
-    order = torch.randperm(len(samples), generator=torch.Generator().manual_seed(seed)).tolist()
-    count = max(1, round(len(samples) * fraction))
-    if count >= len(samples):
-        raise ValueError(f"data.val_fraction={fraction} leaves no training rows out of {len(samples)}")
-    held = set(order[:count])
-    return [s for i, s in enumerate(samples) if i not in held], [s for i, s in enumerate(samples) if i in held]
 
 
 class FileTask:

@@ -28,6 +28,7 @@ from ..rollout.staleness import synchronous_figures
 from ..runtime import Geometry, perf_metrics, phase, phase_timings, sum_over_ranks
 from ..train.config import dist_timeout_s
 from ..train.recipe import StepResult
+from ..train.validation import should_validate
 from . import scoring
 from .ahead import AheadSampling
 from .algorithm import Algorithm, StepContext
@@ -249,10 +250,9 @@ class RLTrainer:
     def validate(self, step: int, baseline: bool = False) -> dict:
         """Validation after ``step`` (0-based) when due; ``baseline``: before the first step, when asked for."""
         cfg = self.config
-        every, last_step = cfg.run.val_every, step + 1 == cfg.train.steps
         if baseline and cfg.run.val_before_train is False:
             return {}
-        if not self.val_samples or not (baseline or last_step or (every and (step + 1) % every == 0)):
+        if not self.val_samples or not (baseline or should_validate(step, cfg.train.steps, cfg.run.val_every)):
             return {}
         if self.ahead is not None:  # the tokenizer is the sampler thread's too: one at a time
             with self.ahead.tokenizer_lock:

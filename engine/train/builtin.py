@@ -9,9 +9,9 @@ from . import hookspecs  # noqa: F401 - the hook below must be specified before 
 
 @hookimpl
 def register_recipes(register):
-    register("sft", "engine.recipes.sft:SFTRecipe")
-    register("dpo", "engine.recipes.dpo:DPORecipe")
-    register("rm", "engine.recipes.rm:RewardModelRecipe")
+    register("sft", "engine.offline.objectives.sft:SFTRecipe")
+    register("dpo", "engine.offline.objectives.dpo:DPORecipe")
+    register("rm", "engine.offline.objectives.rm:RewardModelRecipe")
 
 
 @hookimpl

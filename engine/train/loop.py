@@ -1,6 +1,7 @@
 """The one training loop, run by every rank for every trainer: resume (rank 0 writes the run's ``config.json`` only
 once the checkpoint loaded: ``resume.record``), then per step the recipe's step, its
-figures reduced over ranks once (sums in one all-reduce, maxima in one more), validation when due, rank 0's
+figures reduced over ranks once (sums in one all-reduce, maxima in one more), validation when due
+(``validation.should_validate``: every ``run.val_every`` steps and after the last), rank 0's
 loggers and progress bar, a checkpoint when due (with retention), and a stop at a safe point (Ctrl-C / SIGTERM:
 the step finishes, is saved, and every rank stops at the same step). Only this loop writes a run's outputs."""
 
@@ -18,6 +19,7 @@ from .recipe import Plan, Recipe, StepResult
 from .report import plot_curves
 from .resume import record
 from .steps import advance, finish, save_if_due
+from .validation import should_validate
 
 
 def reduce_step(result: StepResult, device) -> tuple[dict, bool]:
@@ -82,7 +84,8 @@ def _steps(recipe: Recipe, plan: Plan, parts, run_dir: Path, start: int) -> dict
         result = recipe.step(parts, index)
         metrics, stopping = reduce_step(result, backend.metrics_device())
         last = {"step": index + 1, **metrics}
-        last.update(recipe.validate(parts, index))
+        if should_validate(index, total, run.val_every):  # the frame decides when; the recipe only how
+            last.update(recipe.validate(parts, index))
         if loggers is not None:
             loggers.write(last)
             loggers.write_samples(result.samples)

@@ -118,7 +118,8 @@ class Recipe:
         raise NotImplementedError
 
     def validate(self, parts, index: int, *, baseline: bool = False) -> dict:
-        """Validation metrics after step ``index`` when due (``baseline``: before the first step); {} when not."""
+        """Validation metrics after step ``index`` (``baseline``: before the first step; {} when the recipe has none
+        then). The loop calls it only when validation is due (``engine.train.validation.should_validate``)."""
         return {}
 
     def done_line(self, rows: list[dict], seconds: float) -> str | None:

@@ -1,5 +1,5 @@
 """Peak host memory of one SFT micro-batch's loss, forward and backward: the full-vocabulary fp32 cross-entropy
-the trainer computed before vs engine/recipes/sft/loss.py's chunked one.
+the trainer computed before vs engine/offline/objectives/sft/loss.py's chunked one.
 
     python tests/scripts/sft_loss_memory.py --vocab 32768 --sequences 8 --length 512
 
@@ -17,7 +17,7 @@ from logprob_memory import exact_host_peaks
 
 
 def naive(module, micro):
-    """What engine/recipes/sft/trainer.py's token_loss did before: fp32 logits of every scored position at once."""
+    """What the SFT objective's token_loss did before: fp32 logits of every scored position at once."""
     import torch.nn.functional as F
 
     layout, mask = micro.layout, micro.mask
@@ -30,7 +30,7 @@ def naive(module, micro):
 def chunked(module, micro):
     import torch
 
-    from engine.recipes.sft.trainer import token_loss
+    from engine.offline.objectives.sft.trainer import token_loss
 
     loss, _, metrics = token_loss(module, micro, torch.device("cpu"))
     return loss, metrics["mean_token_accuracy"]
@@ -41,9 +41,9 @@ def measure(variant, vocab, sequences, length):
     import torch
 
     from accel_backends.backends.cpu import CPUBackend
+    from engine.offline.masks import Tokenized
+    from engine.offline.sequences import MicroBatch, sequence_batch
     from engine.packing import build_layout
-    from engine.rl.offline.masks import Tokenized
-    from engine.rl.offline.sequences import MicroBatch, sequence_batch
     from engine.tiny_model import tiny_qwen2
 
     model = tiny_qwen2(seed=0, vocab_size=vocab, layers=1, max_positions=length)

@@ -10,13 +10,13 @@ import torch
 from sft_reference import relative_error
 
 from engine.demo_model import build_tokenizer
-from engine.recipes.dpo.config import DPOSettings
-from engine.recipes.dpo.loss import pair_losses
-from engine.recipes.dpo.reference import sequence_log_probs
-from engine.recipes.dpo.trainer import dpo_loss, nll_scale
-from engine.rl.offline.pair_batches import rank_pair_micro_batches
-from engine.rl.offline.pair_data import demo_pairs
-from engine.rl.offline.pairs import tokenize_pair
+from engine.offline.objectives.dpo.config import DPOSettings
+from engine.offline.objectives.dpo.loss import pair_losses
+from engine.offline.objectives.dpo.reference import sequence_log_probs
+from engine.offline.objectives.dpo.trainer import dpo_loss, nll_scale
+from engine.offline.pair_batches import rank_pair_micro_batches
+from engine.offline.pair_data import demo_pairs
+from engine.offline.pairs import tokenize_pair
 from engine.sequence_parallel import SequenceParallel
 from engine.tiny_model import tiny_qwen2
 

@@ -1,4 +1,4 @@
-"""Preference pairs in TRL's formats (engine/rl/offline/pairs.py, pair_data.py): explicit prompts as text or
+"""Preference pairs in TRL's formats (engine/offline/pairs.py, pair_data.py): explicit prompts as text or
 conversations, the implicit-prompt form (the prefix chosen and rejected share), JSONL / Parquet / datasets
 directories; each response scored on its own tokens after the prompt; too-long and equal pairs dropped and counted;
 every bad row named in one line; and a pair's two sequences always in one micro-batch."""
@@ -9,10 +9,10 @@ import pytest
 from grpo_data import write_datasets_dir, write_jsonl, write_parquet
 
 from engine.demo_model import build_tokenizer
-from engine.rl.offline.messages import DataError
-from engine.rl.offline.pair_batches import pair_loads, rank_pair_micro_batches
-from engine.rl.offline.pair_data import PairDataConfig, build_pairs, demo_pairs
-from engine.rl.offline.pairs import PairColumns, load_pairs, to_pair, tokenize_pair
+from engine.offline.messages import DataError
+from engine.offline.pair_batches import pair_loads, rank_pair_micro_batches
+from engine.offline.pair_data import PairDataConfig, build_pairs, demo_pairs
+from engine.offline.pairs import PairColumns, load_pairs, to_pair, tokenize_pair
 
 USER = [{"role": "user", "content": "how many apples"}]
 GOOD = [{"role": "assistant", "content": "12 apples"}]

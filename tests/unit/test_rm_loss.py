@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from sft_reference import relative_error
 
 from engine.demo_model import build_tokenizer
-from engine.recipes.rm.config import RewardSettings
-from engine.recipes.rm.loss import pair_losses
-from engine.recipes.rm.model import scoring_pair
-from engine.recipes.rm.trainer import reward_loss, sequence_rewards
-from engine.rl.offline.pair_batches import chosen_and_rejected, rank_pair_micro_batches
-from engine.rl.offline.pair_data import demo_pairs
-from engine.rl.offline.pairs import tokenize_pair
+from engine.offline.objectives.rm.config import RewardSettings
+from engine.offline.objectives.rm.loss import pair_losses
+from engine.offline.objectives.rm.model import scoring_pair
+from engine.offline.objectives.rm.trainer import reward_loss, sequence_rewards
+from engine.offline.pair_batches import chosen_and_rejected, rank_pair_micro_batches
+from engine.offline.pair_data import demo_pairs
+from engine.offline.pairs import tokenize_pair
 from engine.sequence_parallel import SequenceParallel
 from engine.tiny_model import tiny_qwen2_config
 

@@ -226,7 +226,7 @@ def test_grpo_refuses_a_split_it_cannot_run_before_any_worker(case, capsys, tmp_
 
 def test_sft_refuses_a_group_size_that_does_not_divide_its_ranks(capsys, tmp_path):
     """accel-sft splits sequences; a size that does not divide the world is one line before any worker starts."""
-    from engine.sft.cli import main
+    from engine.offline.objectives.sft.cli import main
 
     code = main(["--preset", "cpu-demo", "engine.sequence_parallel_size=4", f"run.output_dir={tmp_path / 'runs'}"])
     err = capsys.readouterr().err.strip()

@@ -1,4 +1,4 @@
-"""engine/recipes/sft/loss.py: the chunked SFT loss and token accuracy equal the unchunked full-logits computation
+"""the SFT objective's loss.py: the chunked loss and token accuracy equal the unchunked full-logits computation
 (fp32), gradients included, for packed and padded micro-batches, several chunks (a ragged last one), the fused output
 layer and the full-logits fallback, and with PEFT (LoRA) wrapping the model."""
 
@@ -6,11 +6,11 @@ import torch
 import torch.nn.functional as F
 
 from engine import output_layer
+from engine.offline.masks import Tokenized
+from engine.offline.objectives.sft import loss as sft_loss
+from engine.offline.objectives.sft.trainer import token_loss
+from engine.offline.sequences import MicroBatch, sequence_batch
 from engine.packing import build_layout
-from engine.recipes.sft import loss as sft_loss
-from engine.recipes.sft.trainer import token_loss
-from engine.rl.offline.masks import Tokenized
-from engine.rl.offline.sequences import MicroBatch, sequence_batch
 from engine.tiny_model import tiny_qwen2
 
 VOCAB = 384

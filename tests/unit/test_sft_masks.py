@@ -7,14 +7,14 @@ import json
 import pytest
 
 from engine.demo_model import CHAT_TEMPLATE, build_tokenizer
-from engine.recipes.sft.data import Columns, DataError, Example, load_examples
-from engine.rl.offline.epochs import schedule
-from engine.rl.offline.masks import (
+from engine.offline.epochs import schedule
+from engine.offline.masks import (
     conversation_mask_by_turns,
     fit_length,
     has_generation_markers,
     tokenize_example,
 )
+from engine.offline.objectives.sft.data import Columns, DataError, Example, load_examples
 
 # Qwen2.5's template with {% generation %} around what the assistant writes (content and end of turn).
 MARKED_TEMPLATE = (

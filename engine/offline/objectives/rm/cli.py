@@ -1,0 +1,17 @@
+"""``accel-rm`` (and ``python -m engine.offline.objectives.rm.cli``): the frame's command for the
+registered ``rm`` recipe."""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from ....train.cli import main as command
+    from ....train.registry import get_recipe
+
+    return command(get_recipe("rm"), sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,2 +1,0 @@
-"""Supervised fine-tuning on the shared engine (``accel-sft``): data in TRL's formats, loss masks from the chat
-template, the exact token-weighted loss over the global batch, packed micro-batches. See ``docs/sft.md``."""
