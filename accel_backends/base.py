@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from . import rendezvous
 from .distributed import DistributedInfo, read_launcher_env
 from .errors import BackendUnavailableError, DistributedSetupError
 from .memory import MemoryStats
@@ -319,7 +320,8 @@ class DeviceBackend:
         self.apply_distributed_env_defaults(timeout.total_seconds())
         kwargs: dict[str, Any] = {"backend": self.dist_backend, "timeout": timeout}
         if info.launched:
-            kwargs.update(init_method="env://", rank=info.rank, world_size=info.world_size)
+            # not env://: its store would listen on every interface (rendezvous.py)
+            kwargs.update(init_method=rendezvous.init_method(), rank=info.rank, world_size=info.world_size)
         else:
             kwargs.update(store=dist.HashStore(), rank=0, world_size=1)
         device_id = self.process_group_device_id()
