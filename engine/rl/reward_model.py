@@ -89,16 +89,21 @@ def problems(config) -> list[str]:
         found.append(f"reward_model.{', reward_model.'.join(changed_server_keys(section))}: set only with "
                      "reward_model.judge_model (the judge server the run starts)")
     if section.path:
-        if not Path(section.path).is_dir():
+        from ..train.hub_names import hub_problem, local_model_dir
+
+        local = local_model_dir(section.path)
+        if hub_problem(section.path, "reward_model.path"):
+            found.append(hub_problem(section.path, "reward_model.path"))
+        elif not local.is_dir():
             found.append(f"reward_model.path {section.path} is not a directory (a sequence-classification model "
                          "such as accel-rm's export)")
-        elif not (Path(section.path) / "config.json").is_file():
+        elif not (local / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
         else:
             from ..checkpoint import pickled_weights_problems
 
-            found += classifier_problems(section.path)
-            found += pickled_weights_problems(section.path, "reward_model.path")
+            found += classifier_problems(str(local))
+            found += pickled_weights_problems(local, "reward_model.path")
     if section.sharding not in SHARDINGS:
         found.append(f"reward_model.sharding must be one of {', '.join(SHARDINGS)}, got {section.sharding!r}")
     if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \
