@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..rollout.vllm_server.access import host_problem, managed_argument_problems
 from ..runtime import OneLineError
-from .judge import JudgeReward
+from .judge import JudgeReward, api_key_env_problem
 from .rewards import Reward
 from .scorers import STAT_KEYS, STYLE, ClassifierReward
 
@@ -40,6 +40,8 @@ class RewardModelConfig:
     judge_url: str | None = None  # an OpenAI-compatible chat endpoint (.../v1) whose reply holds the score
     judge_model: str | None = None  # a model directory served by a vLLM server the run starts and stops (judge_*)
     judge_name: str | None = None  # the model name sent to judge_url; null: the first one its /models lists
+    # judge_url's API key: the NAME of an environment variable holding it, sent as "Authorization: Bearer KEY"
+    judge_api_key_env: str | None = None
     judge_prompt: str = DEFAULT_JUDGE_PROMPT  # with {prompt}, {response} and {answer}
     judge_max_tokens: int = 32  # of the judge's reply
     # the reply's form, imposed through vLLM's structured outputs so that any model answers a parseable score
@@ -109,6 +111,8 @@ def problems(config) -> list[str]:
     if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \
             section.replicate_max_gib < 0:
         found.append(f"reward_model.replicate_max_gib must be a number >= 0, got {section.replicate_max_gib!r}")
+    if api_key_env_problem(section):
+        found.append(api_key_env_problem(section))
     if section.judge_url and not str(section.judge_url).startswith(("http://", "https://")):
         found.append(f"reward_model.judge_url must be an http:// or https:// URL, got {section.judge_url!r}")
     if "{response}" not in str(section.judge_prompt):
