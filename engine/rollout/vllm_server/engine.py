@@ -25,9 +25,9 @@ import torch
 from engine.rollout.engines import lora_sync
 from engine.rollout.engines.base import Responses, RolloutEngine, SamplingConfig
 from engine.rollout.engines.registry import RolloutEngineError
-from engine.rollout.engines.vllm import (
-    _SEED_RANGE,
+from engine.rollout.engines.vllm_shared import (
     DTYPE_NAMES,
+    SEED_RANGE,
     CheckedWeights,
     choose_lora_sync,
     expected_weights,
@@ -123,7 +123,7 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
         self.pusher.check_version()
-        seed = int(torch.randint(0, _SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
+        seed = int(torch.randint(0, SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
         return self.sample(prompts, sampling, seed)[0]
 
     def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> tuple[Responses, list]:
