@@ -58,7 +58,7 @@ class VLLMServerRolloutEngine(RolloutEngine):
         servers = max(len(self.settings.server_urls) or local_servers(self.settings), 1)
         decoded = context.decoded_tokens and context.decoded_tokens * self.world_size // servers  # per server
         self.serves_adapter = shared.choose_lora_sync(self.settings, self.lora_rank, self.expected, decoded,
-                                               own_wire=is_own_engine(engine)) == "adapter"
+                                                      own_wire=is_own_engine(engine)) == "adapter"
         urls = None
         if self.rank == 0:
             urls = (list(self.settings.server_urls) or self._start_servers(model_dir, load_format),
