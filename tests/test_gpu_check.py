@@ -49,6 +49,8 @@ def test_the_cpu_rehearsal_leaves_cards_step_figures_and_log_under_out(tmp_path)
         figures = steps[run]["figures"]
         assert figures["tokens_per_s"] > 0 and figures["peak_memory_gib"] > 0 and figures["steps"] == 1
         assert "perf/mfu" in figures and "mfu_per_phase" in figures  # a number where the metrics carry it, or n/a
+    grpo_peaks = steps["grpo_tiny"]["figures"]["peak_memory_gib_per_phase"]  # measured per phase, even on the CPU
+    assert set(grpo_peaks) == {"rollout", "update"} and all(value > 0 for value in grpo_peaks.values()), grpo_peaks
     assert steps["bench_overhead"]["result"]["scenarios"]["overhead"]
     card_md = (out / "gpu-check.md").read_text()
     assert "(1 processes, fp32)" in card_md and "(1 processes, bf16)" in card_md

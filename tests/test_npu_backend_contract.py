@@ -143,7 +143,7 @@ def test_init_distributed_uses_hccl_and_binds_the_local_npu(standin, monkeypatch
 
     assert (info.rank, info.world_size, info.local_rank) == (1, 2, 1)
     (kwargs,) = calls
-    assert kwargs["backend"] == "hccl" and kwargs["init_method"] == "env://"
+    assert kwargs["backend"] == "hccl" and kwargs["init_method"] == "accel-env://"
     assert kwargs["device_id"] == torch.device("npu", 1)
     assert ("set_device", (1,)) in torch_npu.CALLS
     assert backend.metrics_device() == backend.fsdp_device_id() == torch.device("npu", 1)

@@ -1,6 +1,7 @@
 """accel_backends/spawn.py, the one spawn-and-collect primitive: results, errors with their details, exit
 statuses, stops on the first failure, timeouts, and ranks that see torchrun's variables."""
 
+import ipaddress
 import os
 import time
 
@@ -8,7 +9,19 @@ from accel_backends.spawn import LocalJob, QuietExit
 
 
 def _report():
-    return {key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "EXTRA")}
+    """torchrun's variables as the rank saw them, and the TCP listeners it holds while in a gloo group."""
+    import torch.distributed as dist
+    from listeners import listening
+
+    import accel_backends
+
+    accel_backends.get_backend("cpu").init_distributed(timeout=60)
+    dist.barrier()  # every rank has joined: rank 0's store and gloo's own sockets are all up
+    held = listening([os.getpid()])
+    dist.barrier()
+    dist.destroy_process_group()
+    return {**{key: os.environ[key] for key in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT", "EXTRA")},
+            "listening": held}
 
 
 def _rank1_raises():
@@ -47,6 +60,10 @@ def test_every_rank_returns_with_torchruns_variables():
     assert [r["RANK"] for r in results] == ["0", "1", "2"] == [r["LOCAL_RANK"] for r in results]
     assert {r["WORLD_SIZE"] for r in results} == {"3"} and {r["EXTRA"] for r in results} == {"x"}
     assert len({r["MASTER_PORT"] for r in results}) == 1
+    # rank 0 hosts the rendezvous store on MASTER_ADDR (127.0.0.1) alone, never on every interface (issue 45)
+    assert [port for _, port in results[0]["listening"]].count(int(results[0]["MASTER_PORT"])) == 1
+    exposed = [(r["RANK"], a, p) for r in results for a, p in r["listening"] if not ipaddress.ip_address(a).is_loopback]
+    assert exposed == []
     assert all(o.returned and not o.failed and o.exitcode == 0 for o in job.outcomes)
 
 

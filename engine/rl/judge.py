@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,6 +52,29 @@ def fill(template: str, prompt: str, response: str, answer: str | None) -> str:
             .replace("{answer}", "" if answer is None else str(answer)))
 
 
+def env_api_key(section) -> str | None:
+    """``judge_url``'s key, read from the environment variable ``reward_model.judge_api_key_env`` names (the key
+    itself never sits in the config, the run's config.json or a command line, where ``ps`` shows it)."""
+    name = getattr(section, "judge_api_key_env", None)
+    return os.environ.get(name) or None if name else None
+
+
+def api_key_env_problem(section) -> str | None:
+    """One line when ``reward_model.judge_api_key_env`` is set but cannot give ``judge_url`` a key."""
+    name = getattr(section, "judge_api_key_env", None)
+    if not name:
+        return None
+    if not section.judge_url:
+        return "reward_model.judge_api_key_env is the key of reward_model.judge_url: set it only with judge_url"
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", str(name)):  # not echoed: it may be a key pasted by mistake
+        return ("reward_model.judge_api_key_env must be the NAME of an environment variable that holds the key "
+                "(e.g. JUDGE_API_KEY), not the key itself")
+    if not os.environ.get(name):
+        return (f"reward_model.judge_api_key_env={name}: the environment variable {name} is not set (or empty): "
+                f"export {name}=<the judge's API key> before starting the run")
+    return None
+
+
 class JudgeReward(ModelReward):
     """Scores through ``reward_model.judge_url`` (or ``judge_model``'s server), ``max_parallel`` calls at once; with
     ``judge_constrained``, each call asks for a reply of ``judge_answer_regex``'s form."""
@@ -58,7 +82,7 @@ class JudgeReward(ModelReward):
     def __init__(self, section, url: str | None = None, api_key: str | None = None) -> None:
         """``section``: ``RewardModelConfig``; ``url`` and ``api_key``: ``judge_model``'s server and its key."""
         super().__init__()
-        self.auth = auth_headers(api_key)
+        self.auth = auth_headers(api_key if api_key is not None else env_api_key(section))
         self.section = section
         self.last_failure = ""
         base = (url or section.judge_url).rstrip("/")
@@ -121,8 +145,10 @@ class JudgeReward(ModelReward):
             cause = str(exc)
             if cause.startswith("answered HTTP") and not cause.startswith(("answered HTTP 401", "answered HTTP 403")):
                 return None  # it answers: a judge need not list its models
-            return (f"reward_model.judge_url {self.base}: {cause}: start the judge, or correct the URL "
-                    "(checked before any worker starts)")
+            refused = cause.startswith(("answered HTTP 401", "answered HTTP 403"))
+            todo = ("give it its API key: reward_model.judge_api_key_env=VAR, VAR an environment variable holding it"
+                    if refused else "start the judge, or correct the URL")
+            return f"reward_model.judge_url {self.base}: {cause}: {todo} (checked before any worker starts)"
         return None
 
     def _score(self, samples, responses, completions):

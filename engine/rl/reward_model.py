@@ -24,7 +24,7 @@ from pathlib import Path
 
 from ..rollout.vllm_server.access import host_problem, managed_argument_problems
 from ..runtime import OneLineError
-from .judge import JudgeReward
+from .judge import JudgeReward, api_key_env_problem
 from .rewards import Reward
 from .scorers import STAT_KEYS, STYLE, ClassifierReward
 
@@ -40,6 +40,8 @@ class RewardModelConfig:
     judge_url: str | None = None  # an OpenAI-compatible chat endpoint (.../v1) whose reply holds the score
     judge_model: str | None = None  # a model directory served by a vLLM server the run starts and stops (judge_*)
     judge_name: str | None = None  # the model name sent to judge_url; null: the first one its /models lists
+    # judge_url's API key: the NAME of an environment variable holding it, sent as "Authorization: Bearer KEY"
+    judge_api_key_env: str | None = None
     judge_prompt: str = DEFAULT_JUDGE_PROMPT  # with {prompt}, {response} and {answer}
     judge_max_tokens: int = 32  # of the judge's reply
     # the reply's form, imposed through vLLM's structured outputs so that any model answers a parseable score
@@ -89,21 +91,28 @@ def problems(config) -> list[str]:
         found.append(f"reward_model.{', reward_model.'.join(changed_server_keys(section))}: set only with "
                      "reward_model.judge_model (the judge server the run starts)")
     if section.path:
-        if not Path(section.path).is_dir():
+        from ..train.hub_names import hub_problem, local_model_dir
+
+        local = local_model_dir(section.path)
+        if hub_problem(section.path, "reward_model.path"):
+            found.append(hub_problem(section.path, "reward_model.path"))
+        elif not local.is_dir():
             found.append(f"reward_model.path {section.path} is not a directory (a sequence-classification model "
                          "such as accel-rm's export)")
-        elif not (Path(section.path) / "config.json").is_file():
+        elif not (local / "config.json").is_file():
             found.append(f"reward_model.path {section.path} has no config.json: is it a model directory?")
         else:
             from ..checkpoint import pickled_weights_problems
 
-            found += classifier_problems(section.path)
-            found += pickled_weights_problems(section.path, "reward_model.path")
+            found += classifier_problems(str(local))
+            found += pickled_weights_problems(local, "reward_model.path")
     if section.sharding not in SHARDINGS:
         found.append(f"reward_model.sharding must be one of {', '.join(SHARDINGS)}, got {section.sharding!r}")
     if isinstance(section.replicate_max_gib, bool) or not isinstance(section.replicate_max_gib, (int, float)) or \
             section.replicate_max_gib < 0:
         found.append(f"reward_model.replicate_max_gib must be a number >= 0, got {section.replicate_max_gib!r}")
+    if api_key_env_problem(section):
+        found.append(api_key_env_problem(section))
     if section.judge_url and not str(section.judge_url).startswith(("http://", "https://")):
         found.append(f"reward_model.judge_url must be an http:// or https:// URL, got {section.judge_url!r}")
     if "{response}" not in str(section.judge_prompt):

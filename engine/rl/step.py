@@ -310,7 +310,9 @@ class RLTrainer:
         maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
                   **{f"frozen_{name}_s": seconds for name, seconds in extras["frozen_s"].items()},
                   "weight_sync_bytes": float(pushed),
-                  "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima()}
+                  "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima(),
+                  # per phase (each measured from its own reset of the backend's peak): read by ci/gpu-check.sh
+                  "peak_memory_gib/rollout": rollout_peak_gib, "peak_memory_gib/update": update["peak_memory_gib"]}
         times = {"rollout": rollout_done - started, "update": finished - rollout_done, "step": finished - started,
                  "weight_sync": finished - synced}
         plan_metrics = data.plan_metrics()

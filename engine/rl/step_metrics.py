@@ -77,6 +77,7 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
         "update_time_s": times["update"],
         "step_time_s": times["step"],
         "peak_memory_gib": largest["peak_memory_gib"],
+        **{key: largest[key] for key in ("peak_memory_gib/rollout", "peak_memory_gib/update") if key in largest},
     }
     row.update(scoring.reward_metrics(totals, reward_names))  # reward/<name>, overlong_penalty
     row.update(algorithm_metrics)  # e.g. sampling/*, with filter_groups

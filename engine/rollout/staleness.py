@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .engines.vllm import _SEED_RANGE
+from .engines.vllm_shared import SEED_RANGE
 
 UNKNOWN = -(2**31)  # the version of a label the trainer never pushed
 
@@ -30,7 +30,7 @@ class VersionRecorder:
         self.spans: list[list[dict]] = []
 
     def generate(self, prompts, sampling):
-        seed = int(torch.randint(0, _SEED_RANGE, (1,), generator=self.generator).item())
+        seed = int(torch.randint(0, SEED_RANGE, (1,), generator=self.generator).item())
         responses, spans = self.engine.sample(prompts, sampling, seed)
         self.spans += spans
         return responses

@@ -183,3 +183,89 @@ def test_eval_refuses_a_judge_that_does_not_answer(tmp_path):
     assert [p for p in problems(config, {}, 1) if "unreachable" in p] == [
         "reward_model.judge_url http://127.0.0.1:9/v1: unreachable (Connection refused): start the judge, or correct "
         "the URL (checked before any worker starts)"]
+
+
+KEY = "judge-key-from-the-environment"
+
+
+class FailsAfterStepOne(BaseHTTPRequestHandler):
+    """A judge wanting ``Authorization: Bearer KEY`` (401 without it) that scores the first ``budget`` chat calls
+    (step 1's responses) and answers every later one 503, as a judge that falls over mid-run."""
+
+    budget, posts, unauthorized = 4, 0, 0
+
+    def log_message(self, *args):
+        pass
+
+    def _allowed(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {KEY}":
+            return True
+        FailsAfterStepOne.unauthorized += 1
+        self.send_error(401, "no key")
+        return False
+
+    def do_GET(self):
+        if self._allowed():
+            Misbehaving.do_GET(self)
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if not self._allowed():
+            return
+        FailsAfterStepOne.posts += 1
+        if FailsAfterStepOne.posts > FailsAfterStepOne.budget:
+            self.send_error(503, "judge fell over")
+            return
+        data = _chat("Score: 7")
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def test_a_judge_failing_mid_run_stops_it_in_one_line_and_its_key_comes_from_the_environment(
+        tmp_path, capsys, monkeypatch):
+    from engine.grpo import cli
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), FailsAfterStepOne)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")
+    monkeypatch.setenv("TEST_JUDGE_KEY", KEY)
+    common = [f"reward_model.judge_url={url}", "reward_model.judge_api_key_env=TEST_JUDGE_KEY",
+              "reward_model.retries=0", "train.prompts_per_step=2", "rollout.n=2", "train.prompts_per_update=2",
+              "train.micro_batch_size=4", "rollout.max_new_tokens=8", "train.steps=3", "run.progress=false",
+              f"run.output_dir={tmp_path}"]
+    try:
+        status = cli.main([*common, "run.name=judged"])
+        err = [line for line in capsys.readouterr().err.strip().splitlines() if line.strip()]
+        monkeypatch.delenv("TEST_JUDGE_KEY")
+        unset = cli.main([*common, "run.name=unset"])
+        unset_err = capsys.readouterr().err.strip().splitlines()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert status != 0 and FailsAfterStepOne.unauthorized == 0  # every call carried the key from the environment
+    stop = [line for line in err if "could not be scored" in line]
+    assert len(stop) == 1 and f"step 2: 4 of 4 responses could not be scored by {url}" in stop[0], err
+    assert "answered HTTP 503" in stop[0] and "Traceback" not in "\n".join(err), err
+    rows = (tmp_path / "judged" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(row)["step"] for row in rows] == [1]  # step 1 scored and logged; step 2 never trained
+    assert KEY not in (tmp_path / "judged" / "config.json").read_text()
+    assert unset != 0 and len(unset_err) == 1 and "the environment variable TEST_JUDGE_KEY is not set" in unset_err[0]
+
+
+def test_judge_api_key_env_is_a_variable_name_never_the_key(monkeypatch):
+    monkeypatch.setenv("TEST_JUDGE_KEY", KEY)
+    judge = _judge("http://127.0.0.1:9/v1", judge_api_key_env="TEST_JUDGE_KEY")
+    assert judge.headers()["Authorization"] == f"Bearer {KEY}"
+    assert "Authorization" not in _judge("http://127.0.0.1:9/v1").headers()
+
+    class Config:
+        reward_model = RewardModelConfig(judge_url="http://x/v1", judge_api_key_env="sk-abc/123")
+
+    said = [line for line in reward_model.problems(Config) if "judge_api_key_env" in line]
+    assert len(said) == 1 and "NAME of an environment variable" in said[0] and "sk-abc" not in said[0]
+    Config.reward_model = RewardModelConfig(path="/m", judge_api_key_env="TEST_JUDGE_KEY")
+    assert any("set it only with judge_url" in line for line in reward_model.problems(Config))

@@ -23,19 +23,9 @@ from pathlib import Path
 import torch
 
 from engine.rollout.engines import lora_sync
+from engine.rollout.engines import vllm_shared as shared
 from engine.rollout.engines.base import Responses, RolloutEngine, SamplingConfig
 from engine.rollout.engines.registry import RolloutEngineError
-from engine.rollout.engines.vllm import (
-    _SEED_RANGE,
-    DTYPE_NAMES,
-    CheckedWeights,
-    choose_lora_sync,
-    expected_weights,
-    lora_rank_of,
-    model_directory,
-    request_seeds,
-    sampling_fields,
-)
 
 from .client import ServerClient
 from .cores import this_host_plan
@@ -61,14 +51,14 @@ class VLLMServerRolloutEngine(RolloutEngine):
         self.manager: ServerManager | None = None
         # rollout.vllm.borrow_threads: the cores of the servers this run starts and the threads the trainer borrows
         self.core_plan = this_host_plan(self.settings, policy.backend)
-        model_dir, load_format = model_directory(context, self.rank)
-        self.expected = expected_weights(model_dir)
+        model_dir, load_format = shared.model_directory(context, self.rank)
+        self.expected = shared.expected_weights(model_dir)
         engine = transfer_engine(self.settings, self.facts)
-        self.lora_rank = lora_rank_of(policy)
+        self.lora_rank = shared.lora_rank_of(policy)
         servers = max(len(self.settings.server_urls) or local_servers(self.settings), 1)
         decoded = context.decoded_tokens and context.decoded_tokens * self.world_size // servers  # per server
-        self.serves_adapter = choose_lora_sync(self.settings, self.lora_rank, self.expected, decoded,
-                                               own_wire=is_own_engine(engine)) == "adapter"
+        self.serves_adapter = shared.choose_lora_sync(self.settings, self.lora_rank, self.expected, decoded,
+                                                      own_wire=is_own_engine(engine)) == "adapter"
         urls = None
         if self.rank == 0:
             urls = (list(self.settings.server_urls) or self._start_servers(model_dir, load_format),
@@ -96,7 +86,7 @@ class VLLMServerRolloutEngine(RolloutEngine):
         from accel_backends.spawn import free_port
 
         policy = self.context.policy
-        dtype = DTYPE_NAMES.get(getattr(policy, "compute_dtype", torch.float32), "float32")
+        dtype = shared.DTYPE_NAMES.get(getattr(policy, "compute_dtype", torch.float32), "float32")
         options = server_options(self.settings, self.facts, dtype, load_format, self.context.max_sequence_tokens,
                                  lora_rank=self.lora_rank if self.serves_adapter else 0)
         specs = server_specs(self.settings, self.facts, policy.backend.visible_devices_env, options, free_port,
@@ -123,15 +113,15 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
     def generate(self, prompts: list[list[int]], sampling: SamplingConfig) -> Responses:
         self.pusher.check_version()
-        seed = int(torch.randint(0, _SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
+        seed = int(torch.randint(0, shared.SEED_RANGE, (1,)).item())  # the trainer seeds torch per rank and step
         return self.sample(prompts, sampling, seed)[0]
 
     def sample(self, prompts: list[list[int]], sampling: SamplingConfig, seed: int) -> tuple[Responses, list]:
         """The responses and each row's weight-version spans (``{"version", "start", "end"}`` over its tokens),
         without the version check: the sampler thread of ``rollout.max_staleness`` > 0 calls it while pushes go
         on (HTTP only, no collective)."""
-        fields = sampling_fields(sampling)
-        seeds = request_seeds(seed, len(prompts), sampling.n)
+        fields = shared.sampling_fields(sampling)
+        seeds = shared.request_seeds(seed, len(prompts), sampling.n)
 
         def one(index: int) -> list[dict]:
             client = self.clients[(index + self.rank) % len(self.clients)]
@@ -177,7 +167,7 @@ class VLLMServerRolloutEngine(RolloutEngine):
 
     def _checked(self, weights) -> Iterator[tuple[str, torch.Tensor]]:
         """Names and shapes checked before each tensor goes, and none missing before the push is closed."""
-        checked = CheckedWeights(weights, self.expected)
+        checked = shared.CheckedWeights(weights, self.expected)
         yield from checked
         missing = checked.missing()
         if missing:

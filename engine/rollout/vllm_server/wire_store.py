@@ -54,25 +54,14 @@ def group_prefix(secret: str, nonce: str) -> str:
     return f"{GROUP_PREFIX}/{_digest(secret, f'{nonce}:group')[:32]}"
 
 
-def listening_socket(address: str) -> socket.socket:
-    """A TCP socket listening on ``address`` alone, on a port the kernel picks (no race for a 'free' port)."""
-    family, kind, proto, _, sockaddr = socket.getaddrinfo(address, 0, type=socket.SOCK_STREAM)[0]
-    listener = socket.socket(family, kind, proto)
-    try:
-        listener.bind(sockaddr)
-        listener.listen(128)
-    except OSError:
-        listener.close()
-        raise
-    return listener
-
-
 def host_store(address: str, world_size: int, timeout_s: float):
     """Rank 0's store, listening on ``address`` only (its ``.port``: the port it got), its nonce drawn; returns at
     once (the members join later)."""
     from torch.distributed import TCPStore
 
-    listener = listening_socket(address)
+    from accel_backends.rendezvous import bound_listener  # the trainer's side only (a server worker never hosts)
+
+    listener = bound_listener(address)
     port = listener.getsockname()[1]
     fd = listener.detach()  # the store owns the socket from here
     try:

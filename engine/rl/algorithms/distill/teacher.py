@@ -31,7 +31,7 @@ def source_problems(teacher: TeacherConfig) -> list[str]:
         return ["give the teacher as teacher.path=MODEL_DIR (run in our engine) or teacher.server_url=http://HOST:PORT "
                 "(a vLLM server serving it), exactly one of them"]
     if teacher.path:
-        return [f"teacher.path: {problem}" for problem in check_model_dir(teacher.path)]
+        return check_model_dir(teacher.path, "teacher.path")
     if not teacher.server_url.startswith(("http://", "https://")):
         return [f"teacher.server_url must be an http:// or https:// address, got {teacher.server_url!r}"]
     return [] if teacher.timeout_s > 0 else [f"teacher.timeout_s must be > 0, got {teacher.timeout_s}"]

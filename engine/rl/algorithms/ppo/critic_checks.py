@@ -14,7 +14,11 @@ def path_problems(path: str | None) -> list[str]:
     """``critic.path`` on its own: a model directory whose architecture takes a value head."""
     if path is None:
         return []
-    directory = Path(str(path))
+    from ...train.hub_names import hub_problem, local_model_dir
+
+    if hub_problem(path, "critic.path"):
+        return [hub_problem(path, "critic.path")]
+    directory = local_model_dir(path)
     if not (directory / "config.json").is_file():
         what = "does not exist" if not directory.exists() else "has no config.json"
         return [f"critic.path {path} {what}: give a model directory (a causal LM of the policy's family, or a "
