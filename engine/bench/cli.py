@@ -266,6 +266,8 @@ def main(argv=None) -> int:
         for name in ("vllm_alone", "lora_sync"):
             if name in args.scenarios and importlib.util.find_spec("vllm") is None:
                 parser.error(f"the {name} scenario needs vLLM in this Python (pip install vllm, or vLLM's CPU build)")
+        if "scaling" in args.scenarios and (problem := scaling.settings_problem(args.grpo_preset, args.grpo_overrides)):
+            parser.error(problem)
         if any(name in args.scenarios for name in MODEL_DIR_SCENARIOS):
             args.grpo_overrides = _case_overrides(args, stack) + args.grpo_overrides
             _check_grpo_settings(parser, args)

@@ -106,6 +106,25 @@ def summarize(ranks: list[dict]) -> dict:
     }
 
 
+def settings_problem(preset: str, overrides: list[str]) -> str | None:
+    """Why the long-response case with ``overrides`` cannot run on 1 or on 2 ranks (else None): said before any job
+    starts, in the launcher."""
+    from ..train.cli import load
+    from ..train.registry import get_recipe
+    from .cli import LONG_CASE_WORK
+
+    recipe = get_recipe("grpo")
+    try:
+        config, _, _ = load(recipe, preset, None, [*LONG_CASE_WORK, *overrides])
+    except (ValueError, FileNotFoundError) as exc:
+        return f"scaling: {exc}"
+    for nproc in (1, 2):
+        problems = recipe.check(config, nproc)
+        if problems:
+            return f"scaling on {nproc} rank(s): " + "; ".join(problems)
+    return None
+
+
 def check_threads(job: dict, asked: int) -> None:
     """Refuse a job whose ranks ran another pool size than asked: its figures would not compare."""
     wrong = [f"rank {i}: {t['intra_op']}" for i, t in enumerate(job["threads"]) if t["intra_op"] != asked]
