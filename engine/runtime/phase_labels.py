@@ -19,7 +19,7 @@ _ATTRIBUTE = "accel_phase"
 _collectors: list[PhaseTimes] = []
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # collectors are told apart by identity: two open at once may hold equal figures
 class PhaseTimes:
     """Seconds and calls per phase name, while open; ``synchronize`` (e.g. the backend's) runs before each clock
     read at a phase's end, so that a device's queued work counts in the phase that queued it. ``cpu_seconds``: the
