@@ -67,7 +67,7 @@ from . import (
     sft,
     vllm_alone,
 )
-from .common import release
+from .common import LONG_CASE_MODEL, LONG_CASE_WORK, release  # noqa: F401  (the case's names, here too)
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
@@ -78,9 +78,6 @@ GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
 # Run by the launching process (they start processes of their own); named explicitly, never part of "all".
 LAUNCHER_SCENARIOS = {"async_rollout": async_rollout.run, "scaling": scaling.run}
-# The long-response case: the model make-tiny-model writes with these settings, and the work around it.
-LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
-LONG_CASE_WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128"]
 
 
 def worker(options: dict) -> dict:

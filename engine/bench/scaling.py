@@ -1,6 +1,6 @@
 """``scaling``: the GRPO step on 1 rank against 2 ranks doing the same global work, in one run (issue 49).
 
-The long-response case (``cli.LONG_CASE_MODEL`` / ``LONG_CASE_WORK``: hidden 128 x 4 layers, 16 prompts x 8
+The long-response case (``common.LONG_CASE_MODEL`` / ``LONG_CASE_WORK``: hidden 128 x 4 layers, 16 prompts x 8
 responses of up to 128 tokens over all ranks, one update a step) runs as a 1-rank job, then a 2-rank job, in turn
 for ``--scaling-rounds`` rounds, each rank with ``--scaling-threads`` intra-op threads (``OMP_NUM_THREADS`` handed
 to the launcher, which the in-process rank honours too). Each job times a warm-up step, then ``--scaling-steps``
@@ -21,6 +21,8 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from .common import LONG_CASE_MODEL, LONG_CASE_WORK
 
 PHASES = ("rollout", "old_log_probs", "ref_log_probs", "update")
 
@@ -111,7 +113,6 @@ def settings_problem(preset: str, overrides: list[str]) -> str | None:
     starts, in the launcher."""
     from ..train.cli import load
     from ..train.registry import get_recipe
-    from .cli import LONG_CASE_WORK
 
     recipe = get_recipe("grpo")
     try:
@@ -136,7 +137,6 @@ def check_threads(job: dict, asked: int) -> None:
 def run(options: dict) -> dict:
     """The launcher's part: 1-rank and 2-rank jobs in turn, round after round; ratios per round."""
     from ..runtime import run as launch
-    from .cli import LONG_CASE_MODEL, LONG_CASE_WORK
 
     threads = options["scaling_threads"]
     with tempfile.TemporaryDirectory(prefix="accel-bench-scaling-") as scratch:
