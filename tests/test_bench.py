@@ -104,6 +104,8 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     (["--scenarios", "overhead", "--plot", "x.png"], "--plot draws the grad_accum scenario"),
     (["--grpo-override", "train.stepz=3"], "did you mean train.steps?"),
     (["--grpo-override", "train.mini_batch_size=7"], "train.mini_batch_size=7 does not divide"),
+    (["--scenarios", "scaling", "--grpo-override", "train.prompts_per_step=3"],
+     "scaling on 2 rank(s): train.prompts_per_step=3 does not divide"),
     (["--rollout-model", "/nonexistent"], "--rollout-model /nonexistent is not a model directory (no config.json)"),
     pytest.param(["--scenarios", "vllm_alone"], "the vllm_alone scenario needs vLLM in this Python",
                  marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),

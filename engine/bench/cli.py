@@ -29,6 +29,9 @@ Scenarios (``--scenarios``, default all but vllm_alone and distill):
                (not in "all": needs vLLM, minutes per step) GRPO with one trainer and one vLLM server at
                rollout.max_staleness 0, 1, 2 against the colocated vLLM engine on 2 ranks, interleaved: response
                tokens per second, overlap, step time against the slower side, per binding (--async-*)
+  scaling      (not in "all") the GRPO step on 1 rank against 2 ranks doing the same global work, the long-response
+               case, jobs in turn (--scaling-*): the ratio of tokens per second, per phase wall and CPU seconds,
+               threads per rank, collectives per step
 
 --grpo-case long (grpo and packing) runs a model whose responses spread over 1..128 tokens (make-tiny-model
 --hidden-size 128 --layers 4 --vocab-size 2048 --eos-bias 0.33 --single-eos, written to a temporary directory) on
@@ -59,11 +62,12 @@ from . import (
     packing,
     ppo_step,
     rollout,
+    scaling,
     sequence_parallel,
     sft,
     vllm_alone,
 )
-from .common import release
+from .common import LONG_CASE_MODEL, LONG_CASE_WORK, release  # noqa: F401  (the case's names, here too)
 from .report import print_result
 
 SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "overhead": overhead.run,
@@ -73,10 +77,7 @@ SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "over
 GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
 # Run by the launching process (they start processes of their own); named explicitly, never part of "all".
-LAUNCHER_SCENARIOS = {"async_rollout": async_rollout.run}
-# The long-response case: the model make-tiny-model writes with these settings, and the work around it.
-LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
-LONG_CASE_WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128"]
+LAUNCHER_SCENARIOS = {"async_rollout": async_rollout.run, "scaling": scaling.run}
 
 
 def worker(options: dict) -> dict:
@@ -214,6 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     ahead.add_argument("--async-case", choices=sorted(async_rollout.CASES), default="mid",
                        help="mid: 16 prompts x 8 responses of up to 128 tokens; long: 4 x 8 of up to 512")
     ahead.add_argument("--async-model-dir", type=Path, help="a model directory (default: the mid-size model)")
+    scale = parser.add_argument_group("scaling (also --grpo-override, --grpo-preset)")
+    scale.add_argument("--scaling-rounds", type=_positive, default=3, help="1-rank and 2-rank jobs, in turn")
+    scale.add_argument("--scaling-steps", type=_positive, default=3, help="timed steps per job (after one warm-up)")
+    scale.add_argument("--scaling-threads", type=_positive, default=1, help="intra-op threads of every rank")
     distill = parser.add_argument_group("distill")
     distill.add_argument("--distill-steps", type=_positive, default=5, help="timed rounds (after one warm-up)")
     distill.add_argument("--distill-teacher-hidden", type=_positive, default=128)
@@ -258,6 +263,8 @@ def main(argv=None) -> int:
         for name in ("vllm_alone", "lora_sync"):
             if name in args.scenarios and importlib.util.find_spec("vllm") is None:
                 parser.error(f"the {name} scenario needs vLLM in this Python (pip install vllm, or vLLM's CPU build)")
+        if "scaling" in args.scenarios and (problem := scaling.settings_problem(args.grpo_preset, args.grpo_overrides)):
+            parser.error(problem)
         if any(name in args.scenarios for name in MODEL_DIR_SCENARIOS):
             args.grpo_overrides = _case_overrides(args, stack) + args.grpo_overrides
             _check_grpo_settings(parser, args)

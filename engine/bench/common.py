@@ -16,6 +16,11 @@ import accel_backends
 from ..tiny_model import tiny_qwen2
 from .collective_counter import CollectiveCounter
 
+# The long-response case (--grpo-case long, the scaling scenario): the model make-tiny-model writes with these
+# settings, and the work around it.
+LONG_CASE_MODEL = {"hidden_size": 128, "layers": 4, "vocab_size": 2048, "eos_bias": 0.33, "single_eos": True}
+LONG_CASE_WORK = ["train.prompts_per_step=16", "rollout.n=8", "rollout.max_new_tokens=128"]
+
 
 def model_factory(options: Mapping, layers: int | None = None) -> Callable:
     """A zero-argument factory of a randomly initialised Qwen2 of the benchmark's size (nothing downloaded)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from .scaling import print_scaling
+
 
 def _ms(row: dict) -> str:
     return f"{row['median_ms']:.4g} ms [{row['min_ms']:.3g}-{row['max_ms']:.3g}]"
@@ -250,7 +252,7 @@ PRINTERS = {"async_rollout": print_async_rollout, "lora_sync": print_lora_sync,
             "mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
             "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone, "distill": print_distill,
-            "ppo": print_ppo}
+            "ppo": print_ppo, "scaling": print_scaling}
 
 
 def print_result(result: dict) -> None:

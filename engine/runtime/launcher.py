@@ -149,6 +149,7 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
     group_before = _has_group()
     os.environ.update(variables)
     install_stop_handlers()
+    saved_threads = _take_threads(variables.get("OMP_NUM_THREADS"))
     try:
         return _call_stoppable(fn, args)
     except BaseException as exc:  # reported as a spawned worker's failure is: rank, phase, error, traceback
@@ -159,6 +160,7 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
         said = _phase_details(exc).get("summary") or f"{type(exc).__name__}: {exc}"
         raise WorkerFailed(f"rank 0 failed{where}: {said}".strip(), {0: trace}) from exc
     finally:
+        _take_threads(saved_threads)
         _end_group_made_since(group_before)
         for signum, handler in saved_handlers.items():
             signal.signal(signum, handler)
@@ -168,6 +170,22 @@ def _run_here(fn: Callable[..., Any], args: tuple, env: dict[str, str] | None) -
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _take_threads(threads: str | int | None) -> int | None:
+    """The intra-op pool at ``threads`` (the ``OMP_NUM_THREADS`` the caller's ``env`` asks), as a spawned rank
+    sets it (``accel_backends.spawn``): torch read the variable when this process imported it, so setting it now
+    comes too late. Without this the in-process rank of ``run(fn, 1, env={"OMP_NUM_THREADS": "1"})`` ran on every
+    core while each of 2 spawned ranks ran on one: the 1-rank side of issue 49's comparison had twice the threads.
+    Returns the size found, to put back."""
+    if not threads:
+        return None
+    import torch
+
+    found = torch.get_num_threads()
+    if int(threads) != found:
+        torch.set_num_threads(int(threads))
+    return found
 
 
 def _has_group() -> bool:

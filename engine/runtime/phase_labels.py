@@ -19,21 +19,24 @@ _ATTRIBUTE = "accel_phase"
 _collectors: list[PhaseTimes] = []
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)  # collectors are told apart by identity: two open at once may hold equal figures
 class PhaseTimes:
     """Seconds and calls per phase name, while open; ``synchronize`` (e.g. the backend's) runs before each clock
-    read at a phase's end, so that a device's queued work counts in the phase that queued it."""
+    read at a phase's end, so that a device's queued work counts in the phase that queued it. ``cpu_seconds``: the
+    process's CPU time (every thread's) in each phase, which a loaded machine distorts far less than wall time."""
 
     synchronize: Callable[[], None] | None = None
     seconds: dict[str, float] = dataclasses.field(default_factory=dict)
     calls: dict[str, int] = dataclasses.field(default_factory=dict)
+    cpu_seconds: dict[str, float] = dataclasses.field(default_factory=dict)
 
-    def add(self, name: str, seconds: float) -> None:
+    def add(self, name: str, seconds: float, cpu_seconds: float = 0.0) -> None:
         self.seconds[name] = self.seconds.get(name, 0.0) + seconds
         self.calls[name] = self.calls.get(name, 0) + 1
+        self.cpu_seconds[name] = self.cpu_seconds.get(name, 0.0) + cpu_seconds
 
     def reset(self) -> None:
-        self.seconds, self.calls = {}, {}
+        self.seconds, self.calls, self.cpu_seconds = {}, {}, {}
 
 
 @contextlib.contextmanager
@@ -50,6 +53,7 @@ def phase_timings(synchronize: Callable[[], None] | None = None):
 @contextlib.contextmanager
 def phase(name: str):
     started = time.perf_counter() if _collectors else None
+    started_cpu = time.process_time() if _collectors else 0.0
     try:
         yield
     except BaseException as exc:
@@ -64,9 +68,9 @@ def phase(name: str):
             for collector in _collectors:
                 if collector.synchronize is not None:
                     collector.synchronize()
-            elapsed = time.perf_counter() - started
+            elapsed, cpu = time.perf_counter() - started, time.process_time() - started_cpu
             for collector in _collectors:
-                collector.add(name, elapsed)
+                collector.add(name, elapsed, cpu)
 
 
 def phase_of(exc: BaseException) -> str | None:
