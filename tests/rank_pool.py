@@ -23,6 +23,7 @@ from accel_backends.spawn import free_port
 
 WORLD_SIZE = 2
 FAILED_PEER_GRACE_S = 10.0  # how long the other rank may take to finish once one rank failed
+SHUTDOWN_S = 3.0  # how long a worker may take to leave when asked (one stuck in a collective is killed)
 
 
 class RankPool:
@@ -94,12 +95,18 @@ class RankPool:
             self.started += 1
 
     def close(self) -> None:
+        """Ask each worker to leave (an ordinary exit: a coverage run keeps its data), kill the ones that don't."""
+        for _, connection in self.workers:
+            try:
+                connection.send_bytes(b"")
+            except OSError:
+                pass
         for process, connection in self.workers:
+            process.join(timeout=SHUTDOWN_S)
             if process.exitcode is None:
                 process.kill()
+                process.join(timeout=5)
             connection.close()
-        for process, _ in self.workers:
-            process.join(timeout=5)
         self.workers = []
 
 
@@ -116,6 +123,8 @@ def _worker_main(rank: int, connection, parent_pid: int) -> None:
         try:
             payload = connection.recv_bytes()
         except (EOFError, OSError):
+            os._exit(0)
+        if not payload:  # the pool closes
             os._exit(0)
         os.environ.clear()
         os.environ.update(base_env)
