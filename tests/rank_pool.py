@@ -1,10 +1,10 @@
 """A warm pool of two gloo ranks for the multi-rank tests: torch is imported once per worker, not once per test.
 
 Each job sends a function to both workers (or to rank 0 alone for a one-rank job); each calls ``fn(rank, *args)``
-with torchrun's variables set for that job (a fresh ``MASTER_PORT``, so every job forms a new process group) and
-sends back what it returned or raised. Between jobs a worker puts back what a job may have changed: the
-environment, the working directory, torch's default dtype and thread count, the backend registry, and it
-destroys the process group the job made. A job that fails or times out costs the pool its workers: they are
+in the test's environment as it is at the call (what a spawned rank would inherit), with torchrun's variables
+(a new ``MASTER_PORT``: every job forms a new process group), and sends back what it returned or raised. After
+a job a worker destroys the process group it made and puts back the working directory, torch's default dtype
+and thread count and the backend registry. A job that fails or times out costs the pool its workers: they are
 killed and the next job starts new ones, so a rank left waiting in a collective cannot poison the next test.
 """
 
@@ -37,8 +37,8 @@ class RankPool:
         if not self.workers:
             self._start()
         port = str(free_port())
-        job_env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port, "WORLD_SIZE": str(world_size),
-                   "LOCAL_WORLD_SIZE": str(world_size)}
+        job_env = {**os.environ, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
+                   "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
         payload = pickle.dumps((fn, args, job_env))
         ranks = self.workers[:world_size]
         for _, connection in ranks:
@@ -118,7 +118,7 @@ def _worker_main(rank: int, connection, parent_pid: int) -> None:
 
     torch.set_num_threads(1)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
-    base_env, base_cwd, base_dtype = dict(os.environ), os.getcwd(), torch.get_default_dtype()
+    base_cwd, base_dtype = os.getcwd(), torch.get_default_dtype()
     while True:
         try:
             payload = connection.recv_bytes()
@@ -126,10 +126,9 @@ def _worker_main(rank: int, connection, parent_pid: int) -> None:
             os._exit(0)
         if not payload:  # the pool closes
             os._exit(0)
-        os.environ.clear()
-        os.environ.update(base_env)
         try:
             fn, args, env = pickle.loads(payload)
+            os.environ.clear()  # the test's environment now (a spawned rank inherits it), nothing of the last job
             os.environ.update({**env, "RANK": str(rank), "LOCAL_RANK": str(rank)})
             accel_backends.reset_registry()
             record = {"result": fn(rank, *args)}

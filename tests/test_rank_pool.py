@@ -36,7 +36,8 @@ def _hangs(rank):
     time.sleep(600)
 
 
-def test_jobs_share_workers_and_each_sees_a_fresh_group_and_state():
+def test_jobs_share_workers_and_each_sees_a_fresh_group_and_state(monkeypatch):
+    monkeypatch.delenv("POOL_TEST_MARK", raising=False)
     pool = RankPool()
     try:
         first = pool.run(_group_and_state, (), 2, {}, timeout=120)
@@ -45,8 +46,9 @@ def test_jobs_share_workers_and_each_sees_a_fresh_group_and_state():
         assert [total for total, _ in first] == [3.0, 3.0] == [total for total, _ in second]
         for _, (mark, cwd, dtype, world) in first + second:
             assert (mark, cwd, str(dtype), world) == (None, os.getcwd(), "torch.float32", 2)
+        monkeypatch.setenv("POOL_TEST_MARK", "set by the test")  # as a spawned rank inherits it
         (alone,) = pool.run(_group_and_state, (), 1, {}, timeout=120)
-        assert alone[0] == 1.0 and alone[1][3] == 1
+        assert alone[0] == 1.0 and alone[1][0] == "set by the test" and alone[1][3] == 1
     finally:
         pool.close()
 
