@@ -1,12 +1,14 @@
 """Run a function on N real processes that form a gloo group through the CPU backend, as torchrun would.
 
-Under pytest, jobs of one or two ranks run on the session's warm pool (``rank_pool.RankPool``, set by the
+Under pytest, jobs of up to four ranks run on the session's warm pool (``rank_pool.RankPool``, set by the
 ``rank_pool`` fixture in conftest.py); ``fresh=True``, more ranks, or no pool (a script) start new processes.
 """
 
 from __future__ import annotations
 
 import os
+
+from rank_pool import MAX_RANKS
 
 from accel_backends.spawn import LocalJob
 
@@ -30,7 +32,7 @@ def run_ranks(fn, *args, world_size: int = 2, timeout: float = 300, env: dict | 
     the warm pool could run it (a job that changes a process for good, or needs its start-up to run).
     """
     env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", **(env or {})}
-    if POOL is not None and not fresh and world_size <= 2:
+    if POOL is not None and not fresh and world_size <= MAX_RANKS:
         return POOL.run(fn, args, world_size, env, timeout)
     with LocalJob(_with_rank, (fn, *args), world_size, env=env) as job:
         ended = job.wait(timeout=timeout)

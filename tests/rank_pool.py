@@ -1,11 +1,12 @@
-"""A warm pool of two gloo ranks for the multi-rank tests: torch is imported once per worker, not once per test.
+"""A warm pool of gloo ranks for the multi-rank tests: torch is imported once per worker, not once per test.
 
-Each job sends a function to both workers (or to rank 0 alone for a one-rank job); each calls ``fn(rank, *args)``
-in the test's environment as it is at the call (what a spawned rank would inherit), with torchrun's variables
-(a new ``MASTER_PORT``: every job forms a new process group), and sends back what it returned or raised. After
-a job a worker destroys the process group it made and puts back the working directory, torch's default dtype
-and thread count and the backend registry. A job that fails or times out costs the pool its workers: they are
-killed and the next job starts new ones, so a rank left waiting in a collective cannot poison the next test.
+A job of N ranks (1 to 4) goes to the first N workers (started when first needed, then kept); each calls
+``fn(rank, *args)`` in the test's environment as it is at the call (what a spawned rank would inherit), with
+torchrun's variables (a new ``MASTER_PORT``: every job forms a new process group), and sends back what it returned
+or raised. After a job a worker destroys the process group it made and puts back the working directory, torch's
+default dtype and thread count and the backend registry. A job that fails or times out costs the pool its workers:
+they are killed and the next job starts new ones, so a rank left waiting in a collective cannot poison the next
+test.
 """
 
 from __future__ import annotations
@@ -21,21 +22,21 @@ from multiprocessing.connection import wait as wait_for
 
 from accel_backends.spawn import free_port
 
-WORLD_SIZE = 2
+MAX_RANKS = 4  # jobs of more ranks start their own processes
 FAILED_PEER_GRACE_S = 10.0  # how long the other rank may take to finish once one rank failed
 SHUTDOWN_S = 3.0  # how long a worker may take to leave when asked (one stuck in a collective is killed)
 
 
 class RankPool:
-    """Two spawned workers kept between tests; ``run`` is ``tests.distributed.run_ranks`` for 1 or 2 ranks."""
+    """Spawned workers kept between tests; ``run`` is ``tests.distributed.run_ranks`` for up to ``MAX_RANKS``."""
 
     def __init__(self) -> None:
         self.workers: list = []  # (process, connection) per rank
         self.started = 0  # workers started over the pool's life (an interpreter each)
 
     def run(self, fn, args: tuple, world_size: int, env: dict, timeout: float) -> list:
-        if not self.workers:
-            self._start()
+        if len(self.workers) < world_size:
+            self._start(world_size)
         port = str(free_port())
         job_env = {**os.environ, **env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port,
                    "WORLD_SIZE": str(world_size), "LOCAL_WORLD_SIZE": str(world_size)}
@@ -83,9 +84,9 @@ class RankPool:
                         records[rank] = {"error": f"the worker died (exit code {code}) before it answered"}
         return records  # type: ignore[return-value]
 
-    def _start(self) -> None:
+    def _start(self, count: int) -> None:
         context = multiprocessing.get_context("spawn")
-        for rank in range(WORLD_SIZE):
+        for rank in range(len(self.workers), count):
             ours, theirs = context.Pipe()
             process = context.Process(target=_worker_main, args=(rank, theirs, os.getpid()), daemon=True,
                                       name=f"accel-pool-rank{rank}")
