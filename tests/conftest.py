@@ -3,7 +3,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import distributed
 import pytest
+from rank_pool import RankPool
 
 import accel_backends
 from accel_backends.backends.cuda import CUDABackend
@@ -19,6 +21,16 @@ def clean_backend_environment(monkeypatch):
     accel_backends.reset_registry()
     yield
     accel_backends.reset_registry()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rank_pool():
+    """The warm pool of two gloo ranks that ``distributed.run_ranks`` uses (workers start at its first job)."""
+    pool = RankPool()
+    distributed.POOL = pool
+    yield pool
+    distributed.POOL = None
+    pool.close()
 
 
 def pytest_collection_modifyitems(config, items):

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 from conftest import REPO, run_python
-from test_no_device_names import DEVICE_NAMES
+from device_names import DEVICE_NAMES
 
 from accel_backends import DeviceBackend
 from accel_backends.backends.cpu import CPUBackend

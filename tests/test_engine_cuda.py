@@ -29,5 +29,6 @@ def _train_on_gpu(rank, fsdp_version, offload):
 
 @pytest.mark.parametrize("fsdp_version,offload", [(1, False), (2, False), (2, True)])
 def test_engine_trains_on_one_gpu(fsdp_version, offload):
-    losses, peak = run_ranks(_train_on_gpu, fsdp_version, offload, world_size=1, env={"ACCEL_BACKEND": "cuda"})[0]
+    losses, peak = run_ranks(_train_on_gpu, fsdp_version, offload, world_size=1, env={"ACCEL_BACKEND": "cuda"},
+                           fresh=True)[0]  # a GPU's peak memory: a process of its own
     assert all(loss == loss for loss in losses) and peak > 0

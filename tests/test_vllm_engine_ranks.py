@@ -222,7 +222,7 @@ def _assert_adapter_engine(adapter):
 
 
 def test_vllm_engine_on_two_ranks(model_dir):
-    outs = run_ranks(_checks, model_dir, env=ENV, timeout=400)
+    outs = run_ranks(_checks, model_dir, env=ENV, timeout=400, fresh=True)  # vLLM: its own processes
     for out in outs:
         assert all(out["greedy_equal"]), out["greedy_equal"]  # vllm and hf decode the same greedy responses
         assert out["greedy_tokens"] > 8
@@ -242,7 +242,7 @@ def test_vllm_engine_on_two_ranks(model_dir):
 
 def test_the_adapter_reaches_a_one_rank_engine(model_dir):
     """rollout.vllm.lora_sync=adapter with one trainer rank: the same checks as on two."""
-    (adapter,) = run_ranks(_one_rank_adapter_checks, model_dir, world_size=1, env=ENV, timeout=300)
+    (adapter,) = run_ranks(_one_rank_adapter_checks, model_dir, world_size=1, env=ENV, timeout=300, fresh=True)
     _assert_adapter_engine(adapter)
 
 

@@ -180,7 +180,7 @@ def _adapter_push_checks(model_dir, url, tokenizer, batch, sampled):
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_the_server_samples_the_pushed_policy(model_dir, server, ranks):
-    outs = run_ranks(_push_checks, model_dir, server, world_size=ranks, env=ENV, timeout=400)
+    outs = run_ranks(_push_checks, model_dir, server, world_size=ranks, env=ENV, timeout=400, fresh=True)
     for out in outs:
         assert out["tokens"] > 8
         assert out["sampled_gap"] < 1e-4, out  # temperature 0.7, top-k 20, top-p 0.8, from the server
@@ -454,7 +454,7 @@ def _partial_checks(rank, model_dir, url):
 
 
 def test_a_partial_rollouts_tokens_after_a_push_carry_the_new_version(model_dir, server):
-    (out,) = run_ranks(_partial_checks, model_dir, server, world_size=1, env=ENV, timeout=400)
+    (out,) = run_ranks(_partial_checks, model_dir, server, world_size=1, env=ENV, timeout=400, fresh=True)
     assert out["pause_mode"] == "keep"  # rollout.partial=true
     partial = out["partial"][-1]
     assert partial["split_rows"] > 0, out  # a push landed while responses were decoding

@@ -6,7 +6,7 @@ has no public API in the torch versions we test: reading back a setting (torch h
 recovery after a failed micro-batch on a torch without ``reset_iter_state``, freeing gradients FSDP2 keeps on its
 unsharded parameters, and the root's lazy initialisation. FSDP1 has no public API for its flat parameters at all:
 their handles (offload moves, byte counts, loading, units kept gathered through ``generate``) are here too. Each
-use says which torch versions it was tested on; ``tests/test_torch_range.py`` and the engine tests run on every
+use says which torch versions it was tested on; ``tests/unit/test_torch_range.py`` and the engine tests run on every
 torch of the tested range (``docs/hardware.md``).
 """
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from import_layers import import_cycles, layer_violations
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_no_upward_imports_and_the_floors_use_the_public_api():

@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMPAT = REPO / "engine" / "fsdp" / "private_state.py"
 # FSDP1 handles and flat parameters, FSDP2 state and parameter groups, private torch.distributed.fsdp modules.
 PRIVATE_FSDP = re.compile(r"\._handle\b|\._flat_param\b|\bflat_param\b|_get_fsdp_state|_fsdp_param_groups?\b"

@@ -11,7 +11,7 @@ import torch
 
 from accel_backends import cli
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LOW, HIGH = cli.TESTED_TORCH
 RANGE_SPEC = f">={LOW[0]}.{LOW[1]},<{HIGH[0]}.{HIGH[1] + 1}"
 
