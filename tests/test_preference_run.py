@@ -130,8 +130,8 @@ def test_rm_learns_evaluates_and_exports_a_sequence_classifier(root, rm_run, rm_
 def test_grpo_with_the_trained_reward_model_as_its_reward_raises_its_score(root, rm_export):
     """The pipeline of docs/preference.md: accel-rm's export is GRPO's only reward (reward_model.path), on the demo
     preferences' prompts, the policy the causal LM the reward model started from."""
-    from engine.rl.algorithms.grpo.cli import main as grpo_main
     from engine.offline.pair_data import demo_pairs
+    from engine.rl.algorithms.grpo.cli import main as grpo_main
 
     prompts = write_jsonl(root / "prompts.jsonl", [{"prompt": pair.prompt} for pair in demo_pairs(64, seed=11)])
     policy = next((root / "runs" / ".models").glob("tiny-chat-*"))  # the reward model's base, written by its run

@@ -8,8 +8,8 @@ import json
 import pytest
 from grpo_data import fixture_model, write_jsonl
 
-from engine.rl.algorithms.grpo.cli import main as grpo_main
 from engine.offline.objectives.sft.cli import main as sft_main
+from engine.rl.algorithms.grpo.cli import main as grpo_main
 
 WORDS = "apples books pencils dollars minutes hours friends cookies marbles trees garden school".split()
 
