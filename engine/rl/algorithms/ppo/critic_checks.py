@@ -14,7 +14,7 @@ def path_problems(path: str | None) -> list[str]:
     """``critic.path`` on its own: a model directory whose architecture takes a value head."""
     if path is None:
         return []
-    from ...train.hub_names import hub_problem, local_model_dir
+    from ....train.hub_names import hub_problem, local_model_dir
 
     if hub_problem(path, "critic.path"):
         return [hub_problem(path, "critic.path")]
