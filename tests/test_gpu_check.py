@@ -19,7 +19,7 @@ spec.loader.exec_module(gpu_check)
 from gpu_check_report import step_figures  # noqa: E402
 
 CARD = ("reductions", "offload", "gradients", "packing", "grad-sync", "checkpoint", "weight-push", "logprob-gap",
-        "same-seed", "offload (rank 1 of 2, fake group)")
+        "same-seed", "host-reads", "offload (rank 1 of 2, fake group)")
 
 
 @pytest.mark.slow

@@ -100,7 +100,7 @@ def _rollout_step_fn(trainer, micro_batches_total: int):
     from ..rl.formulas import aggregate_loss, micro_batch_scale, policy_loss
     from ..rl.logprobs import response_log_probs
 
-    settings, device = trainer.loss, trainer.backend.device()
+    settings, device = trainer.algorithm.settings, trainer.backend.device()
 
     def step(module, micro):
         mask = micro["loss_mask"].to(device)
