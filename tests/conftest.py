@@ -1,4 +1,5 @@
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -72,11 +73,16 @@ def plugin_site(tmp_path_factory):
     (broken / "accel_broken_backend.py").write_text(
         'raise ImportError("libvendor.so: cannot open shared object file")\n'
     )
+    # Built from copies: setuptools writes build/ and *.egg-info beside the sources it builds, and that metadata in
+    # the checkout would register a plugin for any later test (or CI leg) that puts its folder on sys.path.
+    sources = tmp_path_factory.mktemp("plugin-src")
+    copies = [shutil.copytree(REPO / "plugins" / name, sources / name,
+                              ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
+              for name in INSTALLED_PLUGINS]
     target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-         "--disable-pip-version-check", "--target", str(target),
-         *(str(REPO / "plugins" / name) for name in INSTALLED_PLUGINS), str(broken)],
+         "--disable-pip-version-check", "--target", str(target), *map(str, copies), str(broken)],
         check=True, capture_output=True, text=True, timeout=300,
     )
     return str(target)

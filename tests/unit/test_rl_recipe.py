@@ -13,14 +13,19 @@ import pytest
 
 import accel_backends
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "plugins" / "accel-example-trainer"))
-from accel_example_trainer import plugin  # noqa: E402  (the plugin's source, not installed)
-from accel_example_trainer.rloo import RLOO  # noqa: E402
+PLUGIN_SOURCE = str(Path(__file__).resolve().parents[2] / "plugins" / "accel-example-trainer")
+sys.path.insert(0, PLUGIN_SOURCE)
+try:
+    from accel_example_trainer import plugin  # the plugin's source, not installed
+    from accel_example_trainer.rloo import RLOO
+finally:  # left on the path, a copy built in place (its egg-info) would register the plugin for every later test
+    sys.path.remove(PLUGIN_SOURCE)
 
 
 @pytest.fixture
-def registered():
+def registered(monkeypatch):
     """The plugin's entry-point module registered for the test (the workers find the algorithm by its name)."""
+    monkeypatch.syspath_prepend(PLUGIN_SOURCE)  # its registrations name modules the registry imports when asked
     if plugin in accel_backends.registry.registry().plugin_manager.get_plugins():
         yield  # found already as an entry point (the plugin built in place by another test puts its metadata here)
         return
