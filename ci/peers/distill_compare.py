@@ -17,7 +17,6 @@ peers.sh`` makes one), never in the project's.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -26,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from peer_common import ROOT, median_ratio, peer_env, publish
+from peer_common import ROOT, comparison_parser, median_ratio, peer_env, publish
 
 SEQUENCES, MICRO, NEW_TOKENS = 64, 16, 64
 
@@ -71,13 +70,8 @@ def per_token(run: dict) -> float:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--python", default=sys.executable, help="the interpreter with this project installed")
-    parser.add_argument("--trl-python", required=True, help="an interpreter with TRL 1.16 installed")
+    parser = comparison_parser(__doc__, steps=6)
     parser.add_argument("--ours-engine", default="hf-continuous", help="accel-distill's rollout.engine")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

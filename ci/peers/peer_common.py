@@ -3,9 +3,11 @@ runs in, the ratio they report and where they write it. Imported from the script
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import statistics
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -30,3 +32,16 @@ def publish(result: dict, path: Path | None) -> None:
     if path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=2) + "\n")
+
+
+def comparison_parser(description: str, steps: int, peer: tuple[str, str] | None = None) -> argparse.ArgumentParser:
+    """The arguments every side-by-side comparison takes: our interpreter, the peer's (``peer``: its flag and help),
+    how many interleaved rounds, steps per run, and where the JSON result goes."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--python", default=sys.executable, help="the interpreter with this project installed")
+    flag, help_text = peer or ("--trl-python", "an interpreter with TRL 1.16 installed")
+    parser.add_argument(flag, required=True, help=help_text)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--json", type=Path)
+    return parser

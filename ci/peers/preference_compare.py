@@ -18,7 +18,6 @@ environment (``--trl-python``; ``ci/bench-peers.sh`` makes one), never in the pr
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
 import statistics
@@ -27,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from peer_common import ROOT, median_ratio, peer_env, publish
+from peer_common import ROOT, comparison_parser, median_ratio, peer_env, publish
 
 PAIRS_PER_STEP, PER_DEVICE, MAX_LENGTH, LR = 16, 4, 512, 1e-5
 RECIPES = {"dpo": ("engine.offline.objectives.dpo.cli", "trl_dpo.py", "accel-dpo", "TRL DPOTrainer"),
@@ -75,13 +74,8 @@ def run_trl(python: str, script: str, model: Path, data: Path, steps: int, out: 
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = comparison_parser(__doc__, steps=6)
     parser.add_argument("--trainer", choices=sorted(RECIPES), required=True)
-    parser.add_argument("--python", default=sys.executable, help="the interpreter with this project installed")
-    parser.add_argument("--trl-python", required=True, help="an interpreter with TRL 1.16 installed")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     module, script, ours_name, trl_name = RECIPES[args.trainer]
     with tempfile.TemporaryDirectory() as tmp:

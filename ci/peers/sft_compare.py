@@ -19,7 +19,6 @@ included, are the project's own).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import random
@@ -29,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from peer_common import ROOT, median_ratio, peer_env, publish
+from peer_common import ROOT, comparison_parser, median_ratio, peer_env, publish
 
 SEQUENCES_PER_STEP, MAX_LENGTH, MICRO_TOKENS = 16, 512, 2048
 
@@ -86,12 +85,8 @@ def run_trl(python: str, site: str, model: Path, data: Path, steps: int, out: Pa
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--python", default=sys.executable, help="the interpreter with this project installed")
-    parser.add_argument("--trl-site", required=True, help="a directory holding trl and datasets (PYTHONPATH)")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--json", type=Path)
+    parser = comparison_parser(__doc__, steps=12,
+                               peer=("--trl-site", "a directory holding trl and datasets (PYTHONPATH)"))
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

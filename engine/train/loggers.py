@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from .report import MetricsLog
+from .resume import flatten
 
 LOGGERS = ("jsonl", "tensorboard", "wandb", "mlflow")
 # logger -> (the module it needs, the extra that installs it)
@@ -65,16 +66,9 @@ def numbers(metrics: dict) -> dict[str, float]:
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool)}
 
 
-def flat_params(config: dict, prefix: str = "") -> dict[str, str]:
+def flat_params(config: dict) -> dict[str, str]:
     """A nested configuration as tracker parameters: ``section.key`` -> its value as JSON text (``"2"``, ``"null"``)."""
-    params = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            params.update(flat_params(value, f"{name}."))
-        else:
-            params[name] = value if isinstance(value, str) else json.dumps(value)
-    return params
+    return {name: value if isinstance(value, str) else json.dumps(value) for name, value in flatten(config).items()}
 
 
 class TensorBoardLogger:
