@@ -15,7 +15,6 @@ import dataclasses
 
 import torch
 
-MODES = ("full", "delta")
 _INTEGER_OF_WIDTH = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
