@@ -117,13 +117,12 @@ class SentCopy:
         delta = encode(tensor, old, changed)
         self.stats.elements += tensor.numel()
         self.stats.changed += tensor.numel() if changed is None else changed.numel()
-        if delta is None:
+        if changed is None:
             self.copy[name] = tensor.contiguous().clone()
-            self.stats.wire_bytes += nbytes(tensor)
-            return tensor
-        apply(old, delta)
-        self.stats.wire_bytes += delta.nbytes
-        return delta
+        else:  # the receiver scatters the delta; here a straight copy of the bits is cheaper and the same
+            bits(old).copy_(bits(tensor.contiguous()))
+        self.stats.wire_bytes += nbytes(tensor) if delta is None else delta.nbytes
+        return tensor if delta is None else delta
 
 
 class ReceivedCopy:
