@@ -12,7 +12,8 @@ then after each of three updates moving 5% of the elements a delta far smaller t
 equal to the trainer's weights bit for bit and its log-probs equal bit for bit to those after a whole push of the
 same weights; the sleep / wake / push order with the real engine wrapped in a recorder (the
 CPU has no sleep mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with
-rollout.engine=vllm (FSDP2; LoRA in adapter mode, rollout/weight_sync_bytes the adapter's), and the CPU demo with
+rollout.engine=vllm (FSDP2; tensor-parallel 2 with weight_sync=delta, its figures reported; LoRA in adapter mode,
+rollout/weight_sync_bytes the adapter's), and the CPU demo with
 LoRA learns in adapter mode as in merged mode. Skipped where vLLM is not importable (the main leg).
 """
 
@@ -300,7 +301,8 @@ def _adapter_bytes(model, rank, alpha):
     return 4 * sum(p.numel() for name, p in lora.named_parameters() if ".lora_" in name)
 
 
-@pytest.mark.parametrize("variant", [[], ["rollout.vllm.tensor_parallel_size=2"]], ids=["fsdp2", "tensor-parallel-2"])
+@pytest.mark.parametrize("variant", [[], ["rollout.vllm.tensor_parallel_size=2", "rollout.vllm.weight_sync=delta"]],
+                         ids=["fsdp2", "tensor-parallel-2-delta"])
 def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
@@ -316,12 +318,19 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
         assert row["rollout/weight_sync_s"] > 0
-        assert row["rollout/weight_sync_bytes"] == _model_bytes(model_dir), row  # the whole model
+        if "rollout.vllm.weight_sync=delta" in variant:  # an update with no reward signal moves nothing: 0 bytes
+            sent, changed = row["rollout/weight_sync_bytes"], row["rollout/weight_sync_changed_frac"]
+            assert 0 <= sent <= _model_bytes(model_dir) and 0 <= changed <= 1 and (sent == 0) == (changed == 0), row
+        else:
+            assert row["rollout/weight_sync_bytes"] == _model_bytes(model_dir), row  # the whole model
+            assert "rollout/weight_sync_changed_frac" not in row
         assert row["rollout/logprob_diff_max"] < 1e-3, row  # the engine samples the trainer's policy
         assert 0.99 < row["rollout/is_ratio_min"] <= row["rollout/is_ratio_max"] < 1.01, row
         assert row["rollout/is_masked_frac"] == 0.0
         assert row["response_length"] > 0
     assert "keeps its weights and KV cache in memory during updates" in result.stderr
+    print({key: [row.get(key) for row in rows] for key in ("rollout/weight_sync_bytes",
+                                                           "rollout/weight_sync_changed_frac", "reward_std")})
 
 
 def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, model_dir):
