@@ -48,25 +48,21 @@ def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
-def changed_positions(new: torch.Tensor, old: torch.Tensor | None) -> torch.Tensor | None:
-    """Flat positions where ``new``'s bits differ from ``old``'s; None when ``old`` is no usable copy (none, another
-    shape or dtype)."""
+def encode(new: torch.Tensor, old: torch.Tensor | None) -> tuple[Delta | None, int]:
+    """The delta taking ``old`` to ``new`` (None when the whole tensor is the smaller message, or ``old`` is no usable
+    copy: none, another shape or dtype) and how many elements changed (all of them without a usable copy). The
+    changed elements are counted before their positions are taken: a tensor that goes whole costs no extraction."""
     if old is None or old.shape != new.shape or old.dtype != new.dtype:
-        return None
-    return (bits(new.contiguous()) != bits(old)).nonzero().reshape(-1)
-
-
-def encode(new: torch.Tensor, old: torch.Tensor | None, changed: torch.Tensor | None = None) -> Delta | None:
-    """The delta taking ``old`` to ``new``; None when the whole tensor is the smaller message (or no usable ``old``).
-    ``changed``: ``changed_positions(new, old)`` when the caller has it."""
-    changed = changed_positions(new, old) if changed is None else changed
-    if changed is None:
-        return None
+        return None, new.numel()
+    new_bits = bits(new.contiguous())
+    differs = new_bits != bits(old)
+    changed = int(differs.sum())
     positions = index_dtype(new.numel())
     per_element = torch.empty((), dtype=positions).element_size() + new.element_size()
-    if changed.numel() * per_element >= nbytes(new):
-        return None
-    return Delta(changed.to(positions), bits(new.contiguous())[changed].view(new.dtype), tuple(new.shape))
+    if changed * per_element >= nbytes(new):
+        return None, changed
+    where = differs.nonzero().reshape(-1)
+    return Delta(where.to(positions), new_bits[where].view(new.dtype), tuple(new.shape)), changed
 
 
 def apply(target: torch.Tensor, delta: Delta) -> torch.Tensor:
@@ -113,13 +109,12 @@ class SentCopy:
         brought to ``tensor`` either way."""
         tensor = tensor.detach()
         old = self.copy.get(name)
-        changed = changed_positions(tensor, old)
-        delta = encode(tensor, old, changed)
+        delta, changed = encode(tensor, old)
         self.stats.elements += tensor.numel()
-        self.stats.changed += tensor.numel() if changed is None else changed.numel()
-        if changed is None:
+        self.stats.changed += changed
+        if old is None or old.shape != tensor.shape or old.dtype != tensor.dtype:
             self.copy[name] = tensor.contiguous().clone()
-        else:  # the receiver scatters the delta; here a straight copy of the bits is cheaper and the same
+        elif changed:  # the receiver scatters the delta; here a straight copy of the bits is cheaper and the same
             bits(old).copy_(bits(tensor.contiguous()))
         self.stats.wire_bytes += nbytes(tensor) if delta is None else delta.nbytes
         return tensor if delta is None else delta

@@ -48,21 +48,22 @@ def test_negative_zero_and_nan_payloads_are_sent_as_bits():
     new = old.clone()
     new[0] = -0.0  # equal as floats, different bits
     bits(new)[2] = bits(torch.tensor([float("nan")]))[0] ^ 1  # another NaN payload
-    delta = weight_delta.encode(new, old)
-    assert delta is not None and delta.indices.tolist() == [0, 2]
+    delta, changed = weight_delta.encode(new, old)
+    assert delta is not None and delta.indices.tolist() == [0, 2] and changed == 2
     target = old.clone()
     weight_delta.apply(target, delta)
     assert torch.equal(bits(target), bits(new))
-    assert weight_delta.encode(new, new.clone()).indices.numel() == 0  # NaN == NaN bitwise: nothing to send
+    same, changed = weight_delta.encode(new, new.clone())
+    assert changed == 0 and same.indices.numel() == 0  # the same NaN bits: nothing to send
 
 
 def test_a_delta_larger_than_the_tensor_falls_back_to_the_whole_tensor():
     old = torch.zeros(10, dtype=torch.bfloat16)
     new = old.clone()
     new[:3] = 1.0  # 3 x (4 + 2) = 18 bytes < 20: a delta
-    assert isinstance(weight_delta.encode(new, old), Delta)
+    assert isinstance(weight_delta.encode(new, old)[0], Delta)
     new[:4] = 1.0  # 4 x 6 = 24 bytes >= 20: whole
-    assert weight_delta.encode(new, old) is None
+    assert weight_delta.encode(new, old) == (None, 4)
     sender = SentCopy()
     sender.message("w", old)
     sender.start()
