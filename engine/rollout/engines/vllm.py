@@ -19,8 +19,7 @@ each rank keeps the engine's copy of the weights in the trainer's naming (``weig
 is compared with it bit by bit and only the changed elements are written into it (``push_stats``: their bytes), and
 vLLM's loader takes the updated copy (its own parameters may be merged or repacked, so it takes whole tensors).
 How weights are replaced, whether the engine can sleep during the update and how its memory is sized are the device
-backend's facts
-(``DeviceBackend.inference_engine_facts``); nothing here names a device.
+backend's facts (``DeviceBackend.inference_engine_facts``); nothing here names a device.
 """
 
 from __future__ import annotations

@@ -124,7 +124,9 @@ class WeightPusher:
             size = 1 + workers
             info = {**self.settings, "master_address": self.address, "rank_offset": 1, "world_size": size,
                     "model_signature": self.signature, "device_backend": self.backend.name,
-                    "lora_rank": self.lora_rank, "weight_sync": self.weight_sync}
+                    "lora_rank": self.lora_rank}
+            if self.weight_sync != "full":  # named only when asked for: a full push needs nothing new of a server
+                info["weight_sync"] = self.weight_sync
             try:  # first the check alone: a refusal must not leave this side waiting for the group
                 client.init_weight_transfer_engine({**info, "master_port": 0, "check_only": True})
             except ServerError as exc:
