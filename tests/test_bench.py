@@ -107,6 +107,9 @@ def test_every_scenario_runs_and_counts_its_collectives(tmp_path):
     (["--scenarios", "scaling", "--grpo-override", "train.prompts_per_step=3"],
      "scaling on 2 rank(s): train.prompts_per_step=3 does not divide"),
     (["--rollout-model", "/nonexistent"], "--rollout-model /nonexistent is not a model directory (no config.json)"),
+    (["--scenarios", "weight_sync", "--weight-sync-dtypes", "bf16,fp8"], "dtypes are bf16 and fp32, got 'bf16,fp8'"),
+    (["--scenarios", "weight_sync", "--weight-sync-lrs", "1e-5,3"],
+     "learning rates are numbers in (0, 1), comma-separated, got '1e-5,3'"),
     pytest.param(["--scenarios", "vllm_alone"], "the vllm_alone scenario needs vLLM in this Python",
                  marks=pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vLLM is installed")),
 ])

@@ -7,9 +7,13 @@ sequences equal to the trainer's before an update, stale after an update with a 
 after the weight push (and different from before it, so the check can fail); the same with a LoRA policy (merged
 adapters pushed); with rollout.vllm.lora_sync=adapter (a second engine serving the base with LoRA) the same
 equality after each adapter push, the base pushed once, each push's bytes the adapter's, older versions unloaded
-(and again with one trainer rank); the sleep / wake / push order with the real engine wrapped in a recorder (the
+(and again with one trainer rank); with rollout.vllm.weight_sync=delta (one trainer rank) the first push whole,
+then after each of three updates moving 5% of the elements a delta far smaller than the model, the engine's copy
+equal to the trainer's weights bit for bit and its log-probs equal bit for bit to those after a whole push of the
+same weights; the sleep / wake / push order with the real engine wrapped in a recorder (the
 CPU has no sleep mode); a tensor of the wrong shape named. Then accel-grpo runs a few steps with
-rollout.engine=vllm (FSDP2; LoRA in adapter mode, rollout/weight_sync_bytes the adapter's), and the CPU demo with
+rollout.engine=vllm (FSDP2; tensor-parallel 2 with weight_sync=delta, its figures reported; LoRA in adapter mode,
+rollout/weight_sync_bytes the adapter's), and the CPU demo with
 LoRA learns in adapter mode as in merged mode. Skipped where vLLM is not importable (the main leg).
 """
 
@@ -22,7 +26,9 @@ from conftest import REPO, run_python
 from distributed import run_ranks
 from vllm_push_compare import (
     assert_adapter_pushed,
+    assert_delta_pushed,
     assert_pushed,
+    delta_push_and_compare,
     largest_gap,
     push_adapter_and_compare,
     push_and_compare,
@@ -212,7 +218,32 @@ def _one_rank_adapter_checks(rank, model_dir):
     torch.manual_seed(1234)
     with policy.eval_mode():
         batch = rollout(hf, tokenizer, [f"how many apples does {name} have" for name in ("Tom", "Maria")], sampled)
-    return _adapter_checks(model_dir, tokenizer, batch)
+    return {"adapter": _adapter_checks(model_dir, tokenizer, batch),
+            "delta": _delta_checks(model_dir, tokenizer, batch)}
+
+
+def _delta_checks(model_dir, tokenizer, batch):
+    """rollout.vllm.weight_sync=delta on a colocated engine (tests/vllm_push_compare.py), and its copy of the
+    weights against the trainer's, bit for bit, after the last push."""
+    import torch
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.rl.algorithms.grpo.config import RolloutConfig
+    from engine.rollout import sync_weights
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+    from engine.rollout.weight_delta import bits
+
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(weight_sync="delta"))
+    engine = create_rollout_engine("vllm", RolloutContext(policy, tokenizer, str(model_dir), config, 96))
+    out = delta_push_and_compare(policy, engine, batch, lambda b: _engine_log_probs(engine.llm, b), engine.copy.drop)
+    sync_weights(policy, engine)  # a push with nothing changed: no element sent
+    out["unchanged_frac"] = engine.push_stats.changed_frac
+    out["copy_equal"] = all(torch.equal(bits(engine.copy.copy[name]), bits(tensor))
+                            for name, tensor in policy.iter_full_weights())
+    engine.close()
+    return out
 
 
 def _assert_adapter_engine(adapter):
@@ -241,9 +272,14 @@ def test_vllm_engine_on_two_ranks(model_dir):
 
 
 def test_the_adapter_reaches_a_one_rank_engine(model_dir):
-    """rollout.vllm.lora_sync=adapter with one trainer rank: the same checks as on two."""
-    (adapter,) = run_ranks(_one_rank_adapter_checks, model_dir, world_size=1, env=ENV, timeout=300, fresh=True)
-    _assert_adapter_engine(adapter)
+    """rollout.vllm.lora_sync=adapter with one trainer rank: the same checks as on two; rollout.vllm.weight_sync=delta
+    on a colocated engine."""
+    (out,) = run_ranks(_one_rank_adapter_checks, model_dir, world_size=1, env=ENV, timeout=300, fresh=True)
+    _assert_adapter_engine(out["adapter"])
+    assert_delta_pushed(out["delta"])
+    assert out["delta"]["unchanged_frac"] == 0.0 and out["delta"]["copy_equal"], out["delta"]
+    print({"delta": [(step["sent"], round(step["changed"], 4)) for step in out["delta"]["steps"]],
+           "model_bytes": out["delta"]["model_bytes"]})
 
 
 SMALL = ["train.prompts_per_step=4", "rollout.n=4", "train.micro_batch_size=8", "rollout.max_new_tokens=12",
@@ -265,7 +301,8 @@ def _adapter_bytes(model, rank, alpha):
     return 4 * sum(p.numel() for name, p in lora.named_parameters() if ".lora_" in name)
 
 
-@pytest.mark.parametrize("variant", [[], ["rollout.vllm.tensor_parallel_size=2"]], ids=["fsdp2", "tensor-parallel-2"])
+@pytest.mark.parametrize("variant", [[], ["rollout.vllm.tensor_parallel_size=2", "rollout.vllm.weight_sync=delta"]],
+                         ids=["fsdp2", "tensor-parallel-2-delta"])
 def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     data = tmp_path / "train.jsonl"
     data.write_text("".join(json.dumps({"prompt": f"Tom has {i} apples", "answer": str(i)}) + "\n"
@@ -281,12 +318,19 @@ def test_grpo_runs_with_the_vllm_engine(tmp_path, model_dir, variant):
     assert [row["step"] for row in rows] == [1, 2, 3]
     for row in rows:
         assert row["rollout/weight_sync_s"] > 0
-        assert row["rollout/weight_sync_bytes"] == _model_bytes(model_dir), row  # the whole model
+        if "rollout.vllm.weight_sync=delta" in variant:  # an update with no reward signal moves nothing: 0 bytes
+            sent, changed = row["rollout/weight_sync_bytes"], row["rollout/weight_sync_changed_frac"]
+            assert 0 <= sent <= _model_bytes(model_dir) and 0 <= changed <= 1 and (sent == 0) == (changed == 0), row
+        else:
+            assert row["rollout/weight_sync_bytes"] == _model_bytes(model_dir), row  # the whole model
+            assert "rollout/weight_sync_changed_frac" not in row
         assert row["rollout/logprob_diff_max"] < 1e-3, row  # the engine samples the trainer's policy
         assert 0.99 < row["rollout/is_ratio_min"] <= row["rollout/is_ratio_max"] < 1.01, row
         assert row["rollout/is_masked_frac"] == 0.0
         assert row["response_length"] > 0
     assert "keeps its weights and KV cache in memory during updates" in result.stderr
+    print({key: [row.get(key) for row in rows] for key in ("rollout/weight_sync_bytes",
+                                                           "rollout/weight_sync_changed_frac", "reward_std")})
 
 
 def test_an_architecture_vllm_cannot_load_is_named_before_training(tmp_path, model_dir):

@@ -5,16 +5,20 @@ both its names) on the CPU backend's weight group (gloo).
 One server, shared by the module (started by the same plan the engine uses), takes pushes from FSDP2 and LoRA
 policies on 1 and 2 trainer ranks: its log-probs of fixed token sequences equal the trainer's after a push and
 differ before it (so the check can fail; tests/vllm_push_compare.py, shared with the colocated engine's test), its
-sampled tokens' log-probs equal the trainer's, it reports every pushed version, and a server serving another
-model is refused before any weight is sent. A push while requests decode (rollout.partial) switches them to the
-new version's label and weights mid-response (pause mode keep) or lets them finish first (wait); accel-grpo runs
-ahead of the trainer against it with rollout.max_staleness 1 (one rank) and 2 (two ranks, partial), the recorded
-staleness never above the bound and above 0 at least once, and so does accel-ppo (max_staleness 1); a run resumed
-from a checkpoint samples ahead from the checkpoint's weights (borrowing the server's core while it idles). The
-CPU demo on 2 ranks with a server it starts learns as with the colocated engine (max_staleness 0) until a Ctrl-C
-(the step is saved, the server stopped), and a run sampling ahead whose server is killed ends within a bounded
-time with one line naming it and no process left behind. The server (issue 45) listens on loopback only, every
-process of it, and refuses a request without its key on every route. Skipped where vLLM is not importable.
+sampled tokens' log-probs equal the trainer's, it reports every pushed version, and a server serving another model
+is refused before any weight is sent. With rollout.vllm.weight_sync=delta (1 and 2 ranks) the first push goes whole,
+then after each of three updates moving 5% of the elements a delta far smaller than the model leaves the server's
+log-probs equal bit for bit to those after a whole push of the same weights; a server whose version is not the
+trainer's last push (as after a restart: relabelled here) gets the next push whole, and is exact. A push while
+requests decode (rollout.partial) switches them to the new version's label and weights mid-response (pause mode
+keep) or lets them finish first (wait); accel- grpo runs ahead of the trainer against it with rollout.max_staleness
+1 (one rank) and 2 (two ranks, partial), the recorded staleness never above the bound and above 0 at least once, and
+so does accel-ppo (max_staleness 1); a run resumed from a checkpoint samples ahead from the checkpoint's weights
+(borrowing the server's core while it idles). The CPU demo on 2 ranks with a server it starts learns as with the
+colocated engine (max_staleness 0) until a Ctrl-C (the step is saved, the server stopped), and a run sampling ahead
+whose server is killed ends within a bounded time with one line naming it and no process left behind. The server
+(issue 45) listens on loopback only, every process of it, and refuses a request without its key on every route.
+Skipped where vLLM is not importable.
 """
 
 import json
@@ -33,9 +37,12 @@ from distributed import run_ranks
 from test_vllm_engine_ranks import ENV, HIDDEN, pytestmark  # noqa: F401 - pytestmark: pytest reads it here
 from vllm_push_compare import (
     assert_adapter_pushed,
+    assert_delta_pushed,
     assert_pushed,
     big_update,
+    delta_push_and_compare,
     largest_gap,
+    perturb,
     push_adapter_and_compare,
     push_and_compare,
     trainer_log_probs,
@@ -142,6 +149,39 @@ def _push_checks(rank, model_dir, url):
     started = time.perf_counter()
     out["adapter"] = _adapter_push_checks(model_dir, url, tokenizer, batch, sampled)
     out["adapter_checks_s"] = time.perf_counter() - started  # what lora_sync=adapter adds to the test
+    started = time.perf_counter()
+    out["delta"] = _delta_push_checks(model_dir, url, tokenizer, batch)
+    out["delta_checks_s"] = time.perf_counter() - started
+    return out
+
+
+def _delta_push_checks(model_dir, url, tokenizer, batch):
+    """rollout.vllm.weight_sync=delta against the same server (tests/vllm_push_compare.py); then the server
+    relabelled with another version, as a restarted server reports: the next push whole, and exact."""
+    import torch
+
+    from engine import EngineConfig, FSDPEngine
+    from engine.rl.algorithms.grpo.config import RolloutConfig
+    from engine.rollout import sync_weights
+    from engine.rollout.engines import RolloutContext, create_rollout_engine
+    from engine.rollout.engines.vllm_settings import VLLMConfig
+
+    policy = FSDPEngine(str(model_dir), EngineConfig(fsdp_version=2))
+    config = RolloutConfig(engine="vllm", vllm=VLLMConfig(mode="server", server_urls=[url], weight_sync="delta"))
+    engine = create_rollout_engine("vllm", RolloutContext(policy, tokenizer, str(model_dir), config, 96))
+    client, pusher = engine.clients[0], engine.pusher
+    out = delta_push_and_compare(policy, engine, batch, lambda b: _server_log_probs(client, b),
+                                 lambda: pusher.sent.drop() if pusher.sent is not None else None)
+    both_ranks = torch.distributed.barrier if torch.distributed.is_initialized() else lambda: None
+    if policy.rank == 0:
+        client.start_weight_update()
+        client.finish_weight_update("restarted")  # what the trainer sees of a server that restarted
+    both_ranks()
+    perturb(policy, 0.05, seed=7 + policy.rank)
+    out["after_restart_bytes"] = sync_weights(policy, engine)
+    mask = batch.response_mask.float()
+    out["after_restart_gap"] = largest_gap(_server_log_probs(client, batch), trainer_log_probs(policy, batch), mask)
+    out["sender"] = pusher.sender
     return out
 
 
@@ -193,9 +233,14 @@ def test_the_server_samples_the_pushed_policy(model_dir, server, ranks):
         assert adapter["served"] == [f"accel-policy-{session}-v3", f"accel-policy-{session}-v4"], adapter
         assert adapter["span_versions"] == ["4"] and adapter["sampled"] > 0, adapter
         assert adapter["served_after_close"] == [], adapter  # unloaded when the run ends
+        delta = out["delta"]
+        assert_delta_pushed(delta, sender=delta["sender"])
+        assert delta["after_restart_bytes"] == (delta["model_bytes"] if delta["sender"] else 0), delta
+        assert delta["after_restart_gap"] < 1e-4, delta
     print({"push_s": [[round(s, 3) for s in out["push_s"]] for out in outs],
            "adapter_push_s": [round(out["adapter"]["push_after_update_s"], 3) for out in outs],
-           "adapter_checks_s": [round(out["adapter_checks_s"], 1) for out in outs]})
+           "adapter_checks_s": [round(out["adapter_checks_s"], 1) for out in outs],
+           "delta_checks_s": [round(out["delta_checks_s"], 1) for out in outs]})
 
 
 def test_a_server_with_another_model_is_refused_before_any_weight(server, server_manager, model_dir):

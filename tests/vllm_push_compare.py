@@ -110,3 +110,57 @@ def assert_adapter_pushed(out: dict) -> None:
     assert out["stale_gap"] > 0.05, out  # the update moved the adapter; the engine has not seen it yet
     assert out["after_gap"] < 1e-4 and out["moved"] > 0.05, out  # pushed: equal again, and not the old ones
     assert out["adapter_bytes"] == out["adapter_own_bytes"] < out["merged_bytes"], out  # the adapter alone
+
+
+def perturb(policy, fraction: float, seed: int) -> None:
+    """An update that moves ``fraction`` of the policy's elements (each rank its own shard), the rest left alone
+    bit for bit: what a low-precision step does to most weights, on the fp32 model the tests serve."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in policy.module.parameters():
+            local = param.to_local() if hasattr(param, "to_local") else param
+            moved = torch.rand(local.shape, generator=generator) < fraction
+            local.add_(moved * torch.randn(local.shape, generator=generator) * 0.05)
+
+
+def delta_push_and_compare(policy, engine, batch, engine_log_probs, drop_copy, steps: int = 3) -> dict:
+    """``rollout.vllm.weight_sync=delta``: ``engine`` built with it, nothing pushed yet. The first push (whole), then
+    ``steps`` times: an update moving 5% of the elements, its delta push (bytes, the engine's log-probs, their gap
+    to the trainer's), then the same weights pushed whole (``drop_copy()`` forgets the sender's copy) and the
+    engine's log-probs again: equal to the delta-pushed ones bit for bit where the engine's weights were."""
+    import torch
+
+    from engine.rollout import sync_weights
+
+    mask = batch.response_mask.float()
+    out = {"first_bytes": sync_weights(policy, engine),
+           "model_bytes": sum(t.numel() * t.element_size() for _, t in policy.iter_full_weights()), "steps": []}
+    before = engine_log_probs(batch)
+    for step in range(steps):
+        perturb(policy, 0.05, seed=100 + step + 10 * policy.rank)
+        sent = sync_weights(policy, engine)
+        changed = engine.push_stats.changed_frac
+        after_delta = engine_log_probs(batch)
+        trainer = trainer_log_probs(policy, batch)
+        drop_copy()
+        whole = sync_weights(policy, engine)
+        after_whole = engine_log_probs(batch)
+        out["steps"].append({"sent": sent, "changed": changed, "whole": whole,
+                             "gap": largest_gap(after_delta, trainer, mask),
+                             "moved": largest_gap(after_delta, before, mask),
+                             "bit_equal_to_whole": bool(torch.equal(after_delta, after_whole))})
+        before = after_delta
+    return out
+
+
+def assert_delta_pushed(out: dict, sender: bool = True) -> None:
+    """What every delta push-and-compare must show (``sender``: this rank put the bytes on the wire)."""
+    assert out["first_bytes"] == (out["model_bytes"] if sender else 0), out  # the first push whole
+    for step in out["steps"]:
+        assert step["bit_equal_to_whole"], out  # the delta left the engine where a whole push does
+        assert step["gap"] < 1e-4 and step["moved"] > 1e-3, out  # the new weights, not the old
+        if sender:
+            assert 0 < step["sent"] < out["model_bytes"] / 2 and step["whole"] == out["model_bytes"], out
+            assert 0.01 < step["changed"] < 0.2, out

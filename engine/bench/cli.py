@@ -25,6 +25,9 @@ Scenarios (``--scenarios``, default all but vllm_alone and distill):
   lora_sync    (not in "all": needs vLLM) a LoRA policy's pushes to a colocated vLLM engine, rollout.vllm.lora_sync
                merged against adapter, two processes driven in turn: push time and bytes per update, decode tokens
                per second, on the mid-size and a larger geometry (--lora-geometries, --lora-rank)
+  weight_sync  (not in "all") rollout.vllm.weight_sync full against delta, and the LoRA adapter alone, over the
+               weight wire to a receiving thread: bytes and push time per update, the share of changed elements per
+               step, per compute dtype and learning rate (--weight-sync-dtypes, --weight-sync-lrs, --steps)
   async_rollout
                (not in "all": needs vLLM, minutes per step) GRPO with one trainer and one vLLM server at
                rollout.max_staleness 0, 1, 2 against the colocated vLLM engine on 2 ranks, interleaved: response
@@ -66,6 +69,7 @@ from . import (
     sequence_parallel,
     sft,
     vllm_alone,
+    weight_sync,
 )
 from .common import LONG_CASE_MODEL, LONG_CASE_WORK, release  # noqa: F401  (the case's names, here too)
 from .report import print_result
@@ -77,7 +81,7 @@ SCENARIOS = {"mode_switch": mode_switch.run, "grad_accum": grad_accum.run, "over
 GRPO_SCENARIOS = ("grpo", "packing")
 MODEL_DIR_SCENARIOS = GRPO_SCENARIOS + ("vllm_alone",)  # the scenarios that run --grpo-case / --grpo-model-dir
 # Run by the launching process (they start processes of their own); named explicitly, never part of "all".
-LAUNCHER_SCENARIOS = {"async_rollout": async_rollout.run, "scaling": scaling.run}
+LAUNCHER_SCENARIOS = {"async_rollout": async_rollout.run, "scaling": scaling.run, "weight_sync": weight_sync.run}
 
 
 def worker(options: dict) -> dict:
@@ -236,8 +240,29 @@ def build_parser() -> argparse.ArgumentParser:
     lora = parser.add_argument_group("lora_sync (also --vllm-prompts, --vllm-n, --vllm-max-tokens, --steps)")
     lora.add_argument("--lora-geometries", type=_geometries, default=list(lora_sync.GEOMETRIES),
                       help=f"among {', '.join(lora_sync.GEOMETRIES)}")
-    lora.add_argument("--lora-rank", type=_positive, default=8, help="the policy's LoRA rank")
+    lora.add_argument("--lora-rank", type=_positive, default=8, help="the policy's LoRA rank (also weight_sync's)")
+    sync = parser.add_argument_group("weight_sync (also --steps, --lora-rank)")
+    sync.add_argument("--weight-sync-dtypes", type=_dtypes, default=["bf16", "fp32"],
+                      help="compute dtypes (the pushed weights' dtype), among bf16, fp32")
+    sync.add_argument("--weight-sync-lrs", type=_learning_rates, default=[1e-6, 1e-5], help="Adam learning rates")
     return parser
+
+
+def _dtypes(text: str) -> list[str]:
+    names = [part.strip() for part in text.split(",") if part.strip()]
+    if not names or any(n not in ("bf16", "fp32") for n in names):
+        raise argparse.ArgumentTypeError(f"dtypes are bf16 and fp32, got {text!r}")
+    return names
+
+
+def _learning_rates(text: str) -> list[float]:
+    try:
+        values = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        values = []
+    if not values or any(not 0 < v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"learning rates are numbers in (0, 1), comma-separated, got {text!r}")
+    return values
 
 
 def _geometries(text: str) -> list[str]:

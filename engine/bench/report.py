@@ -248,7 +248,22 @@ def print_lora_sync(result: dict) -> None:
               f"{r['adapter_over_merged_bytes']:.4f}, decode tokens/s {decode:.2f}")
 
 
-PRINTERS = {"async_rollout": print_async_rollout, "lora_sync": print_lora_sync,
+def print_weight_sync(result: dict) -> None:
+    g = result["geometry"]
+    print(f"\n== Weight sync over the wire (hidden {g['hidden_size']} x {g['layers']} layers): "
+          "rollout.vllm.weight_sync full against delta, and the LoRA adapter alone; medians per update ==")
+    for name, case in result["cases"].items():
+        m = case["median"]
+        if "adapter_bytes" in m:
+            print(f"  {name:14} adapter {m['adapter_bytes'] / 2**20:7.2f} MiB {m['adapter_push_s'] * 1e3:7.1f} ms")
+            continue
+        changed = ", ".join(f"{row['changed_frac']:.4f}" for row in case["steps"])
+        print(f"  {name:14} full {m['full_bytes'] / 2**20:7.2f} MiB {m['full_push_s'] * 1e3:7.1f} ms; delta "
+              f"{m['delta_bytes'] / 2**20:7.2f} MiB {m['delta_push_s'] * 1e3:7.1f} ms; changed per step {changed}; "
+              f"bit-equal {case['bit_equal']}")
+
+
+PRINTERS = {"async_rollout": print_async_rollout, "lora_sync": print_lora_sync, "weight_sync": print_weight_sync,
             "mode_switch": print_mode_switch, "grad_accum": print_grad_accum, "overhead": print_overhead,
             "rollout": print_rollout, "grpo": print_grpo, "packing": print_packing, "sft": print_sft,
             "sequence_parallel": print_sequence_parallel, "vllm_alone": print_vllm_alone, "distill": print_distill,

@@ -41,7 +41,7 @@ from .reward_model import stop_on_failures
 from .rewards import metric_names
 from .rollout_correction import MismatchStats
 from .sizes import prompts_per_rank, updates_per_step
-from .step_metrics import frozen_seconds, phase_flops, require_finite, shown, step_row
+from .step_metrics import frozen_seconds, phase_flops, require_finite, shown, step_row, weight_sync_figures
 from .trained import trained_models
 from .update import Correction, idle_update, policy_loss_of, ppo_updates
 from .validation import validate
@@ -309,7 +309,7 @@ class RLTrainer:
                 "sampler_busy_frac": busy / max(finished - started, 1e-9)}
         maxima = {"response_length_max": extras["longest"], **stalest, "trainer_wait_s": waited,
                   **{f"frozen_{name}_s": seconds for name, seconds in extras["frozen_s"].items()},
-                  "weight_sync_bytes": float(pushed),
+                  "weight_sync_bytes": float(pushed), **weight_sync_figures(self.rollout_engine),
                   "peak_memory_gib": max(rollout_peak_gib, update["peak_memory_gib"]), **mismatch.maxima(),
                   # per phase (each measured from its own reset of the backend's peak): read by ci/gpu-check.sh
                   "peak_memory_gib/rollout": rollout_peak_gib, "peak_memory_gib/update": update["peak_memory_gib"]}

@@ -5,7 +5,9 @@ The rollout-timing figures are reported in every mode, so curves compare across 
 it; 0 when synchronous), ``rollout/dropped_stale`` (samples too stale to train on), ``rollout/weight_sync_s`` (the
 push after the update; ~0 for engines that decode with the policy's own parameters), ``rollout/weight_sync_bytes``
 (the bytes that push sent to one engine copy: the whole model, or with ``rollout.vllm.lora_sync=adapter`` the LoRA
-adapter alone; 0 for engines that decode with the policy's own parameters), ``time/trainer_wait_s`` (the
+adapter alone; with ``rollout.vllm.weight_sync=delta`` only the changed elements' indices and values, and then
+``rollout/weight_sync_changed_frac``, the share of the model's elements whose bits changed; 0 for engines that decode
+with the policy's own parameters), ``time/trainer_wait_s`` (the
 trainer waiting for samples, the rank that waited longest: the whole sampling when synchronous; the wait for the
 thread's batch and, in pause mode ``wait``, for requests in flight to finish before a push) and
 ``rollout/sampler_busy_frac`` (the share of the step's wall time its sampling ran, mean over ranks).
@@ -91,12 +93,20 @@ def step_row(totals: dict, largest: dict, update: dict, times: dict, plan_metric
         "rollout/dropped_stale": totals["dropped_stale"],
         "rollout/weight_sync_s": times["weight_sync"],
         "rollout/weight_sync_bytes": largest["weight_sync_bytes"],
+        **({"rollout/weight_sync_changed_frac": largest["weight_sync_changed_frac"]}
+           if "weight_sync_changed_frac" in largest else {}),
         "time/trainer_wait_s": largest["trainer_wait_s"],
         "rollout/sampler_busy_frac": totals["sampler_busy_frac"] / world_size,
     })
     row.update(mismatch)  # rollout/logprob_diff_*, rollout/is_*
     row.update(perf or {})  # perf/mfu, perf/mfu/<phase>, perf/tflops/<phase>
     return row
+
+
+def weight_sync_figures(engine) -> dict[str, float]:
+    """The share of changed elements of the engine's last push, where it measures one (weight_sync=delta)."""
+    stats = getattr(engine, "push_stats", None)
+    return {} if stats is None else {"weight_sync_changed_frac": stats.changed_frac}
 
 
 def frozen_seconds(largest: dict, frozen, aliases: dict[str, str]) -> dict[str, float]:

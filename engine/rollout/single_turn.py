@@ -159,11 +159,19 @@ def sync_weights(policy, engine: RolloutEngine) -> int:
     if not engine.receives_weights:
         return 0
     if not engine.serves_adapter:
-        return _push(engine, engine.load_weights, policy.iter_full_weights(), "load_weights")
+        return _on_wire(engine, _push(engine, engine.load_weights, policy.iter_full_weights(), "load_weights"))
     sent = 0
     if engine.needs_base_weights:
-        sent += _push(engine, engine.load_weights, policy.iter_full_weights(base_only=True), "load_weights")
+        sent += _on_wire(engine, _push(engine, engine.load_weights, policy.iter_full_weights(base_only=True),
+                                       "load_weights"))
     return sent + _push(engine, engine.load_adapter, policy.iter_adapter_weights(), "load_adapter")
+
+
+def _on_wire(engine: RolloutEngine, drawn: int) -> int:
+    """The bytes a weight push put on the wire: the engine's own figure where it measures one (only changed
+    elements with ``rollout.vllm.weight_sync=delta``), else every byte drawn."""
+    stats = engine.push_stats
+    return drawn if stats is None else stats.wire_bytes
 
 
 def _push(engine: RolloutEngine, load, weights, verb: str) -> int:

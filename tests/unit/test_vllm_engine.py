@@ -71,6 +71,7 @@ def test_vllm_is_a_built_in_engine_and_its_settings_are_in_the_resolved_config()
     shown = resolved(_vllm_config(), 2)["rollout"]["vllm"]
     assert shown == {"tensor_parallel_size": 1, "gpu_memory_utilization": 0.3, "kv_cache_gib": None,
                      "max_model_len": None, "enforce_eager": True, "dtype": None, "llm_args": {}, "lora_sync": "auto",
+                     "weight_sync": "full",
                      "mode": "colocate", "servers": None, "server_urls": [], "server_port": 0, "host": "127.0.0.1",
                      "server_devices": [],
                      "server_args": {}, "server_start_timeout_s": 600.0, "weight_transfer_address": None,
@@ -97,6 +98,15 @@ def test_bad_vllm_settings_are_named(monkeypatch):
     assert problems[1].startswith("rollout.vllm.max_model_len=8 is shorter than the longest sequence, 9 tokens")
     assert problems[2].startswith("rollout.vllm.dtype must be one of float32, bfloat16, float16 or null")
     assert problems[3] == "rollout.vllm.llm_args.seed is set by the engine itself: use train.seed"
+    typo = check(_vllm_config("rollout.vllm.weight_sync=delt"), 2)[1:]
+    assert typo == ["rollout.vllm.weight_sync must be one of full, delta, got 'delt' (did you mean "
+                    "rollout.vllm.weight_sync=delta?)"]
+    assert check(_vllm_config("rollout.vllm.weight_sync=delta"), 2)[1:] == []
+    foreign = _vllm_config("rollout.vllm.weight_sync=delta", "rollout.vllm.mode=server",
+                           "rollout.vllm.server_urls=[\"http://h:1\"]", "rollout.vllm.weight_transfer=nccl")
+    assert vllm_settings.vllm_problems(foreign, 2, None, CPUBackend().inference_engine_facts())[-1] == (
+        "rollout.vllm.weight_sync=delta needs this package's weight-transfer engine (deltas travel over its weight "
+        "group): leave rollout.vllm.weight_transfer null, or use weight_sync=full")
     with pytest.raises(ValueError, match=r"unknown option 'rollout.vllm.tensor_parallel'.*tensor_parallel_size"):
         _vllm_config("rollout.vllm.tensor_parallel=2")
 

@@ -14,9 +14,12 @@ merged; with ``rollout.vllm.lora_sync=adapter`` the base weights once and then o
 versioned LoRA adapter through vLLM's own ``add_lora``, the previous one removed: ``lora_sync.py``) and are copied
 into the engine in place: each is checked against the model's names and shapes first, so
 a tensor the engine cannot take is an error naming it. The prefix cache is reset after a push; the engine never
-reloads weights from disk (it would sample from the base model from then on). How weights are replaced, whether
-the engine can sleep during the update and how its memory is sized are the device backend's facts
-(``DeviceBackend.inference_engine_facts``); nothing here names a device.
+reloads weights from disk (it would sample from the base model from then on). With ``rollout.vllm.weight_sync=delta``
+each rank keeps the engine's copy of the weights in the trainer's naming (``weight_delta.SentCopy``): each new tensor
+is compared with it bit by bit and only the changed elements are written into it (``push_stats``: their bytes), and
+vLLM's loader takes the updated copy (its own parameters may be merged or repacked, so it takes whole tensors).
+How weights are replaced, whether the engine can sleep during the update and how its memory is sized are the device
+backend's facts (``DeviceBackend.inference_engine_facts``); nothing here names a device.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..weight_delta import SentCopy
 from . import lora_sync
 from .base import Responses, RolloutEngine, SamplingConfig
 from .registry import RolloutEngineError
@@ -84,6 +88,7 @@ class VLLMRolloutEngine(RolloutEngine):
                 if self.rank in members:
                     self.group = created
         self.sleeping = False
+        self.copy = SentCopy() if self.settings.weight_sync == "delta" else None  # the engine's weights, as pushed
         model_dir, load_format = self._model_directory(context)
         self.expected = expected_weights(model_dir)
         self.lora_rank = lora_rank_of(policy)
@@ -197,6 +202,8 @@ class VLLMRolloutEngine(RolloutEngine):
         """Wake the weights (never push into sleeping memory), push, reset the prefix cache, wake the KV cache."""
         if self.sleeping:
             self.llm.wake_up(tags=["weights"])
+        if self.copy is not None:
+            weights = self._through_copy(weights)
         checked = CheckedWeights(weights, self.expected)
         try:
             if self.facts.weight_reload == "reload_weights":
@@ -219,6 +226,17 @@ class VLLMRolloutEngine(RolloutEngine):
             self.sleeping = False
         self.needs_base_weights = False  # lora_sync=adapter: the base once; reloading it dropped the adapter
         self.lora_request = None
+
+    @property
+    def push_stats(self):
+        return self.copy.stats if self.copy is not None else None
+
+    def _through_copy(self, weights: Iterable[tuple[str, torch.Tensor]]):
+        """Each tensor's changed elements written into the engine's copy; the copy's tensor goes on to vLLM."""
+        self.copy.start()
+        for name, tensor in weights:
+            self.copy.message(name, tensor)
+            yield name, self.copy.copy[name]
 
     def load_adapter(self, tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The adapter's next version, written as a PEFT directory on this rank's disk and loaded through vLLM's

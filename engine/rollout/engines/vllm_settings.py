@@ -18,6 +18,7 @@ import os
 from pathlib import Path
 
 DTYPES = ("float32", "bfloat16", "float16")
+WEIGHT_SYNC_MODES = ("full", "delta")  # engine/rollout/weight_delta.py
 # LLM(...) arguments the engine sets itself: passing them through would break the colocation or the sampling.
 MANAGED_ARGS = {
     "model": "model.path", "tokenizer": "model.path", "skip_tokenizer_init": None,
@@ -41,6 +42,11 @@ class VLLMConfig:
     # A LoRA policy's updates (engine.lora_rank > 0): merged (the whole model, adapter folded in, after every update),
     # adapter (vLLM serves the base with LoRA; the adapter alone after every update), auto (engines/lora_sync.py).
     lora_sync: str = "auto"
+    # What each push carries (engine/rollout/weight_delta.py): full (every tensor whole), delta (only the elements
+    # whose bits changed since the engine's last copy, as indices and values; a tensor whole where that is smaller;
+    # the first push after a start or a server's restart whole). Costs a copy of the model on each sending rank (and,
+    # in servers, on each worker).
+    weight_sync: str = "full"
     # Server mode (engine/rollout/vllm_server): vLLM in separate servers, reached over HTTP, weights pushed over
     # the device's collective library (the backend's weight group, DeviceBackend.new_weight_group).
     mode: str = "colocate"  # colocate: an engine in every trainer rank; server: separate vLLM servers
@@ -97,6 +103,10 @@ def enumeration_problems(settings: VLLMConfig) -> list[str]:
     if settings.mode not in MODES:
         problems.append(f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"
                         f"{did_you_mean(str(settings.mode), MODES, 'rollout.vllm.mode=')}")
+    if settings.weight_sync not in WEIGHT_SYNC_MODES:
+        problems.append(f"rollout.vllm.weight_sync must be one of {', '.join(WEIGHT_SYNC_MODES)}, got "
+                        f"{settings.weight_sync!r}"
+                        f"{did_you_mean(str(settings.weight_sync), WEIGHT_SYNC_MODES, 'rollout.vllm.weight_sync=')}")
     if settings.dtype is not None and settings.dtype not in DTYPES:
         problems.append(f"rollout.vllm.dtype must be one of {', '.join(DTYPES)} or null (the trainer's compute "
                         f"dtype), got {settings.dtype!r}")
@@ -173,7 +183,8 @@ def check_settings(settings: VLLMConfig, world_size: int, longest_sequence: int 
             problems.append(f"rollout.vllm.max_model_len={length} is shorter than the longest sequence, "
                             f"{longest_sequence} tokens (prompt limit + rollout.max_new_tokens): raise it to at "
                             f"least {longest_sequence} or leave it null")
-    problems += [p for p in enumeration_problems(settings) if p.startswith("rollout.vllm.dtype")]
+    problems += [p for p in enumeration_problems(settings) if p.startswith(("rollout.vllm.dtype",
+                                                                            "rollout.vllm.weight_sync"))]
     if not isinstance(settings.enforce_eager, bool):
         problems.append(f"rollout.vllm.enforce_eager must be true or false, got {settings.enforce_eager!r}")
     if not isinstance(settings.llm_args, dict):
@@ -250,6 +261,9 @@ def vllm_problems(config, world_size: int, longest_sequence: int | None, facts) 
     problems += server_guard_problems(settings, world_size)  # shared devices, the vLLM version
     own_wire = settings.mode != "server" or is_own_engine(transfer_engine(settings, facts))
     problems += lora_sync_problems(settings.lora_sync, int((config.engine or {}).get("lora_rank", 0) or 0), own_wire)
+    if settings.weight_sync == "delta" and not own_wire:
+        problems.append("rollout.vllm.weight_sync=delta needs this package's weight-transfer engine (deltas travel "
+                        "over its weight group): leave rollout.vllm.weight_transfer null, or use weight_sync=full")
     problems += check_head_size(config.model, facts.min_head_size)
     if settings.mode == "server" and isinstance(settings.borrow_threads, int) and settings.borrow_threads > 0:
         from engine.runtime import borrowing_problem, threads_per_worker, usable_cores

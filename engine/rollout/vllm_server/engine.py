@@ -77,7 +77,8 @@ class VLLMServerRolloutEngine(RolloutEngine):
                                    signature_of(AutoConfig.from_pretrained(model_dir)), sender=self.rank == 0,
                                    engine=engine, settings=self.facts.weight_transfer_settings,
                                    pause_mode=pause_mode(context.config), wire=wire, backend=policy.backend,
-                                   lora_rank=self.lora_rank if self.serves_adapter else 0, session=session)
+                                   lora_rank=self.lora_rank if self.serves_adapter else 0, session=session,
+                                   weight_sync=self.settings.weight_sync)
         self.pusher.connect()
 
     # -- servers ------------------------------------------------------------------------------------------------
@@ -132,6 +133,11 @@ class VLLMServerRolloutEngine(RolloutEngine):
         with ThreadPoolExecutor(max_workers=max(1, min(MAX_REQUESTS_IN_FLIGHT, len(prompts)))) as pool:
             choices = [choice for answer in pool.map(one, range(len(prompts))) for choice in answer]
         return responses_from_choices(choices, sampling), [choice.get("weight_versions") for choice in choices]
+
+    @property
+    def push_stats(self):
+        """The last push's bytes on the wire and changed share (``rollout.vllm.weight_sync=delta``; else None)."""
+        return self.pusher.stats
 
     @property
     def weight_version(self) -> str:

@@ -16,6 +16,12 @@ the same pause, start, stream and finish, the workers writing it as a PEFT direc
 ``adapter_root``, a path the trainer names: no shared filesystem), then ``/v1/load_lora_adapter`` under the
 version's name, the version before the previous one unloaded, and resume.
 
+With ``rollout.vllm.weight_sync=delta`` rank 0 keeps a copy of what the servers last received
+(``weight_delta.SentCopy``) and sends, per tensor, only the elements whose bits changed (or the tensor whole where
+that is smaller); each worker applies them to its own copy and loads the result. A push goes whole when the copy
+cannot be trusted: the first one, and whenever a server reports another version than the last pushed (restarted,
+or another trainer pushed). ``stats``: the last push's bytes on the wire and share of changed elements.
+
 That is this package's ``accel`` engine, the same on every device. An engine that ships its own trainer side
 (vLLM's ``nccl``, selected with ``rollout.vllm.weight_transfer``) goes through ``vllm_wire.VLLMTrainerWire``
 instead: the same pause, versions and failure rule, the bytes moved by the engine's own trainer half.
@@ -33,6 +39,7 @@ from pathlib import Path
 import torch
 
 from ..engines import lora_sync
+from ..weight_delta import PushStats, SentCopy
 from . import weight_wire, wire_store
 from .client import ServerClient, ServerError
 from .vllm_wire import VLLMTrainerWire
@@ -70,7 +77,8 @@ class WeightPusher:
     def __init__(self, clients: list[ServerClient], workers: list[int], address: str, signature: dict,
                  sender: bool, engine: str = "accel", settings: dict | None = None,
                  free_port: Callable[[], int] | None = None, pause_mode: str = "keep",
-                 wire: VLLMTrainerWire | None = None, backend=None, lora_rank: int = 0, session: str = "") -> None:
+                 wire: VLLMTrainerWire | None = None, backend=None, lora_rank: int = 0, session: str = "",
+                 weight_sync: str = "full") -> None:
         self.clients, self.workers, self.address = clients, workers, address
         self.signature, self.sender, self.engine = signature, sender, engine
         self.backend = backend  # the DeviceBackend whose weight group carries the weights (None: the selected one)
@@ -88,6 +96,9 @@ class WeightPusher:
         self.session = session or secrets.token_hex(4)  # in this run's adapters' names and their directory
         self.secret = wire_store.new_secret()  # what a worker proves at the weight group's store
         self.adapter_root = str(Path(tempfile.gettempdir()) / f"accel-vllm-adapters-{self.session}")
+        self.weight_sync = weight_sync  # full, or delta: only changed elements after the first push
+        self.sent = SentCopy() if weight_sync == "delta" and sender else None  # what the servers last received
+        self.stats: PushStats | None = None  # the last push's figures (weight_sync=delta), on every rank
 
     def _port(self) -> int:
         from accel_backends.spawn import free_port
@@ -114,6 +125,8 @@ class WeightPusher:
             info = {**self.settings, "master_address": self.address, "rank_offset": 1, "world_size": size,
                     "model_signature": self.signature, "device_backend": self.backend.name,
                     "lora_rank": self.lora_rank}
+            if self.weight_sync != "full":  # named only when asked for: a full push needs nothing new of a server
+                info["weight_sync"] = self.weight_sync
             try:  # first the check alone: a refusal must not leave this side waiting for the group
                 client.init_weight_transfer_engine({**info, "master_port": 0, "check_only": True})
             except ServerError as exc:
@@ -163,6 +176,8 @@ class WeightPusher:
         if not self.sender:
             for _ in weights:
                 pass
+            if self.weight_sync == "delta" and adapter is None:
+                self.stats = PushStats()  # this rank sent nothing
             self.version = version
             self.adapter = lora_sync.adapter_name(version, self.session) if adapter is not None else None
             return version
@@ -171,15 +186,18 @@ class WeightPusher:
             info.update(kind="adapter", adapter_config=adapter,
                         directory=str(lora_sync.version_directory(self.adapter_root, version)))
         self._pause()
+        messages = self._delta_source() if self.sent is not None and adapter is None else None
         for client in self.clients:
             client.start_weight_update()
         receiving = [_in_thread(lambda c=c: c.update_weights(info)) for c in self.clients]
         try:
             for name, tensor in weights:
-                weight_wire.send(self.groups, name, tensor)
+                weight_wire.send(self.groups, name, messages(name, tensor) if messages else tensor)
             weight_wire.send_end(self.groups)
             _joined(receiving, self.timeout_s)
         except Exception as exc:
+            if self.sent is not None:
+                self.sent.drop()
             cause = f"{type(exc).__name__}: {exc}"
             dead = [client.url for client in self.clients if not client.healthy()]
             if dead:  # the usual cause: a server ended mid-push; name it as a sampling request would
@@ -196,7 +214,18 @@ class WeightPusher:
         for client in self.clients:
             client.resume()
         self.version = version
+        if messages:
+            self.stats = self.sent.stats
         return version
+
+    def _delta_source(self):
+        """``message(name, tensor)`` for this push: deltas against the servers' copy, whole after the copy was
+        dropped (the first push; a server reporting another version than the last pushed: restarted, or another
+        trainer pushed). A push that fails half-way drops it too (the servers hold part of it)."""
+        if self.version == 0 or any(client.weight_version() != str(self.version) for client in self.clients):
+            self.sent.drop()
+        self.sent.start()
+        return self.sent.message
 
     def _swap_adapters(self, version: int, directory: str) -> None:
         """Load the version's adapter on every server; unload the ones before the previous (a request sent just

@@ -6,16 +6,18 @@ The group is the device backend's (``DeviceBackend.new_weight_group``: gloo on t
 HCCL on Ascend, a plugin's own), built on that store, not the default group: the trainer's ranks already have
 one, and a server must not join it. Both sides build it through the backend the trainer names, so the two halves
 always speak the same library. Every tensor goes as three broadcasts from rank 0: a fixed-size header (kind,
-dtype, number of dimensions, name length, shape), the name's bytes and the tensor's bytes (any dtype travels as
-bytes: the library need not know it; int64 and uint8 are all it carries). A header of kind END closes a push, so
+dtype, number of dimensions, name length, element count, index dtype, shape), the name's bytes and the tensor's bytes
+(any dtype travels as bytes: the library need not know it; int64 and uint8 are all it carries). A header of kind
+DELTA (``rollout.vllm.weight_sync=delta``, ``engine/rollout/weight_delta.py``) carries, instead of the tensor, the
+positions of its changed elements and their new values (four broadcasts). A header of kind END closes a push, so
 the receiver needs no list of names in advance and the sender draws each tensor just before it goes (one sharded
 unit in memory at a time).
 
 Streams: everything here runs on the caller's current stream, never on one of its own, and each broadcast's work
 is waited on before the next tensor is drawn. The policy's gathered tensors are produced on that stream, and the
 library orders its collective after it: no tensor is read on another stream without a wait (a gathered unit
-freed by the next draw has been sent). Both sides import only torch and ``accel_backends``: this module runs in
-the trainer and inside vLLM's worker processes.
+freed by the next draw has been sent). Both sides import only torch, ``accel_backends`` and ``weight_delta``: this
+module runs in the trainer and inside vLLM's worker processes.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ from collections.abc import Iterator
 
 import torch
 
+from ..weight_delta import Delta
 from . import wire_store
 
 MAX_DIMS = 8
-HEADER = 4 + MAX_DIMS  # kind, dtype index, ndim, name bytes, dims...
-END, TENSOR = 0, 1
+FIELDS = 6  # kind, dtype index, ndim, name bytes, changed elements (DELTA), index dtype index (DELTA)
+HEADER = FIELDS + MAX_DIMS  # then the dims
+END, TENSOR, DELTA = 0, 1, 2
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int64, torch.int32, torch.int16,
           torch.int8, torch.uint8, torch.bool)
 
@@ -56,21 +60,30 @@ def _broadcast(weight_group, tensor: torch.Tensor) -> None:
     weight_group.group.broadcast([tensor], options).wait()
 
 
-def send(groups: list, name: str, tensor: torch.Tensor) -> None:
-    """Broadcast one named tensor from rank 0 to every group in ``groups`` (``WeightGroup``s, one per server)."""
-    if tensor.dim() > MAX_DIMS or tensor.dtype not in DTYPES:
-        raise ValueError(f"weight {name!r} ({tensor.dtype}, {tensor.dim()} dimensions) cannot be sent: up to "
+def send(groups: list, name: str, tensor: torch.Tensor | Delta) -> None:
+    """Broadcast one named tensor, or a ``Delta`` of it, from rank 0 to every group in ``groups`` (``WeightGroup``s,
+    one per server)."""
+    delta = tensor if isinstance(tensor, Delta) else None
+    values = delta.values if delta is not None else tensor
+    shape = delta.shape if delta is not None else tuple(tensor.shape)
+    if len(shape) > MAX_DIMS or values.dtype not in DTYPES:
+        raise ValueError(f"weight {name!r} ({values.dtype}, {len(shape)} dimensions) cannot be sent: up to "
                          f"{MAX_DIMS} dimensions of {', '.join(str(d) for d in DTYPES)}")
     encoded = torch.tensor(list(name.encode()), dtype=torch.uint8)
     header = torch.zeros(HEADER, dtype=torch.int64)
-    header[:4] = torch.tensor([TENSOR, DTYPES.index(tensor.dtype), tensor.dim(), encoded.numel()])
-    header[4:4 + tensor.dim()] = torch.tensor(tensor.shape, dtype=torch.int64)
+    header[:4] = torch.tensor([TENSOR if delta is None else DELTA, DTYPES.index(values.dtype), len(shape),
+                               encoded.numel()])
+    if delta is not None:
+        header[4:6] = torch.tensor([delta.indices.numel(), DTYPES.index(delta.indices.dtype)])
+    header[FIELDS:FIELDS + len(shape)] = torch.tensor(shape, dtype=torch.int64)
+    payloads = [values] if delta is None else [delta.indices, values]
     for weight_group in groups:
-        payload = tensor.detach().to(weight_group.device).contiguous().reshape(-1).view(torch.uint8)
         _broadcast(weight_group, header.to(weight_group.device))
         _broadcast(weight_group, encoded.to(weight_group.device))
-        if payload.numel():
-            _broadcast(weight_group, payload)
+        for payload in payloads:
+            flat = payload.detach().to(weight_group.device).contiguous().reshape(-1).view(torch.uint8)
+            if flat.numel():
+                _broadcast(weight_group, flat)
 
 
 def send_end(groups: list) -> None:
@@ -79,23 +92,33 @@ def send_end(groups: list) -> None:
         _broadcast(weight_group, torch.zeros(HEADER, dtype=torch.int64, device=weight_group.device))
 
 
-def receive(weight_group) -> Iterator[tuple[str, torch.Tensor]]:
-    """On a member of rank > 0: every ``(name, tensor)`` of one push, until its END header, on the group's
-    device (each tensor is a new buffer: the caller may keep it)."""
+def receive(weight_group) -> Iterator[tuple[str, torch.Tensor | Delta]]:
+    """On a member of rank > 0: every ``(name, tensor)`` of one push (a ``Delta`` where the trainer sent one),
+    until its END header, on the group's device (each is a new buffer: the caller may keep it)."""
     device = weight_group.device
     while True:
         header = torch.zeros(HEADER, dtype=torch.int64, device=device)
         _broadcast(weight_group, header)
-        kind, dtype_index, ndim, name_bytes, *dims = header.tolist()
+        kind, dtype_index, ndim, name_bytes, count, index_dtype, *dims = header.tolist()
         if kind == END:
             return
         encoded = torch.zeros(name_bytes, dtype=torch.uint8, device=device)
         _broadcast(weight_group, encoded)
-        tensor = torch.empty(dims[:ndim], dtype=DTYPES[dtype_index], device=device)
-        payload = tensor.reshape(-1).view(torch.uint8)
-        if payload.numel():
-            _broadcast(weight_group, payload)
-        yield bytes(encoded.tolist()).decode(), tensor
+        shape = tuple(dims[:ndim])
+        if kind == DELTA:
+            indices = _received(weight_group, (count,), DTYPES[index_dtype])
+            message = Delta(indices, _received(weight_group, (count,), DTYPES[dtype_index]), shape)
+        else:
+            message = _received(weight_group, shape, DTYPES[dtype_index])
+        yield bytes(encoded.tolist()).decode(), message
+
+
+def _received(weight_group, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    tensor = torch.empty(shape, dtype=dtype, device=weight_group.device)
+    payload = tensor.reshape(-1).view(torch.uint8)
+    if payload.numel():
+        _broadcast(weight_group, payload)
+    return tensor
 
 
 def backend_named(name: str):

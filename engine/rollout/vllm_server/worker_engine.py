@@ -6,7 +6,10 @@ a group), then to join the trainer's weight group, built by that backend (``Devi
 NCCL, HCCL or a plugin's) with this worker at rank ``rank_offset`` + its rank inside the server;
 ``start_weight_update`` / ``finish_weight_update`` wrap the load in vLLM's layerwise reload (its CPU backend repacks
 linear weights at start-up and empties ``.weight``, so a plain ``load_weights`` would write into nothing);
-``update_weights`` receives one push (``weight_wire.receive``, on the worker's current stream) into the model. This
+``update_weights`` receives one push (``weight_wire.receive``, on the worker's current stream) into the model. With
+``rollout.vllm.weight_sync=delta`` the worker keeps a copy of every weight it received (``weight_delta.ReceivedCopy``,
+on its device), applies each delta there and loads the whole updated tensor (vLLM's loader takes checkpoint-format
+tensors; its own parameters may be merged or repacked). This
 module imports vLLM: it is loaded only inside a vLLM process.
 """
 
@@ -21,6 +24,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
+from ..weight_delta import Delta, ReceivedCopy
 from . import weight_wire
 from .model_signature import signature_differences, signature_of
 
@@ -37,6 +41,7 @@ class AccelInitInfo(WeightTransferInitInfo):
     model_signature: dict[str, Any] = dataclasses.field(default_factory=dict)
     check_only: bool = False  # the handshake's first call: check the model and the backend, join nothing
     secret: str = ""  # the run's weight-group secret: this worker proves it to the trainer's store (wire_store.py)
+    weight_sync: str = "full"  # delta: keep a copy of the weights received, pushes may carry only what changed
 
 
 @dataclasses.dataclass
@@ -55,6 +60,7 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
         super().__init__(config, vllm_config, device, model)
         self.group = None
         self.reloading = False  # inside a push of base weights: vLLM's layerwise reload is open
+        self.received: ReceivedCopy | None = None  # weight_sync=delta: the weights as last received
 
     def init_transfer_engine(self, init_info: AccelInitInfo) -> None:
         differences = signature_differences(signature_of(self.model_config.hf_config), init_info.model_signature)
@@ -72,6 +78,7 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
         if not init_info.secret:
             raise ValueError("the trainer sent no weight-group secret: this server's accel engine is newer than the "
                              "trainer's package; install the same version on both sides")
+        self.received = ReceivedCopy() if init_info.weight_sync == "delta" else None
         self.group = weight_wire.open_group(backend, init_info.master_address, init_info.master_port, rank,
                                             init_info.world_size, init_info.timeout_s, init_info.secret)
 
@@ -103,8 +110,13 @@ class AccelWeightTransferEngine(WeightTransferEngine[AccelInitInfo, AccelUpdateI
 
             initialize_layerwise_reload(self.model)
             self.reloading = True
-        for name, tensor in weight_wire.receive(self.group):
-            self.model.load_weights([(name, tensor.to(self.device))])
+        for name, message in weight_wire.receive(self.group):
+            if self.received is not None:  # the loader gets its own buffer: the copy changes in the next push
+                message = self.received.take(name, message).clone()
+            elif isinstance(message, Delta):
+                raise ValueError(f"received a delta for weight {name!r}, and this server was joined with "
+                                 "weight_sync=full: reconnect the trainer")
+            self.model.load_weights([(name, message.to(self.device))])
 
     def _receive_adapter(self, update_info: AccelUpdateInfo) -> None:
         """The adapter's tensors, written by the server's first worker as a PEFT directory (the other workers of a
