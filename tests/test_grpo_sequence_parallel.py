@@ -24,6 +24,9 @@ VARIANTS = {  # name: (packed, micro-batch token budget, LoRA, algorithm setting
                                                              "clip_high": 0.2,
                                                              "rollout_correction": "sequence_truncate"}),
     "dr_grpo-lora-packed": (True, 40, True, {"loss_type": "dr_grpo", "kl_loss_coef": 0.05}),
+    # a narrow band: some sequences' geometric-mean ratio leaves it (their mean log-ratio summed over the group)
+    "grpo-packed-seq-geo-mask": (True, 40, False, {"rollout_correction": "seq_geo_mask",
+                                                   "rollout_correction_cap": 1.03}),
 }
 PROMPTS, RESPONSES = [3, 8, 5, 4, 7, 6, 3, 9], [6, 2, 11, 14, 5, 9, 13, 4]  # tokens of the step's 8 sequences
 
@@ -139,6 +142,7 @@ def _exactness(rank: int) -> dict:
             "mismatch_errors": {k: abs(mismatch[k] - reference_mismatch[k]) / max(abs(reference_mismatch[k]), 1.0)
                                 for k in reference_mismatch},
             "mismatch_tokens": reference_mismatch["mismatch/tokens"],
+            "masked_sequences": reference_mismatch["mismatch/masked_sequences"],
         }
     return results
 
@@ -163,10 +167,11 @@ def test_loss_and_grad_norm_equal_one_process_without_a_split(results, name):
 
 def test_rollout_mismatch_figures_count_each_token_and_sequence_once(results):
     for result in results:
-        for name in ("dapo-packed-kl-entropy", "gspo-padded-sequence-correction"):
+        for name in ("dapo-packed-kl-entropy", "gspo-padded-sequence-correction", "grpo-packed-seq-geo-mask"):
             got = result[name]
             assert got["mismatch_tokens"] == sum(RESPONSES) - 2, got
-            assert all(error <= 1e-5 for error in got["mismatch_errors"].values()), (name, got)
+            assert all(error <= 1e-5 for error in got["mismatch_errors"].values()), (name, str(got["mismatch_errors"]))
+        assert 0 < result["grpo-packed-seq-geo-mask"]["masked_sequences"] < len(RESPONSES)  # the band masks some
 
 
 def test_a_short_demo_run_at_sp_2_learns(tmp_path):

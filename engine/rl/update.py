@@ -16,7 +16,7 @@ from .groups import MicroBatchShare
 from .logprobs import sequence_log_probs
 from .losses import aggregate_loss
 from .micro_batch import PolicyMicroBatch
-from .rollout_correction import MismatchStats, importance_weights
+from .rollout_correction import MismatchStats, importance_weights, sequences_left_out
 from .terms import Streams, Term, micro_batch_loss
 
 
@@ -50,7 +50,8 @@ def policy_loss_of(module, micro: PolicyMicroBatch, terms: list[Term], rollout, 
         weights, ratios, masked = importance_weights(old, sampled, mask, correction.mode, correction.cap,
                                                      share.across)
         if micro.mismatch is not None:  # the first PPO epoch of an update
-            micro.mismatch.add(old, sampled, mask, ratios, masked, share.counted_sequences())
+            micro.mismatch.add(old, sampled, mask, ratios, masked, share.counted_sequences(),
+                               sequences_left_out(correction.mode, correction.cap, ratios))
     streams = Streams(log_probs, entropy, old, micro.advantages.to(device), mask, counts, share.across,
                       {name: values.to(device) for name, values in micro.frozen.items()}, weights)
     loss, weight, metrics = micro_batch_loss(terms, streams, micro.micro_batches, micro.mini_batch, layout.filler)

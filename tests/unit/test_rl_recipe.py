@@ -80,5 +80,6 @@ def test_its_shared_sections_are_checked_before_any_worker():
     assert problems("algorithm.rollout_correction=token_trunc", "rollout.n=0") == [
         "rollout.n must be a positive integer, got 0",
         "algorithm.rollout_correction must be one of none, token_truncate, token_mask, sequence_truncate, "
-        "sequence_mask, got 'token_trunc' (did you mean algorithm.rollout_correction=token_truncate?)"]
+        "sequence_mask, band, seq_geo_mask, got 'token_trunc' "
+        "(did you mean algorithm.rollout_correction=token_truncate?)"]
     assert problems("train.prompts_per_step=3") == ["train.prompts_per_step=3 does not divide over 2 ranks"]

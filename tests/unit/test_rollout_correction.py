@@ -49,7 +49,8 @@ def test_none_measures_but_leaves_the_gradient_alone():
     close(ratios * MASK, [[1.5, 3.0, 0.5], [1.2, 0.0, 0.0]])
     with pytest.raises(ValueError, match="unknown rollout correction 'clip'"):
         importance_weights(TRAINER, SAMPLING, MASK, "clip", cap=2.0)
-    assert CORRECTION_MODES == ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+    assert CORRECTION_MODES == ("none", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask", "band",
+                                "seq_geo_mask")
 
 
 def test_equal_log_probs_give_weight_one_in_every_mode():
@@ -66,7 +67,7 @@ def test_mismatch_metrics_over_micro_batches_and_ranks():
         stats.add(TRAINER[rows], SAMPLING[rows], MASK[rows], ratios, masked)
     stats.add(TRAINER[:0], SAMPLING[:0], MASK[:0], LOG_RATIO[:0], MASK[:0].bool())  # a filler: nothing counts
     other_rank = {"mismatch/tokens": 2.0, "mismatch/diff_sum": 0.2, "mismatch/ratios": 2.0, "mismatch/ratio_sum": 2.0,
-                  "mismatch/masked": 0.0}
+                  "mismatch/masked": 0.0, "mismatch/sequences": 0.0, "mismatch/masked_sequences": 0.0}
     other_maxima = iter([0.1, 1.01, -0.99])  # the other rank's diff max, ratio max and minus its ratio min
 
     def summed(values):  # this rank's sums plus the other rank's
@@ -83,6 +84,7 @@ def test_mismatch_metrics_over_micro_batches_and_ranks():
     assert metrics["rollout/is_ratio_min"] == pytest.approx(0.5, rel=1e-5)
     assert metrics["rollout/is_ratio_max"] == pytest.approx(3.0, rel=1e-5)
     assert metrics["rollout/is_masked_frac"] == pytest.approx(1 / 6)
+    assert "rollout/is_masked_frac/sequence" not in metrics  # a token mode: no sequence was left out whole
     assert MismatchStats().metrics(lambda d: d, lambda v: v) == {}  # no loss token anywhere: no metrics
 
 

@@ -115,7 +115,7 @@ def test_rollout_correction_keys_are_checked():
     config = build_config(None, None, ["algorithm.rollout_correction=token_clip", "algorithm.rollout_correction_cap=1"])
     problems = check(config, 2)
     assert any(p.startswith("algorithm.rollout_correction must be one of none, token_truncate, token_mask, "
-                            "sequence_truncate, sequence_mask, got 'token_clip'") for p in problems)
+                            "sequence_truncate, sequence_mask, band, seq_geo_mask, got 'token_clip'") for p in problems)
     assert "algorithm.rollout_correction_cap must be > 1, got 1.0" in problems
     assert GRPOConfig().algorithm.rollout_correction == "token_truncate"
 

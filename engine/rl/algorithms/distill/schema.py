@@ -27,7 +27,8 @@ class AlgorithmConfig:
     clip_low: float = 0.2  # PPO's ratio clip, when a step makes several updates (one update: the ratio is 1)
     clip_high: float = 0.2
     mask_truncated: bool = False  # responses cut at rollout.max_new_tokens get no loss
-    # Importance sampling against the rollout engine's own log-probs (engine/rl/rollout_correction.py).
+    # Importance sampling against the rollout engine's own log-probs (engine/rl/rollout_correction.py): the modes
+    # and the cap as in GRPO's algorithm section.
     rollout_correction: str = DEFAULT_CORRECTION
     rollout_correction_cap: float = DEFAULT_CAP
 

@@ -42,7 +42,8 @@ class AlgorithmConfig:
     overlong_buffer_len: int = 0  # DAPO's soft overlong penalty over the last N tokens allowed (0: off)
     overlong_penalty_factor: float = 1.0  # the penalty at rollout.max_new_tokens
     # Importance sampling against the rollout engine's own log-probs (engine/rl/rollout_correction.py): none,
-    # token_truncate, token_mask, sequence_truncate or sequence_mask, with the ratio's cap.
+    # token_truncate, token_mask, sequence_truncate, sequence_mask, band or seq_geo_mask, with the ratio's cap
+    # (the band's upper edge: [1/cap, cap]).
     rollout_correction: str = DEFAULT_CORRECTION
     rollout_correction_cap: float = DEFAULT_CAP
     norm_by_std: bool | None = None  # deprecated: scale_rewards (true: group, false: none)

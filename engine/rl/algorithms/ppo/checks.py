@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from ... import checks as rl_checks
 from ...losses import AGGREGATION_MODES, KL_KINDS
-from ...rollout_correction import CORRECTION_MODES
 from ...sizes import prompt_token_limit
 from .critic_checks import critic_problems, path_problems
 
@@ -39,8 +38,6 @@ def algorithm_problems(config) -> list[str]:
         problems.append(f"algorithm.loss_agg must be one of {', '.join(AGGREGATION_MODES)}, got {a.loss_agg!r}")
     if a.kl_kind not in KL_KINDS:
         problems.append(f"algorithm.kl_kind must be one of {', '.join(KL_KINDS)}")
-    if a.rollout_correction not in CORRECTION_MODES:
-        problems.append(f"algorithm.rollout_correction must be one of {', '.join(CORRECTION_MODES)}")
     for name in ("entropy_coeff", "kl_loss_coef"):
         if getattr(a, name) < 0:
             problems.append(f"algorithm.{name} must be >= 0, got {getattr(a, name)}")

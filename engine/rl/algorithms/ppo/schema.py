@@ -22,7 +22,8 @@ class AlgorithmConfig:
     kl_loss_coef: float = 0.0  # > 0 adds a KL loss to a frozen reference model
     kl_kind: str = "k3"
     ref_param_offload: bool = True  # keep the reference model in host memory between uses
-    # Importance sampling against the rollout engine's own log-probs (engine/rl/rollout_correction.py).
+    # Importance sampling against the rollout engine's own log-probs (engine/rl/rollout_correction.py): the modes
+    # and the cap as in GRPO's algorithm section.
     rollout_correction: str = DEFAULT_CORRECTION
     rollout_correction_cap: float = DEFAULT_CAP
 
