@@ -231,12 +231,18 @@ def main(argv: list[str] | None = None) -> int:
     certify_parser = sub.add_parser("certify", help="the report card for on-policy RL on a backend: each property "
                                                     "RL depends on, with its figure and verdict")
     certify_parser.add_argument("name", help="the registered backend to certify (see `accel-backends list`)")
-    certify_parser.add_argument("--nproc", type=int, default=2, help="processes of the job (default 2)")
+    certify_parser.add_argument("--nproc", type=int, default=None,
+                                help="processes of the job (default 2; 1 for the rollout card)")
     certify_parser.add_argument("--json", default=None, metavar="PATH", help="also write the card as JSON")
     certify_parser.add_argument("--timeout", type=float, default=600.0, help="seconds the job may take (default 600)")
     certify_parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                                 help="the engine's mixed precision for the card (default fp32; GPU/NPU runs are bf16)")
+    certify_parser.add_argument("--rollout", default=None, metavar="ENGINE",
+                                help="the rollout card of a rollout engine instead (hf, hf-continuous, vllm, "
+                                     "vllm-server): sleep / wake, memory, prefix cache, weight versions, log-prob gap")
     args = parser.parse_args(argv)
+    if args.command == "certify" and args.nproc is None:
+        args.nproc = 1 if args.rollout else 2
     if args.command == "certify" and args.nproc < 1:
         parser.error(f"--nproc must be at least 1, got {args.nproc}")
 

@@ -359,5 +359,7 @@ PROPERTIES = (
 
 @hookimpl
 def register_certify_properties(register):
-    for prop in PROPERTIES:
+    from .certify_rollout import rollout_properties  # the rollout card's (--rollout ENGINE)
+
+    for prop in (*PROPERTIES, *rollout_properties()):
         register(prop)

@@ -45,3 +45,30 @@ def join_fake_group(backend: DeviceBackend, rank: int, world_size: int) -> Devic
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
     backend.dist_backend = "fake"
     return backend
+
+
+_rollout: list[str | None] = [None]
+_at_end: list = []
+
+
+def current_rollout_engine() -> str | None:
+    """The rollout engine the card certifies (``--rollout ENGINE``); ``None`` on the trainer's card."""
+    return _rollout[-1]
+
+
+@contextlib.contextmanager
+def rollout_engine(name: str | None) -> Iterator[None]:
+    """The card's rollout engine while its properties run; what they registered with ``at_card_end`` runs after
+    them (an engine's servers and processes closed while the process group still exists)."""
+    _rollout.append(name)
+    try:
+        yield
+    finally:
+        _rollout.pop()
+        while _at_end:
+            _at_end.pop()()
+
+
+def at_card_end(callback) -> None:
+    """Call ``callback()`` when the card's properties in this process have run."""
+    _at_end.append(callback)

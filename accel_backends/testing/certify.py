@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ..base import DeviceBackend
 from ..errors import AccelBackendError
+from ..names import did_you_mean
 from ..registry import CONFORMANCE_GROUP, registry, safe_reason
 from ..spawn import LocalJob
 from . import card_context
@@ -57,6 +58,8 @@ class Property:
     check: Callable[[DeviceBackend, int], Measurement]
     bf16_bound: str | None = None  # the bound in bf16 where it differs from ``bound``
     fake_rank_check: Callable[[DeviceBackend, int], Measurement] | None = None  # rank 1 of 2 on a fake group
+    kind: str = "trainer"  # "trainer", or "rollout": a property of the rollout card (certify NAME --rollout ENGINE)
+    engines: tuple[str, ...] = ()  # a rollout property: the rollout engines it knows how to build
 
     def bound_in(self, precision: str) -> str:
         return self.bf16_bound if precision == "bf16" and self.bf16_bound else self.bound
@@ -103,7 +106,8 @@ def _measure(backend: DeviceBackend, prop: Property, nproc: int, precision: str 
     return Verdict(name, prop.summary, bound, "holds" if got.holds else "fails", got.figure, got.unit, got.detail)
 
 
-def _rank_job(backend_ref: BackendRef, names: tuple[str, ...], nproc: int, precision: str = "fp32") -> list[Verdict]:
+def _rank_job(backend_ref: BackendRef, names: tuple[str, ...], nproc: int, precision: str = "fp32",
+              rollout: str | None = None) -> list[Verdict]:
     import torch
 
     backend = resolve(backend_ref)
@@ -111,7 +115,7 @@ def _rank_job(backend_ref: BackendRef, names: tuple[str, ...], nproc: int, preci
         torch.set_num_threads(1)  # the ranks share the host's cores
     backend.init_distributed(timeout=GROUP_TIMEOUT_S)
     chosen = {p.name: p for p in all_properties()}
-    with card_context.precision(precision):
+    with card_context.precision(precision), card_context.rollout_engine(rollout):
         return [_measure(backend, chosen[name], nproc, precision) for name in names]
 
 
@@ -147,12 +151,13 @@ def _merge(per_rank: list[Verdict]) -> Verdict:
 
 
 def run_card(backend: BackendRef, nproc: int = 2, names: Iterable[str] | None = None,
-             timeout: float = DEFAULT_TIMEOUT_S, precision: str = "fp32") -> list[Verdict]:
+             timeout: float = DEFAULT_TIMEOUT_S, precision: str = "fp32", rollout: str | None = None) -> list[Verdict]:
     """The card's verdicts for ``backend`` (a registered name, or an instance importable in the ranks); with one
-    process, followed by the fake-group verdicts (``fake_rank_name``) of the chosen properties that have them."""
+    process, followed by the fake-group verdicts (``fake_rank_name``) of the chosen properties that have them.
+    ``rollout``: the rollout card of that engine (the ``rollout`` properties) instead of the trainer's."""
     if precision not in card_context.PRECISIONS:
         raise CardCannotRun(f"precision {precision!r}: choose from {', '.join(card_context.PRECISIONS)}")
-    properties = all_properties()
+    properties = card_properties(rollout)
     chosen = tuple(p.name for p in properties) if names is None else tuple(names)
     unknown = [n for n in chosen if n not in {p.name for p in properties}]
     if unknown:
@@ -160,13 +165,26 @@ def run_card(backend: BackendRef, nproc: int = 2, names: Iterable[str] | None = 
                        f"{', '.join(p.name for p in properties) or 'none (no plugin registered any)'}")
     instance = resolve(backend)
     by_name = {p.name: p for p in properties}
-    verdicts = _job(_rank_job, (backend, chosen, nproc, precision), nproc, timeout, instance.name,
+    verdicts = _job(_rank_job, (backend, chosen, nproc, precision, rollout), nproc, timeout, instance.name,
                     [(n, by_name[n]) for n in chosen], precision)
     faked = tuple(n for n in chosen if by_name[n].fake_rank_check is not None) if nproc == 1 else ()
     if faked:
         verdicts += _job(_fake_rank_job, (backend, faked, precision), 1, timeout, instance.name,
                          [(fake_rank_name(n), by_name[n]) for n in faked], precision)
     return verdicts
+
+
+def card_properties(rollout: str | None = None) -> tuple[Property, ...]:
+    """The trainer card's properties, or with ``rollout`` (an engine's name) the rollout card's; an engine no
+    rollout property knows is refused with the ones they do."""
+    kind = "rollout" if rollout else "trainer"
+    chosen = tuple(p for p in all_properties() if p.kind == kind)
+    known = sorted({engine for p in chosen for engine in p.engines})
+    if rollout and rollout not in known:
+        choices = ", ".join(known) or "none (no plugin registered a rollout property)"
+        raise CardCannotRun(f"unknown rollout engine {rollout!r}{did_you_mean(rollout, known, '--rollout ')}: the "
+                            f"rollout card knows {choices}")
+    return chosen
 
 
 def _job(fn, args, nproc: int, timeout: float, where: str, named: list, precision: str) -> list[Verdict]:
@@ -191,10 +209,12 @@ def _figure(verdict: Verdict) -> str:
     return f"{text} {verdict.unit}".strip()
 
 
-def markdown(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precision: str = "fp32") -> str:
+def markdown(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precision: str = "fp32",
+             rollout: str | None = None) -> str:
     """The card as a Markdown table, with the environment it ran in and the count of each verdict."""
     describe = {k: v for k, v in backend.describe().items() if isinstance(v, (str, int, float))}
-    lines = [f"### Report card: on-policy RL on backend `{backend.name}` ({nproc} processes, {precision})", "",
+    what = f"the rollout engine `{rollout}`" if rollout else "on-policy RL"
+    lines = [f"### Report card: {what} on backend `{backend.name}` ({nproc} processes, {precision})", "",
              "environment: " + ", ".join(f"{k} {v}" for k, v in describe.items()), "",
              "| property | what RL depends on | figure | bound | verdict |", "|---|---|---|---|---|"]
     for v in verdicts:
@@ -206,8 +226,10 @@ def markdown(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precis
     return "\n".join(lines)
 
 
-def as_json(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precision: str = "fp32") -> dict:
-    return {"backend": backend.name, "nproc": nproc, "precision": precision, "environment": backend.describe(),
+def as_json(backend: DeviceBackend, nproc: int, verdicts: list[Verdict], precision: str = "fp32",
+            rollout: str | None = None) -> dict:
+    return {"backend": backend.name, "nproc": nproc, "precision": precision, "rollout": rollout,
+            "environment": backend.describe(),
             "properties": [dataclasses.asdict(v) for v in verdicts],
             "all_hold": all(v.status != "fails" for v in verdicts) and any(v.status == "holds" for v in verdicts)}
 
@@ -229,10 +251,11 @@ def main(args) -> int:
     if not all_properties():
         raise CardCannotRun("no certify property is registered: install the project (its accel_backends."
                             "conformance entry point) or set ACCEL_BACKENDS_PLUGINS=engine.conformance")
-    precision = getattr(args, "precision", "fp32")
-    verdicts = run_card(args.name, nproc=args.nproc, timeout=args.timeout, precision=precision)
-    print(markdown(backend, args.nproc, verdicts, precision), flush=True)
-    doc = as_json(backend, args.nproc, verdicts, precision)
+    precision, rollout = getattr(args, "precision", "fp32"), getattr(args, "rollout", None)
+    card_properties(rollout)  # an unknown engine is refused before any process starts
+    verdicts = run_card(args.name, nproc=args.nproc, timeout=args.timeout, precision=precision, rollout=rollout)
+    print(markdown(backend, args.nproc, verdicts, precision, rollout), flush=True)
+    doc = as_json(backend, args.nproc, verdicts, precision, rollout)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(doc, indent=2))

@@ -94,6 +94,7 @@ class RolloutEngine:
     multi_turn = True  # generate() continues any token-id prefix: tools and environments can use it
     serves_adapter = False
     needs_base_weights = True
+    sleeps = False  # release_memory gives the engine's device memory back (vLLM's sleep mode where the device has one)
     push_stats = None  # the last load_weights' figures where the engine measures its wire (weight_delta.PushStats)
 
     def __init__(self, context: RolloutContext) -> None:

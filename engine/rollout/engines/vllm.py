@@ -181,6 +181,10 @@ class VLLMRolloutEngine(RolloutEngine):
 
     # -- weights and memory -------------------------------------------------------------------------------------
 
+    @property
+    def sleeps(self) -> bool:
+        return self.facts.sleep_level > 0
+
     def release_memory(self) -> None:
         """Sleep during the update where the device has a sleep mode; else keep everything (said once)."""
         if self.facts.sleep_level > 0:
