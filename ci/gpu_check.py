@@ -78,6 +78,10 @@ def steps(cpu: bool, work: Path, devices: int, geometries: list[str]) -> list[di
               "card": True, "cmd": [PY, "-m", "accel_backends", "certify", backend, "--nproc", nproc,
                                     "--precision", precision, "--json", work / f"card-{precision}.json"]}
              for precision in ("fp32", "bf16")]
+    # The rollout side (issue 48): the continuous-batching engine against the policy on the device, in bf16.
+    cards.append({"name": "rollout_card", "limit_s": 25, "env": PLUGINS, "json": work / "rollout-card.json",
+                  "card": True, "cmd": [PY, "-m", "accel_backends", "certify", backend, "--rollout", "hf-continuous",
+                                        "--precision", "bf16", "--json", work / "rollout-card.json"]})
     cuda_tests = ["tests/test_cuda_backend.py"] if cpu else ["tests"]  # on a CPU they skip: check the step runs
     return [
         {"name": "backends", "limit_s": 20, "cmd": [PY, "-m", "accel_backends", "list", "--json"]},

@@ -34,8 +34,11 @@ def test_the_cpu_rehearsal_leaves_cards_step_figures_and_log_under_out(tmp_path)
     doc = json.loads((out / "gpu-check.json").read_text())
     assert doc["mode"] == "cpu" and doc["all_ok"] is True and doc["geometries"] == ["tiny"]
     steps = doc["steps"]
-    assert list(steps) == ["backends", "pytest_cuda", "conformance_kit", "card_fp32", "card_bf16", "model_tiny",
-                           "grpo_tiny", "sft_tiny", "bench_overhead"]
+    assert list(steps) == ["backends", "pytest_cuda", "conformance_kit", "card_fp32", "card_bf16", "rollout_card",
+                           "model_tiny", "grpo_tiny", "sft_tiny", "bench_overhead"]
+    rollout_card = {p["name"]: p["status"] for p in steps["rollout_card"]["result"]["properties"]}
+    assert steps["rollout_card"]["result"]["rollout"] == "hf-continuous"
+    assert rollout_card["prefix-cache"] == rollout_card["rollout-logprob-gap"] == "holds"
     for precision in ("fp32", "bf16"):
         card = steps[f"card_{precision}"]["result"]
         assert card["precision"] == precision and card["nproc"] == 1 and card["all_hold"] is True
@@ -63,13 +66,14 @@ def test_the_cpu_rehearsal_leaves_cards_step_figures_and_log_under_out(tmp_path)
 def test_the_gpu_plan_fits_the_slot_and_runs_the_card_on_one_device():
     plan = gpu_check.steps(False, REPO / "work", 1, list(gpu_check.GPU_GEOMETRIES))
     names = [step["name"] for step in plan]
-    assert names == ["backends", "pytest_cuda", "conformance_kit", "card_fp32", "card_bf16", "model_qwen2.5-0.5b",
+    assert names == ["backends", "pytest_cuda", "conformance_kit", "card_fp32", "card_bf16", "rollout_card",
+                     "model_qwen2.5-0.5b",
                      "grpo_qwen2.5-0.5b", "sft_qwen2.5-0.5b", "model_qwen3-1.7b", "grpo_qwen3-1.7b",
                      "sft_qwen3-1.7b", "bench_overhead"]
     assert sum(step["limit_s"] for step in plan) <= gpu_check.BUDGET_S <= 480 - 10
     card = " ".join(map(str, plan[4]["cmd"]))
     assert "certify cuda --nproc 1 --precision bf16" in card
-    assert "engine.mixed_precision=bf16" in plan[6]["cmd"]
+    assert "engine.mixed_precision=bf16" in plan[7]["cmd"]
     assert "--nproc 2" in " ".join(map(str, gpu_check.steps(False, REPO / "work", 2, [])[2]["cmd"]))
     assert "timeout -k 10 480" in (REPO / "ci/gpu-check.sh").read_text()
 
