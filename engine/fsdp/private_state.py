@@ -224,3 +224,33 @@ def fsdp1_units_kept_gathered(module: nn.Module):
             if handle.uses_sharded_strategy and not handle.needs_unshard():  # still gathered: free it
                 handle.reshard(True)
                 handle.post_reshard()
+
+
+@contextlib.contextmanager
+def fsdp2_forward_hooks_detached(units: list[FSDPModule]):
+    """Within the block, forwards of ``units`` run without FSDP2's forward hooks (put back, in their order, after).
+
+    For a decode loop on parameters gathered once for the whole call (``generate_gather="once"``): every unit is
+    unsharded already, so the hooks have nothing to do, yet they run for every unit at every decoded token (state
+    checks, input casts, stream waits): a fixed cost per token that does not shrink with more ranks. What they
+    would still do there is cast floating-point inputs to the parameters' dtype; a decode loop feeds token ids.
+    """
+    # Private: FSDPState._pre_forward_hook_handle / _post_forward_hook_handle (RemovableHandle, present when a state
+    # manages one module), the same in torch 2.10 to 2.13 (tests/test_engine_decode_hooks.py, both CI legs); where
+    # absent the hooks stay (slower, still right).
+    saved = []
+    for unit in units:
+        state = unit._get_fsdp_state()
+        for name, hooks in (("_pre_forward_hook_handle", unit._forward_pre_hooks),
+                            ("_post_forward_hook_handle", unit._forward_hooks)):
+            handle = getattr(state, name, None)
+            if handle is not None and handle.id in hooks:
+                saved.append((hooks, list(hooks.items())))
+                del hooks[handle.id]
+    try:
+        yield
+    finally:
+        for hooks, items in reversed(saved):
+            added = [(key, hook) for key, hook in hooks.items() if key not in dict(items)]
+            hooks.clear()
+            hooks.update(items + added)

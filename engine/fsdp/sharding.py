@@ -173,7 +173,8 @@ def _fsdp2_gathered(module: nn.Module, everything: bool):
     try:
         for unit in units:
             unit.unshard()
-        yield
+        with private_state.fsdp2_forward_hooks_detached(units) if everything else contextlib.nullcontext():
+            yield
     finally:
         for unit in units:
             unit.reshard()
