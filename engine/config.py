@@ -29,9 +29,10 @@ class EngineConfig:
         communication); ``"auto"`` picks deferred when those unsharded gradients fit the device's free memory.
     grad_sync_margin: the fraction of free device memory ``"auto"`` keeps in reserve (activations, allocator
         fragmentation) when deciding whether deferred sync fits.
-    generate_gather: ``"once"`` gathers every sharded unit once per ``generate()`` call (one unsharded copy of the
-        model during generation); ``"per_layer"`` gathers each layer for every new token (less memory, far more
-        all-gathers).
+    generate_gather: ``"once"`` gathers every sharded unit once per ``generate()`` call and once per forward-only
+        pass over a step's micro-batches (old, reference and teacher log-probs), with no FSDP hook per forward (one
+        unsharded copy of the model meanwhile); ``"per_layer"`` gathers each layer for every forward (less memory,
+        far more all-gathers).
     keep_params_unsharded: FSDP2 only. Keep parameters gathered between the micro-batches of one mini-batch:
         fewer all-gathers, the memory of one unsharded copy of the model.
     mixed_precision: ``"auto"`` computes in the backend's preferred dtype (bf16 on accelerators, fp32 on the CPU);

@@ -52,6 +52,7 @@ def _step_data(packed: bool, budget):
 
 def _trainer(config, sp, backend, module=None):
     """What ``RLTrainer.loss_fn`` reads of its trainer, and the engine ``planned_log_probs`` reads."""
+    import contextlib
     import types
 
     from engine.rl.algorithms.grpo.algorithm import GRPOAlgorithm
@@ -60,7 +61,7 @@ def _trainer(config, sp, backend, module=None):
     return types.SimpleNamespace(terms=GRPOAlgorithm(config).terms(), correction=Correction.of(config.algorithm),
                                  backend=backend, config=config,
                                  actor=types.SimpleNamespace(sequence_parallel=sp), sequence_parallel=sp,
-                                 module=module)
+                                 module=module, generation_model=lambda: contextlib.nullcontext(module))
 
 
 def _grad_norm(module) -> float:

@@ -185,11 +185,13 @@ def planned_log_probs(engine, data, temperature: float, what: str, top_k: int = 
     """
     device, sp = engine.backend.device(), engine.sequence_parallel
     out = torch.zeros(len(data.sequences), data.width, device=device)  # filled on the device, read back once
-    with torch.no_grad():
+    # Gathered as for generation (``generate_gather``: by default each sharded unit once for the whole pass, not
+    # once per micro-batch, and no FSDP hook per forward): forward only, so nothing needs the shards back sooner.
+    with torch.no_grad(), engine.generation_model() as module:
         for indices, micro in data.rank_layouts():
             data.count_pad_tokens(what, micro)
             piece = split_layout(micro, sp)
-            values = sequence_log_probs(engine.module, piece.to(device), temperature, top_k=top_k, top_p=top_p)
+            values = sequence_log_probs(module, piece.to(device), temperature, top_k=top_k, top_p=top_p)
             values = rank_values(values, piece) if sp.enabled else values
             if indices:
                 out[torch.tensor(indices, device=device), :values.size(1)] = values
