@@ -32,3 +32,13 @@ def run_command(name: str, argv: list[str], env: dict | None = None, world_size:
     assert len(set(codes)) == 1, f"the ranks ended differently: {codes}\n{results[0][2][-3000:]}"
     code, out, err = results[0]
     return subprocess.CompletedProcess([f"accel-{name}", *argv], code, out, err)
+
+
+def _rank(rank: int) -> int:
+    return rank
+
+
+def start_pool(world_size: int = 2) -> None:
+    """The pool's workers started now (they start at the first job and live for the session): a test that counts
+    the processes it leaves behind starts the pool before it counts."""
+    assert run_ranks(_rank, world_size=world_size) == list(range(world_size))
