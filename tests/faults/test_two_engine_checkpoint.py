@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_python
-from pool_commands import run_command, start_pool
+from pool_commands import run_command
 
 from engine import checkpoint
 from engine.rl.algorithms.ppo.cli import main
@@ -19,11 +19,6 @@ HERE = Path(__file__).resolve().parent
 SMALL = ["train.steps=3", "run.save_every=1", "run.keep_checkpoints=5", "train.prompts_per_step=4", "rollout.n=2",
          "run.progress=false", "run.name=ppo"]
 ENV = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
-
-
-@pytest.fixture
-def warm_pool():
-    start_pool()  # before no_orphans counts this test's processes: the pool's workers live for the session
 
 
 def _rows(run):
