@@ -23,8 +23,8 @@ def grpo(tmp_path, *args, timeout=300, backend="cpu", path=()):
 
 def grpo_on_pool(tmp_path, *args, backend="cpu"):
     """The same command on the warm rank pool's 2 ranks (torchrun's path: no new interpreter), for the runs whose
-    checks are about the run itself; the fresh-process runs above keep the launcher, the no-matplotlib start, the
-    strict stand-in and the failures in their own processes."""
+    checks are about the run itself; the launcher, the start without matplotlib, torchrun and the failures keep their
+    own processes (``grpo``)."""
     return run_command("grpo", [*SMALL, f"run.output_dir={tmp_path}", *args], env={"ACCEL_BACKEND": backend})
 
 
@@ -50,13 +50,14 @@ def straight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def resumed(straight):
-    """The same run resumed from its step-2 checkpoint (a copy of it without step 4) to 4: its metrics rows."""
+    """The same run resumed from its step-2 checkpoint (a copy of it without step 4) to 4, on the warm rank pool: its
+    metrics rows."""
     tmp_path = straight[0]
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     checkpoints = tmp_path / "resumed" / "checkpoints"
     shutil.rmtree(checkpoints / "step_000004")
     kept = (checkpoints / "step_000002" / "engine_meta.json").stat().st_mtime_ns
-    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume", TWO_UPDATES, backend="strict")
+    second = grpo_on_pool(tmp_path, "train.steps=4", "run.name=resumed", "--resume", TWO_UPDATES, backend="strict")
     assert second.returncode == 0, second.stderr[-3000:]
     # It went on from step 2 (a run from scratch would have written step 2's checkpoint again).
     assert (checkpoints / "step_000002" / "engine_meta.json").stat().st_mtime_ns == kept
