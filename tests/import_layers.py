@@ -15,16 +15,15 @@ PACKAGES = ("accel_backends", "engine")
 FLOORS = (("engine.rollout", 1, "engine/rollout"), ("engine.train", 2, "engine/train"),
           ("engine.rl.algorithms", 4, "an RL algorithm"), ("engine.rl", 3, "engine/rl"),
           ("engine.offline.objectives", 4, "an objective"), ("engine.offline", 3, "engine/offline"),
-          ("engine.recipes", 4, "a recipe"), ("engine.bench", 5, "engine/bench"))
+          ("engine.bench", 5, "engine/bench"))
 BENCH = 5
 # What the floors above the engine may use of it: its public API, not the mechanics under it.
 PUBLIC_API = ("engine", "engine.config", "engine.runtime", "engine.checkpoint", "engine.packing", "engine.tiny_model",
               "engine.hookspecs", "engine.output_layer", "engine.object_loader", "engine.demo_model",
               "engine.sequence_parallel")
 # Where the trainers' packages are: every folder under one is a trainer of its own (found in the tree, so a new
-# recipe or algorithm is covered without editing this file); recipes and algorithms never import each other.
-# engine/recipes is gone (issue 47); a folder put back there is still a trainer of its own, checked as one.
-TRAINER_ROOTS = ("engine/recipes", "engine/rl/algorithms", "engine/offline/objectives")
+# algorithm or objective is covered without editing this file); trainers never import each other.
+TRAINER_ROOTS = ("engine/rl/algorithms", "engine/offline/objectives")
 
 
 def trainers(root: Path) -> dict[str, str]:
@@ -111,7 +110,7 @@ def _rule(importer: str, target: str, packages: dict[str, str]) -> str | None:
         return f"{mine_name} uses the engine's public API only"
     mine, theirs = trainer_of(importer, packages), trainer_of(target, packages)
     if mine and theirs and mine != theirs:
-        return "recipes never import each other"
+        return "trainers never import each other"
     return None
 
 

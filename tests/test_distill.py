@@ -7,14 +7,18 @@ import json
 
 import pytest
 from distill_models import char_model_dir
+from pool_commands import run_command
 
 
-def _run(tmp_path, name, argv, nproc):
+def _run(tmp_path, name, argv, nproc, pool=False):
+    """The command in this process (one rank runs here; 2 would be spawned), or with ``pool`` on the warm rank pool's
+    2 ranks (torchrun's path: no new interpreter)."""
     from engine.train import cli
     from engine.train.registry import get_recipe
 
-    code = cli.main(get_recipe("distill"), ["--preset", "cpu-demo", "--nproc", str(nproc), "run.progress=false",
-                                            f"run.output_dir={tmp_path}", f"run.name={name}", *argv])
+    argv = ["--preset", "cpu-demo", "--nproc", str(nproc), "run.progress=false", f"run.output_dir={tmp_path}",
+            f"run.name={name}", *argv]
+    code = run_command("distill", argv).returncode if pool else cli.main(get_recipe("distill"), argv)
     rows = []
     if (tmp_path / name / "metrics.jsonl").exists():
         rows = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
@@ -33,7 +37,7 @@ def test_a_teacher_equal_to_the_student_gives_zero_advantages_and_leaves_the_wei
     monkeypatch.setenv("ACCEL_BACKEND", "cpu")
     student = char_model_dir(tmp_path / "student", sharpness=4.0)
     code, rows = _run(tmp_path, "same", [f"model.path={student}", f"teacher.path={student}", "train.steps=2",
-                                         "engine.lr=0.05", *SMALL], nproc=2)
+                                         "engine.lr=0.05", *SMALL], nproc=2, pool=True)
     assert code == 0
     assert [row["step"] for row in rows] == [1, 2]
     for row in rows:

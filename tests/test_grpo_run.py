@@ -6,6 +6,7 @@ import time
 
 import pytest
 from conftest import REPO, run_python, without_module
+from pool_commands import run_command
 
 pytestmark = pytest.mark.slow
 
@@ -18,6 +19,13 @@ def grpo(tmp_path, *args, timeout=300, backend="cpu", path=()):
     env = {"PYTHONPATH": ":".join([*path, str(REPO / "tests")]), "ACCEL_BACKEND": backend, "OMP_NUM_THREADS": "1"}
     return run_python(["-m", "engine.rl.algorithms.grpo.cli", *SMALL, f"run.output_dir={tmp_path}", *args], env=env,
                       timeout=timeout)
+
+
+def grpo_on_pool(tmp_path, *args, backend="cpu"):
+    """The same command on the warm rank pool's 2 ranks (torchrun's path: no new interpreter), for the runs whose
+    checks are about the run itself; the launcher, the start without matplotlib, torchrun and the failures keep their
+    own processes (``grpo``)."""
+    return run_command("grpo", [*SMALL, f"run.output_dir={tmp_path}", *args], env={"ACCEL_BACKEND": backend})
 
 
 def metrics(tmp_path, name):
@@ -42,13 +50,14 @@ def straight(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def resumed(straight):
-    """The same run resumed from its step-2 checkpoint (a copy of it without step 4) to 4: its metrics rows."""
+    """The same run resumed from its step-2 checkpoint (a copy of it without step 4) to 4, on the warm rank pool: its
+    metrics rows."""
     tmp_path = straight[0]
     shutil.copytree(tmp_path / "straight", tmp_path / "resumed")
     checkpoints = tmp_path / "resumed" / "checkpoints"
     shutil.rmtree(checkpoints / "step_000004")
     kept = (checkpoints / "step_000002" / "engine_meta.json").stat().st_mtime_ns
-    second = grpo(tmp_path, "train.steps=4", "run.name=resumed", "--resume", TWO_UPDATES, backend="strict")
+    second = grpo_on_pool(tmp_path, "train.steps=4", "run.name=resumed", "--resume", TWO_UPDATES, backend="strict")
     assert second.returncode == 0, second.stderr[-3000:]
     # It went on from step 2 (a run from scratch would have written step 2's checkpoint again).
     assert (checkpoints / "step_000002" / "engine_meta.json").stat().st_mtime_ns == kept
@@ -102,7 +111,7 @@ def test_fsdp2_run_resumes_identically(straight, resumed):
     ["engine.fsdp_version=1", "engine.lora_rank=4", "engine.param_offload=true", "engine.optimizer_offload=true"],
 ], ids=["fsdp1", "lora-fsdp2", "lora-fsdp1-offload"])
 def test_engine_variants_run(tmp_path, variant):
-    result = grpo(tmp_path, "train.steps=2", "run.name=variant", *variant)
+    result = grpo_on_pool(tmp_path, "train.steps=2", "run.name=variant", *variant)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = metrics(tmp_path, "variant")
     assert [r["step"] for r in rows] == [1, 2] and all(0.0 <= r["reward_mean"] <= 1.0 for r in rows)
@@ -152,9 +161,8 @@ def test_the_cpu_demo_learns(tmp_path):
     """The README's main command, stopped after 100 of its 200 steps: the reward must clearly rise. Its learning
     rate is constant and its seeds fixed, so these are the full run's first 100 steps, bit for bit (checked on
     2 December: reward 0.044 over steps 1-10, 0.782 over 91-100; the whole run reaches 0.858, ci/demo-figures.sh)."""
-    env = {"ACCEL_BACKEND": "cpu"}
-    result = run_python(["-m", "engine.rl.algorithms.grpo.cli", f"run.output_dir={tmp_path}", "run.name=demo",
-                         "run.progress=false", "train.steps=100"], env=env, timeout=600)
+    result = run_command("grpo", [f"run.output_dir={tmp_path}", "run.name=demo", "run.progress=false",
+                                  "train.steps=100"], timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     rewards = [row["reward_mean"] for row in metrics(tmp_path, "demo")]
     first, last = sum(rewards[:10]) / 10, sum(rewards[-10:]) / 10
@@ -183,11 +191,11 @@ def real_run(tmp_path_factory):
             # Sampled validation: the fixture's most likely token is an EOS, so greedy responses are empty.
             "rollout.val_n=2", "rollout.val_temperature=1.0", "run.val_every=2", "run.loggers=[jsonl,tensorboard]",
             "rollout.max_new_tokens=12", "engine.lr=1e-4", "run.save_every=1", "run.name=real"]
-    first = grpo(tmp_path, "train.steps=2", *args)
+    first = grpo_on_pool(tmp_path, "train.steps=2", *args)
     assert first.returncode == 0, first.stderr[-3000:]
     recorded = json.loads((tmp_path / "real" / "config.json").read_text())
     # The README's form: the run's recorded config (its model, data, rewards), and only train.steps changed.
-    second = grpo(tmp_path, "--resume", "run.name=real", "train.steps=3")
+    second = grpo_on_pool(tmp_path, "--resume", "run.name=real", "train.steps=3")
     assert second.returncode == 0, second.stderr[-3000:]
     assert ("resuming from step 2 (step_000002) with the run's recorded config, changed: train.steps 2 -> 3"
             in second.stdout), second.stdout

@@ -12,8 +12,8 @@ GRPO with LoRA. One fixture run, checked several ways. A short ``--preset cpu-de
 import json
 
 import pytest
-from conftest import run_python
 from distributed import run_ranks
+from pool_commands import run_command
 
 pytestmark = pytest.mark.slow
 
@@ -177,10 +177,9 @@ def test_rollout_mismatch_figures_count_each_token_and_sequence_once(results):
 
 def test_a_short_demo_run_at_sp_2_learns(tmp_path):
     """The cpu-demo echo task at sp=2 on 2 ranks (one group sampling 16 prompts a step): the reward rises."""
-    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
-                         "--preset", "cpu-demo", "engine.sequence_parallel_size=2",
-                         "train.steps=20", "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
-                        env={"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}, timeout=600)
+    result = run_command("grpo", ["--preset", "cpu-demo", "engine.sequence_parallel_size=2", "train.steps=20",
+                                  "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}"],
+                         timeout=600)  # on the warm rank pool's 2 ranks
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "sp2"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -4,7 +4,7 @@ score rises, combined with a rule reward through data.reward_weights, and its fi
 import json
 
 import pytest
-from conftest import REPO, run_python
+from pool_commands import run_command
 from reward_models import make_reward_model
 
 pytestmark = pytest.mark.slow
@@ -12,13 +12,11 @@ pytestmark = pytest.mark.slow
 
 def test_grpo_with_a_reward_model_raises_its_score(tmp_path):
     model = make_reward_model(tmp_path / "rm")
-    env = {"PYTHONPATH": str(REPO / "tests"), "ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1"}
-    result = run_python(["-m", "engine.rl.algorithms.grpo.cli",
-                         "train.prompts_per_step=8", "rollout.n=4", "train.steps=8",
-                         "train.micro_batch_size=16", "run.progress=false", f"run.output_dir={tmp_path}",
-                         "run.name=rm-run", f"reward_model.path={model}",
-                         "reward_model.sharding=sharded", "data.reward=engine.rl.prompts:echo_reward",
-                         "data.reward_weights=[0.1,1.0]"], env=env, timeout=400)
+    result = run_command("grpo", ["train.prompts_per_step=8", "rollout.n=4", "train.steps=8",  # on the warm pool
+                                  "train.micro_batch_size=16", "run.progress=false", f"run.output_dir={tmp_path}",
+                                  "run.name=rm-run", f"reward_model.path={model}",
+                                  "reward_model.sharding=sharded", "data.reward=engine.rl.prompts:echo_reward",
+                                  "data.reward_weights=[0.1,1.0]"], timeout=400)
     assert result.returncode == 0, result.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "rm-run" / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 8

@@ -10,6 +10,7 @@ import shutil
 import pytest
 from conftest import REPO, run_python
 from grpo_data import write_jsonl
+from pool_commands import run_command
 
 from engine.offline.objectives.sft.cli import main
 
@@ -52,7 +53,14 @@ def sft(files, *args):
 
 
 def command(module, *args):
+    """A fresh process: the straight run's checks are about one (its exit leaks no semaphore)."""
     return run_python(["-m", module, *args], env=ENV, timeout=300)
+
+
+def pooled(name, *args, world_size=2):
+    """``accel-<name> *args`` on the warm rank pool under the strict device (no new interpreter): the resume, eval,
+    export and follow-up runs, whose checks are about what they read and write."""
+    return run_command(name, list(args), env={"ACCEL_BACKEND": "strict"}, world_size=world_size)
 
 
 def metrics(files, name):
@@ -103,7 +111,7 @@ def test_resume_repeats_the_same_steps_exactly(files, straight, capsys):
         "data.max_length=128)" in err, err
     assert (runs / "resumed" / "config.json").read_bytes() == before
     # The README's form: the run's own record (the user's model directory, data, LoRA), nothing else given.
-    result = command("engine.offline.objectives.sft.cli", "--resume", "run.name=resumed", f"run.output_dir={runs}")
+    result = pooled("sft", "--resume", "run.name=resumed", f"run.output_dir={runs}")
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resuming from step 2 (step_000002) with the run's recorded config" in result.stdout, result.stdout
     recorded, now = json.loads(before), json.loads((runs / "resumed" / "config.json").read_bytes())
@@ -116,14 +124,15 @@ def test_resume_repeats_the_same_steps_exactly(files, straight, capsys):
                 assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-7), (a["step"], key)
 
 
-def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
+def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight, capsys, monkeypatch):
     # One process reads the checkpoint two ranks wrote: the same weights, the same loss. The frame's eval: the
     # results' JSON on stdout and in results.json (--json: also there); no samples, no samples.jsonl.
     run = files["root"] / "runs" / "straight"
-    evaluated = command("engine.offline.objectives.sft.cli", "eval", str(run), "--nproc", "1", "--json",
-                        str(files["root"] / "v.json"))
-    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    figures = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])
+    monkeypatch.setenv("ACCEL_BACKEND", "strict")  # one rank in this process (eval refuses a checkpoint under torchrun)
+    capsys.readouterr()
+    assert main(["eval", str(run), "--nproc", "1", "--json", str(files["root"] / "v.json")]) == 0
+    evaluated = capsys.readouterr().out
+    figures = json.loads(evaluated[evaluated.index("{"):])
     assert figures["val/loss"] == pytest.approx(metrics(files, "straight")[-1]["val/loss"], rel=1e-5)
     assert figures["checkpoint"].endswith("step_000004") and figures["examples"] == 8
     assert json.loads((run / "eval" / "step_000004" / "results.json").read_text()) == figures
@@ -131,10 +140,10 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
     assert not (run / "eval" / "step_000004" / "samples.jsonl").exists() and not (run / "samples.jsonl").exists()
 
     out = files["root"] / "exported"
-    exported = command("engine.offline.objectives.sft.cli", "export", str(run), str(out))
+    exported = pooled("sft", "export", str(run), str(out), world_size=1)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "model.safetensors").is_file() and (out / "tokenizer.json").is_file()
-    wrong = command("engine.rl.algorithms.grpo.cli", "export", str(run), str(files["root"] / "x"))
+    wrong = pooled("grpo", "export", str(run), str(files["root"] / "x"), world_size=1)
     assert wrong.returncode == 2 and "is an accel-sft run: use accel-sft export" in wrong.stderr
     # The export remembers how the run prompted the model: the system message of every training conversation as
     # the chat template's default, the longest trained response as max_new_tokens (transformers honours both).
@@ -149,9 +158,10 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
 
     prompts = write_jsonl(files["root"] / "gsm8k.jsonl", [{"question": f"what is {a} + 1", "answer": f"#### {a + 1}"}
                                                           for a in range(8)])
-    grpo = command("engine.rl.algorithms.grpo.cli", f"model.path={out}", f"data.path={prompts}", "data.task=gsm8k",
+    grpo = pooled("grpo", f"model.path={out}", f"data.path={prompts}", "data.task=gsm8k",
                    "train.steps=1", "train.prompts_per_step=2", "rollout.n=2", "rollout.max_new_tokens=4",
-                   "run.progress=false", f"run.output_dir={files['root'] / 'grpo-runs'}", "run.name=rl", "--nproc", "1")
+                   "run.progress=false", f"run.output_dir={files['root'] / 'grpo-runs'}", "run.name=rl", "--nproc", "1",
+                   world_size=1)
     assert grpo.returncode == 0, grpo.stderr[-3000:]
     rl = files["root"] / "grpo-runs" / "rl"
     config = json.loads((rl / "config.json").read_text())
@@ -166,9 +176,8 @@ def test_eval_export_and_grpo_continues_from_the_sft_model(files, straight):
 
 def test_lora_run_exports_its_adapter_alone(files, straight):
     out = files["root"] / "adapter"
-    exported = command("engine.offline.objectives.sft.cli", "export", str(files["root"] / "runs" / "straight"),
-                       str(out), "--lora",
-                       "adapter")
+    exported = pooled("sft", "export", str(files["root"] / "runs" / "straight"), str(out), "--lora", "adapter",
+                      world_size=1)
     assert exported.returncode == 0, exported.stderr[-3000:]
     assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
     assert not (out / "model.safetensors").exists()

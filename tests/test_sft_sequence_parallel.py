@@ -11,6 +11,7 @@ import json
 import pytest
 from conftest import run_python
 from distributed import run_ranks
+from pool_commands import run_command
 
 from engine.offline.objectives.sft.cli import main
 
@@ -85,9 +86,10 @@ def _command(*args):
 
 
 def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path, monkeypatch):
-    result = _command("--preset", "cpu-demo", "engine.sequence_parallel_size=2", "train.steps=12",
-                      "engine.warmup_steps=2", "run.val_every=6", "run.save_every=12", "data.demo_examples=256",
-                      "run.progress=false", "run.name=sp2", f"run.output_dir={tmp_path}")
+    result = run_command("sft", ["--preset", "cpu-demo", "engine.sequence_parallel_size=2", "train.steps=12",
+                                 "engine.warmup_steps=2", "run.val_every=6", "run.save_every=12",
+                                 "data.demo_examples=256", "run.progress=false", "run.name=sp2",
+                                 f"run.output_dir={tmp_path}"], timeout=600)  # on the warm rank pool's 2 ranks
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = tmp_path / "sp2"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -97,7 +99,8 @@ def test_a_short_demo_run_at_sp_2_learns_and_evaluates_as_it_validated(tmp_path,
     assert json.loads((run_dir / "config.json").read_text())["engine"]["sequence_parallel_size"] == 2
     last_val = [row["val/loss"] for row in rows if "val/loss" in row][-1]
     # The checkpoint two ranks of one group wrote, evaluated on slices (sp=2, from config.json: 2 processes) and
-    # whole (sp=1, one process: this one): both give the run's own last validation loss.
+    # whole (sp=1, one process: this one): both give the run's own last validation loss. The eval on slices starts
+    # its own 2 processes (eval refuses a checkpoint under torchrun, so the pool cannot run it).
     evaluated = _command("eval", str(run_dir))
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     on_slices = json.loads(evaluated.stdout[evaluated.stdout.index("{"):])

@@ -4,6 +4,7 @@ import time
 
 import psutil
 import pytest
+from pool_commands import start_pool
 
 
 def pytest_configure(config):
@@ -15,6 +16,13 @@ def pytest_collection_modifyitems(config, items):
         if "/faults/" in str(item.fspath).replace("\\", "/"):
             item.add_marker(pytest.mark.faults)
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def warm_pool():
+    """The warm rank pool's workers started (they live for the session): named before ``no_orphans`` by a test that
+    runs its runs without a fault on the pool, so that they are not counted as left behind."""
+    start_pool()
 
 
 @pytest.fixture

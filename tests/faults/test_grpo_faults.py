@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pool_commands import run_command
 
 from engine.checkpoint import latest_complete
 
@@ -54,7 +55,8 @@ def metrics(run_dir):
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_ctrl_c_saves_the_step_and_a_rank_killed_while_saving_resumes_like_an_uninterrupted_run(tmp_path, no_orphans):
+def test_ctrl_c_saves_the_step_and_a_rank_killed_while_saving_resumes_like_an_uninterrupted_run(tmp_path, warm_pool,
+                                                                                                 no_orphans):
     checkpoints_a = tmp_path / "runs" / "a" / "checkpoints"
     # Run a: Ctrl-C during step 2's rollout with save_on_interrupt: step 2 finishes, is saved, exit 130.
     no_orphans.start()
@@ -78,9 +80,9 @@ def test_ctrl_c_saves_the_step_and_a_rank_killed_while_saving_resumes_like_an_un
     assert latest_complete(checkpoints_b).name == "step_000001"
     assert not (checkpoints_b / "step_000002").exists()
 
-    # Run b resumes from step 1 (the fault wrapper is inert for a step it does not name) and runs to the end.
-    code, output = finish(start(tmp_path, "reward:0:99", "run.name=b", "--resume"))
-    assert code == 0, output
+    # Run b resumes from step 1 and runs to the end, on the warm rank pool's 2 ranks (no fault: no own launcher).
+    resumed = run_command("grpo", [*TINY, f"run.output_dir={tmp_path / 'runs'}", "run.name=b", "--resume"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
     a_rows, b_rows = metrics(checkpoints_a.parent), metrics(checkpoints_b.parent)
     assert [row["step"] for row in b_rows] == [1, 2, 3]
     # Run a took step 2 without a break; run b after its crash and resume from step 1: the same numbers.

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 from conftest import REPO, run_python
+from pool_commands import run_command
 
 from engine import checkpoint
+from engine.rl.algorithms.ppo.cli import main
 
 HERE = Path(__file__).resolve().parent
 SMALL = ["train.steps=3", "run.save_every=1", "run.keep_checkpoints=5", "train.prompts_per_step=4", "rollout.n=2",
@@ -23,7 +25,8 @@ def _rows(run):
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_complete_checkpoint(tmp_path, no_orphans):
+def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_complete_checkpoint(
+        tmp_path, warm_pool, no_orphans, capsys, monkeypatch):
     # The policy trains from step 2 on (critic.warmup_steps=1): its global step is 2 at step 3's save.
     killed = run_python([str(HERE / "ppo_faults.py"), "0:2", *SMALL, f"run.output_dir={tmp_path}"], env=ENV,
                         timeout=400)
@@ -41,9 +44,10 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
 
     # Saving changes nothing (issue 45): the same run saving no checkpoint until its end trains to the same figures
     # at every step, though the killed run saved the policy at step 1, during the critic's warm-up, before its
-    # optimizer stepped (its first update, at step 2, then counted as its second: step 3 differed).
-    unsaved = run_python(["-m", "engine.rl.algorithms.ppo.cli", *SMALL, "run.save_every=0",
-                          "run.name=ppo-unsaved", f"run.output_dir={tmp_path}"], env=ENV, timeout=400)
+    # optimizer stepped (its first update, at step 2, then counted as its second: step 3 differed). This run and the
+    # resumed one are on the warm rank pool's 2 ranks (torchrun's path): only the killed run needs its own launcher.
+    unsaved = run_command("ppo", [*SMALL, "run.save_every=0", "run.name=ppo-unsaved", f"run.output_dir={tmp_path}"],
+                          timeout=400)
     assert unsaved.returncode == 0, unsaved.stderr[-3000:]
     figures = ("loss", "pg_loss", "grad_norm", "reward_mean", "critic/vf_loss", "critic/grad_norm")
     plain = _rows(tmp_path / "ppo-unsaved")
@@ -51,8 +55,8 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
 
     # The resumed run splits the critic's passes into micro-batches of one sequence (critic.micro_batch_size): its
     # values, loss and gradient are the killed run's, which had one micro-batch per rank (train.micro_batch_size).
-    resumed = run_python(["-m", "engine.rl.algorithms.ppo.cli", *SMALL, f"run.output_dir={tmp_path}", "--resume",
-                          "critic.micro_batch_size=1"], env=ENV, timeout=400)
+    resumed = run_command("ppo", [*SMALL, f"run.output_dir={tmp_path}", "--resume", "critic.micro_batch_size=1"],
+                          timeout=400)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resuming from step 2" in resumed.stdout + resumed.stderr
     after = _rows(run)
@@ -68,9 +72,9 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
         assert row["critic/grad_norm"] > 0 and row["critic/lr"] == pytest.approx(1e-3)
         assert {"critic/vf_loss", "critic/vf_clip_frac", "critic/values_mean", "critic/returns_mean"} <= set(row)
 
-    exported = run_python(["-m", "engine.rl.algorithms.ppo.cli", "export", str(run), str(tmp_path / "hf")],
-                          env={"ACCEL_BACKEND": "cpu"}, timeout=200)
-    assert exported.returncode == 0, exported.stderr[-2000:]
+    monkeypatch.setenv("ACCEL_BACKEND", "cpu")  # export and the refused resume: in this process
+    capsys.readouterr()
+    assert main(["export", str(run), str(tmp_path / "hf")]) == 0, capsys.readouterr().err[-2000:]
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["architectures"] == ["Qwen2ForCausalLM"]  # the policy, not the critic
 
@@ -82,8 +86,7 @@ def test_a_ppo_run_killed_between_its_two_saves_resumes_from_the_previous_comple
     shutil.copytree(run, planted)
     critic_metadata = planted / "checkpoints" / "step_000003" / "critic" / ".metadata"
     plant(critic_metadata, marker)
-    refused = run_python(["-m", "engine.rl.algorithms.ppo.cli", *SMALL[:-1], "run.name=planted",
-                          f"run.output_dir={tmp_path}", "--resume"], env=ENV, timeout=200)
-    assert refused.returncode != 0 and not marker.exists(), refused.stderr[-2000:]
-    err = refused.stderr.strip()
+    refused = main([*SMALL[:-1], "run.name=planted", f"run.output_dir={tmp_path}", "--resume"])
+    err = capsys.readouterr().err.strip()
+    assert refused != 0 and not marker.exists(), err[-2000:]
     assert "\n" not in err and f"{critic_metadata} was refused: it asks to load" in err, err
