@@ -359,7 +359,5 @@ PROPERTIES = (
 
 @hookimpl
 def register_certify_properties(register):
-    from .certify_rollout import rollout_properties  # the rollout card's (--rollout ENGINE)
-
-    for prop in (*PROPERTIES, *rollout_properties()):
+    for prop in PROPERTIES:
         register(prop)

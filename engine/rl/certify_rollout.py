@@ -8,7 +8,9 @@ tiny model directory written for the card, and says "not applicable" where the e
 decodes with the policy's own parameters: it has nothing to sleep, nothing to push, no version to serve).
 
 The engine and the policy are built once per card process (``_setup``) and closed when the card's job ends. The
-properties reach the card through ``engine/certify.py``'s ``register_certify_properties``.
+properties reach the card through this module's ``register_certify_properties`` (the project's
+``accel_backends.conformance`` entry point ``rollout``; in a checkout that is not installed,
+``ACCEL_BACKENDS_PLUGINS=engine.conformance,engine.rl.certify_rollout``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import tempfile
 
 import torch
 
-from accel_backends import DeviceBackend
+from accel_backends import DeviceBackend, hookimpl
 from accel_backends.testing import card_context
 from accel_backends.testing.card_context import current_precision
 from accel_backends.testing.certify import Measurement, Property
@@ -57,12 +59,12 @@ def _setup(backend: DeviceBackend) -> Setup:
 def _build(backend: DeviceBackend, name: str) -> Setup:
     from transformers import AutoTokenizer
 
-    from . import EngineConfig, FSDPEngine
-    from .demo_model import make_tiny_model
-    from .rl.algorithms.grpo.config import RolloutConfig
-    from .rollout import eos_token_ids
-    from .rollout.engines import RolloutContext, create_rollout_engine
-    from .rollout.engines.vllm_settings import VLLMConfig
+    from .. import EngineConfig, FSDPEngine
+    from ..demo_model import make_tiny_model
+    from ..rollout import eos_token_ids
+    from ..rollout.engines import RolloutContext, create_rollout_engine
+    from ..rollout.engines.vllm_settings import VLLMConfig
+    from .schema import RolloutConfig
 
     # hidden 128 / 4 heads: vLLM's CPU attention has kernels for head sizes of 32 and up; no EOS boost, so greedy
     # responses have their full length.
@@ -74,21 +76,21 @@ def _build(backend: DeviceBackend, name: str) -> Setup:
     registered = "vllm" if name == "vllm-server" else name
     config = RolloutConfig(engine=registered, vllm=VLLMConfig(mode="server" if name == "vllm-server" else "colocated"))
     engine = create_rollout_engine(registered, RolloutContext(policy, tokenizer, str(directory), config, 96))
-    from .rollout import sync_weights
+    from ..rollout import sync_weights
 
     sync_weights(policy, engine)  # the start's push: an engine with its own copy begins with the policy's weights
     return Setup(policy, engine, tokenizer, tuple(eos_token_ids(policy.module, tokenizer)))
 
 
 def _sampling(setup: Setup, greedy: bool, tokens: int = 12):
-    from .rollout.engines import SamplingConfig
+    from ..rollout.engines import SamplingConfig
 
     return SamplingConfig(n=1, max_new_tokens=tokens, eos_token_ids=setup.eos, temperature=0.0 if greedy else 1.0,
                           log_probs=not greedy)
 
 
 def _sample(setup: Setup, prompts: list[str], greedy: bool, seed: int = 7):
-    from .rollout import rollout
+    from ..rollout import rollout
 
     torch.manual_seed(seed)
     with setup.policy.eval_mode():
@@ -96,7 +98,7 @@ def _sample(setup: Setup, prompts: list[str], greedy: bool, seed: int = 7):
 
 
 def _trainer_log_probs(setup: Setup, batch) -> torch.Tensor:
-    from .rl.logprobs import response_log_probs
+    from .logprobs import response_log_probs
 
     with setup.policy.eval_mode(), torch.no_grad():
         return response_log_probs(setup.policy.module, batch.input_ids, batch.attention_mask, batch.prompt_length,
@@ -111,7 +113,7 @@ def _gap(setup: Setup, batch) -> float:
 def _update(setup: Setup, batch) -> None:
     """One step at a large learning rate that raises the log-probs of ``batch``'s responses: the weights move far
     enough that an engine serving the old ones cannot pass."""
-    from .rl.logprobs import response_log_probs
+    from .logprobs import response_log_probs
 
     mask = batch.response_mask.float()
 
@@ -125,7 +127,7 @@ def _update(setup: Setup, batch) -> None:
 
 
 def _push(setup: Setup) -> int:
-    from .rollout import sync_weights
+    from ..rollout import sync_weights
 
     setup.engine.release_memory()  # as the step does before every update: the push wakes it
     return sync_weights(setup.policy, setup.engine)
@@ -218,7 +220,7 @@ def check_logprob_gap(backend: DeviceBackend, nproc: int) -> Measurement:
 
 def rollout_properties() -> tuple[Property, ...]:
     """The rollout card's properties, for every registered rollout engine (a plugin's too) and ``vllm-server``."""
-    from .rollout.engines.registry import engine_names
+    from ..rollout.engines.registry import engine_names
 
     engines = (*engine_names(), "vllm-server")
     return tuple(dataclasses.replace(p, engines=engines) for p in PROPERTIES)
@@ -242,3 +244,8 @@ PROPERTIES = (
                       "trainer's", f"<= {GAP_BOUND:g}", check_logprob_gap, bf16_bound=f"<= {BF16_GAP_BOUND:g}"),
 )
 
+
+@hookimpl
+def register_certify_properties(register):
+    for prop in rollout_properties():
+        register(prop)
