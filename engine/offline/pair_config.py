@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import sys
 
-from accel_backends.names import did_you_mean
+from accel_backends.names import not_one_of
 
 from ..train.recipe import Plan, Recipe
 from ..train.settings import RunConfig, TrainerConfig
@@ -59,8 +59,7 @@ def pair_problems(config, world_size: int, extra_tokens: int = 0) -> list[str]:
     d = config.data
     problems = input_problems(config)
     if d.truncation not in TRUNCATIONS:
-        problems.append(f"data.truncation must be one of {', '.join(TRUNCATIONS)}, got {d.truncation!r}"
-                        f"{did_you_mean(str(d.truncation), TRUNCATIONS, 'data.truncation=')}")
+        problems.append(not_one_of("data.truncation", d.truncation, TRUNCATIONS))
     problems += size_problems(config, "demo_pairs")
     if problems:
         return problems

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from accel_backends.names import did_you_mean
+from accel_backends.names import not_one_of
 
 from ..sequence_parallel import config_problems
 from ..train.settings import missing_model, run_problems
@@ -99,8 +99,7 @@ def correction_problems(algorithm) -> list[str]:
     """``algorithm.rollout_correction`` and ``_cap`` (the step weighs every corrected term with them)."""
     found, mode = [], algorithm.rollout_correction
     if mode not in CORRECTION_MODES:
-        found.append(f"algorithm.rollout_correction must be one of {', '.join(CORRECTION_MODES)}, got {mode!r}"
-                     f"{did_you_mean(str(mode), CORRECTION_MODES, 'algorithm.rollout_correction=')}")
+        found.append(not_one_of("algorithm.rollout_correction", mode, CORRECTION_MODES))
     if not algorithm.rollout_correction_cap > 1:
         found.append(f"algorithm.rollout_correction_cap must be > 1, got {algorithm.rollout_correction_cap}")
     return found

@@ -95,18 +95,15 @@ KV_CACHE_INSTEAD = "rollout.vllm.kv_cache_gib (on this device vLLM's memory is i
 
 def enumeration_problems(settings: VLLMConfig) -> list[str]:
     """``rollout.vllm.mode`` and ``rollout.vllm.dtype`` outside their choices, whatever the rollout engine."""
-    from accel_backends.names import did_you_mean
+    from accel_backends.names import not_one_of
 
     from ..vllm_server.settings import MODES
 
     problems = []
     if settings.mode not in MODES:
-        problems.append(f"rollout.vllm.mode must be one of {', '.join(MODES)}, got {settings.mode!r}"
-                        f"{did_you_mean(str(settings.mode), MODES, 'rollout.vllm.mode=')}")
+        problems.append(not_one_of("rollout.vllm.mode", settings.mode, MODES))
     if settings.weight_sync not in WEIGHT_SYNC_MODES:
-        problems.append(f"rollout.vllm.weight_sync must be one of {', '.join(WEIGHT_SYNC_MODES)}, got "
-                        f"{settings.weight_sync!r}"
-                        f"{did_you_mean(str(settings.weight_sync), WEIGHT_SYNC_MODES, 'rollout.vllm.weight_sync=')}")
+        problems.append(not_one_of("rollout.vllm.weight_sync", settings.weight_sync, WEIGHT_SYNC_MODES))
     if settings.dtype is not None and settings.dtype not in DTYPES:
         problems.append(f"rollout.vllm.dtype must be one of {', '.join(DTYPES)} or null (the trainer's compute "
                         f"dtype), got {settings.dtype!r}")

@@ -8,7 +8,7 @@ import dataclasses
 import math
 from pathlib import Path
 
-from accel_backends.names import did_you_mean
+from accel_backends.names import not_one_of
 
 from ....config import EngineConfig
 from ....train import config as train_config
@@ -52,8 +52,7 @@ def check(config: DPOConfig, world_size: int) -> list[str]:
     problems = pair_problems(config, world_size)
     s = config.dpo
     if s.loss_type not in LOSS_TYPES:
-        problems.append(f"dpo.loss_type must be one of {', '.join(LOSS_TYPES)}, got {s.loss_type!r}"
-                        f"{did_you_mean(str(s.loss_type), LOSS_TYPES, 'dpo.loss_type=')}")
+        problems.append(not_one_of("dpo.loss_type", s.loss_type, LOSS_TYPES))
     if not (isinstance(s.beta, (int, float)) and math.isfinite(s.beta) and s.beta > 0):
         problems.append(f"dpo.beta must be a number > 0, got {s.beta!r}")
     if not 0 <= s.label_smoothing < 0.5:

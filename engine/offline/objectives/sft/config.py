@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from accel_backends.names import did_you_mean
+from accel_backends.names import not_one_of
 
 from ....train import config as train_config
 from ....train.settings import RunConfig, TrainerConfig
@@ -77,8 +77,7 @@ def check(config: SFTConfig, world_size: int) -> list[str]:
                ("data.empty_mask", d.empty_mask, ("error", "drop")), ("train.loss_on", t.loss_on, LOSS_ON))
     for key, value, allowed in choices:
         if value not in allowed:
-            problems.append(f"{key} must be one of {', '.join(allowed)}, got {value!r}"
-                            f"{did_you_mean(str(value), allowed, key + '=')}")
+            problems.append(not_one_of(key, value, allowed))
     problems += size_problems(config, "demo_examples")
     if problems:
         return problems

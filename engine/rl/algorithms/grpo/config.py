@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from accel_backends.names import did_you_mean
+from accel_backends.names import not_one_of
 
 from ....config import EngineConfig
 from ....train import config as train_config
@@ -80,8 +80,7 @@ def _estimator_problems(a) -> list[str]:
     """``algorithm.advantage``, ``multi_reward``, ``gamma`` and ``kl_reward_coef``."""
     problems = []
     if a.advantage not in ADVANTAGE_ESTIMATORS:
-        problems.append(f"algorithm.advantage must be one of {', '.join(ADVANTAGE_ESTIMATORS)}, got {a.advantage!r}"
-                        f"{did_you_mean(str(a.advantage), ADVANTAGE_ESTIMATORS, 'algorithm.advantage=')}")
+        problems.append(not_one_of("algorithm.advantage", a.advantage, ADVANTAGE_ESTIMATORS))
     if a.multi_reward not in MULTI_REWARD_MODES:
         problems.append(f"algorithm.multi_reward must be one of {', '.join(MULTI_REWARD_MODES)}, got "
                         f"{a.multi_reward!r}")
@@ -103,8 +102,7 @@ def _check_algorithm(config: GRPOConfig) -> list[str]:
     """GRPO's algorithm.* keys (the rollout-correction keys are the RL layer's); safe on values of any type."""
     a, r, problems = config.algorithm, config.rollout, []
     if a.loss_type not in LOSS_TYPES:
-        problems.append(f"algorithm.loss_type must be one of {', '.join(LOSS_TYPES)}, got {a.loss_type!r}"
-                        f"{did_you_mean(str(a.loss_type), LOSS_TYPES, 'algorithm.loss_type=')}")
+        problems.append(not_one_of("algorithm.loss_type", a.loss_type, LOSS_TYPES))
     if a.scale_rewards is not None and a.scale_rewards not in SCALE_MODES:
         problems.append(f"algorithm.scale_rewards must be one of {', '.join(SCALE_MODES)}, got {a.scale_rewards!r}")
     if a.loss_agg is not None and a.loss_agg not in AGGREGATION_MODES:
