@@ -68,6 +68,8 @@ def importance_weights(log_probs: Tensor, sampling_log_probs: Tensor, mask: Tens
         weights = per_token.clamp(max=cap)
     elif mode == "band":  # compared in log space: the band's two edges are symmetric there
         weights = per_token.masked_fill(log_ratio.abs() > math.log(cap), 0.0)
+    elif mode == "sequence_mask":  # the same decision the sequence counts take (sequences_left_out)
+        weights = per_token.masked_fill(sequences_left_out(mode, cap, ratios).unsqueeze(-1), 0.0)
     else:
         weights = per_token.masked_fill(per_token > cap, 0.0)
     masked = (weights == 0) & mask if mode in MASK_MODES else torch.zeros_like(mask)
