@@ -61,7 +61,7 @@ def _build(backend: DeviceBackend, name: str) -> Setup:
 
     from .. import EngineConfig, FSDPEngine
     from ..demo_model import make_tiny_model
-    from ..rollout import eos_token_ids
+    from ..rollout import eos_token_ids, sync_weights
     from ..rollout.engines import RolloutContext, create_rollout_engine
     from ..rollout.engines.vllm_settings import VLLMConfig
     from .schema import RolloutConfig
@@ -76,8 +76,6 @@ def _build(backend: DeviceBackend, name: str) -> Setup:
     registered = "vllm" if name == "vllm-server" else name
     config = RolloutConfig(engine=registered, vllm=VLLMConfig(mode="server" if name == "vllm-server" else "colocated"))
     engine = create_rollout_engine(registered, RolloutContext(policy, tokenizer, str(directory), config, 96))
-    from ..rollout import sync_weights
-
     sync_weights(policy, engine)  # the start's push: an engine with its own copy begins with the policy's weights
     return Setup(policy, engine, tokenizer, tuple(eos_token_ids(policy.module, tokenizer)))
 
@@ -105,9 +103,18 @@ def _trainer_log_probs(setup: Setup, batch) -> torch.Tensor:
                                   1.0).float().cpu()
 
 
+def _largest_difference(a: torch.Tensor, b: torch.Tensor, batch) -> float:
+    """The largest |a - b| over ``batch``'s response tokens."""
+    return float(((a - b).abs() * batch.response_mask.float()).max())
+
+
 def _gap(setup: Setup, batch) -> float:
-    mask = batch.response_mask.float()
-    return float(((batch.sampling_log_probs - _trainer_log_probs(setup, batch)).abs() * mask).max())
+    """The engine's log-probs of its samples against the trainer's on the same tokens."""
+    return _largest_difference(batch.sampling_log_probs, _trainer_log_probs(setup, batch), batch)
+
+
+def _gap_bound() -> float:
+    return BF16_GAP_BOUND if current_precision() == "bf16" else GAP_BOUND
 
 
 def _update(setup: Setup, batch) -> None:
@@ -178,10 +185,9 @@ def check_prefix_cache(backend: DeviceBackend, nproc: int) -> Measurement:
     warm = _sample(setup, PROMPTS, greedy=False)  # fills any prefix cache with these prompts
     old = _trainer_log_probs(setup, warm)
     _update(setup, warm)
-    moved = float(((_trainer_log_probs(setup, warm) - old).abs() * warm.response_mask.float()).max())
+    moved = _largest_difference(_trainer_log_probs(setup, warm), old, warm)
     _push(setup)
-    gap = _gap(setup, _sample(setup, PROMPTS, greedy=False, seed=8))
-    bound = BF16_GAP_BOUND if current_precision() == "bf16" else GAP_BOUND
+    gap, bound = _gap(setup, _sample(setup, PROMPTS, greedy=False, seed=8)), _gap_bound()
     holds = gap <= bound < moved
     return Measurement(gap, "max |log-prob gap| after the push", holds,
                        f"the update moved the prompts' log-probs by up to {moved:.3g}" if holds or moved > bound
@@ -214,8 +220,8 @@ def check_logprob_gap(backend: DeviceBackend, nproc: int) -> Measurement:
     setup = _setup(backend)
     _push(setup)
     gap = _gap(setup, _sample(setup, [p + " again" for p in PROMPTS], greedy=False, seed=9))
-    bound = BF16_GAP_BOUND if current_precision() == "bf16" else GAP_BOUND
-    return Measurement(gap, "max |log-prob gap|", gap <= bound, f"{len(PROMPTS)} sampled responses, temperature 1")
+    return Measurement(gap, "max |log-prob gap|", gap <= _gap_bound(),
+                       f"{len(PROMPTS)} sampled responses, temperature 1")
 
 
 def rollout_properties() -> tuple[Property, ...]:
