@@ -251,6 +251,7 @@ def fsdp2_forward_hooks_detached(units: list[FSDPModule]):
         yield
     finally:
         for hooks, items in reversed(saved):
-            added = [(key, hook) for key, hook in hooks.items() if key not in dict(items)]
+            kept = {key for key, _ in items}
+            added = [(key, hook) for key, hook in hooks.items() if key not in kept]  # registered meanwhile: after
             hooks.clear()
             hooks.update(items + added)
