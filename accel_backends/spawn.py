@@ -244,8 +244,6 @@ class LocalJob:
 def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> None:
     if detach:
         os.setpgrp()  # a terminal's Ctrl-C goes to the parent only, which may forward it
-        signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored while it started in the parent's group
-        Path(directory, f"rank{rank}.started").touch()  # the parent's ``send`` may now reach it
     for name, value in env.items():
         _restore(name, value)  # None: unset (PYTHONSAFEPATH, set only while the ranks started)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
@@ -256,6 +254,9 @@ def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> 
     record: dict = {}
     code = 0
     try:
+        if detach:  # inside the try: a signal sent the moment the rank takes it is recorded as the rank's end
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # ignored while it started in the parent's group
+            Path(directory, f"rank{rank}.started").touch()  # the parent's ``send`` may now reach it
         record = {"returned": True, "result": fn(*args)}
     except QuietExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1

@@ -1,3 +1,4 @@
+import fcntl
 import os
 import shutil
 import subprocess
@@ -34,10 +35,31 @@ def rank_pool():
     pool.close()
 
 
+# Each stage's costliest files, most seconds first (`--durations=0` summed per file, 2-core machine, stop 53).
+# ci/test.sh hands whole files to two pytest-xdist workers in collection order: starting with these lets both
+# workers end together instead of one starting the longest file last. A file not named here only runs later.
+COSTLIEST_FIRST = (
+    # main
+    "test_gpu_check.py", "test_grpo_run.py", "test_grpo_faults.py", "test_rank_failures.py", "test_preference_run.py",
+    "test_trainer_plugin.py", "test_rank_pool.py", "test_grpo_run_outputs.py", "test_bench.py", "test_conformance.py",
+    "test_agent_docs.py", "test_spawn.py", "test_sft_sequence_parallel.py", "test_sft_run.py", "test_rollout_card.py",
+    "test_grpo_sequence_parallel.py",
+    # unit
+    "test_vllm_server.py", "test_judge_failures.py", "test_compat.py",
+)
+
+
+def collection_rank(item) -> tuple[bool, int]:
+    """Where an item's file runs: the NPU stand-in's contract tests last (the stand-in renames torch's private-use
+    device for the rest of the process, after which an in-process checkpoint save fails), the costliest files
+    first."""
+    name = item.path.name
+    costly = COSTLIEST_FIRST.index(name) if name in COSTLIEST_FIRST else len(COSTLIEST_FIRST)
+    return name == "test_npu_backend_contract.py", costly
+
+
 def pytest_collection_modifyitems(config, items):
-    # The NPU stand-in renames torch's private-use device for the rest of the process, after which an in-process
-    # checkpoint save (DCP asks that device's hooks) fails: its contract tests run last.
-    items.sort(key=lambda item: item.path.name == "test_npu_backend_contract.py")
+    items.sort(key=collection_rank)  # stable: a file's tests keep their order
     if CUDABackend().is_available():
         return
     skip = pytest.mark.skip(reason="needs a real GPU through the cuda backend")
@@ -66,26 +88,39 @@ INSTALLED_PLUGINS = ("accel-example-backend", "accel-backend-xpu", "accel-trace"
 def plugin_site(tmp_path_factory):
     """A folder where pip installed the plugins under plugins/ and one that raises on import (put it on PYTHONPATH).
 
-    One pip call per session: building and installing costs seconds, and every plugin test shares the folder.
+    One pip call per session, shared by the pytest-xdist workers too: building and installing costs seconds, and
+    every plugin test only reads the folder.
     """
-    broken = tmp_path_factory.mktemp("broken-src")
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # each worker's base folder sits in the one folder of this pytest run
+    target = shared / "plugin-site"
+    with open(shared / "plugin-site.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the first worker builds; the other waits, then reads the same folder
+        if not (target / ".complete").exists():
+            shutil.rmtree(target, ignore_errors=True)
+            install_plugins(shared / "plugin-src", target)
+            (target / ".complete").touch()
+    return str(target)
+
+
+def install_plugins(sources: Path, target: Path) -> None:
+    broken = sources / "accel-broken-backend"
+    broken.mkdir(parents=True, exist_ok=True)
     (broken / "pyproject.toml").write_text(BROKEN_PLUGIN_PYPROJECT)
     (broken / "accel_broken_backend.py").write_text(
         'raise ImportError("libvendor.so: cannot open shared object file")\n'
     )
     # Built from copies: setuptools writes build/ and *.egg-info beside the sources it builds, and that metadata in
     # the checkout would register a plugin for any later test (or CI leg) that puts its folder on sys.path.
-    sources = tmp_path_factory.mktemp("plugin-src")
-    copies = [shutil.copytree(REPO / "plugins" / name, sources / name,
+    copies = [shutil.copytree(REPO / "plugins" / name, sources / name, dirs_exist_ok=True,
                               ignore=shutil.ignore_patterns("build", "*.egg-info", "__pycache__"))
               for name in INSTALLED_PLUGINS]
-    target = tmp_path_factory.mktemp("site")
     subprocess.run(
         [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
          "--disable-pip-version-check", "--target", str(target), *map(str, copies), str(broken)],
         check=True, capture_output=True, text=True, timeout=300,
     )
-    return str(target)
 
 
 def without_module(folder: Path, name: str) -> str:

@@ -7,7 +7,8 @@ import subprocess
 import sys
 
 import pytest
-from conftest import REPO, run_python
+from conftest import REPO
+from pool_commands import run_command
 
 from engine.rl.algorithms.grpo.cli import main
 from engine.rl.prompts import echo_reward
@@ -34,8 +35,8 @@ def run(tmp_path_factory):
             "algorithm.kl_loss_coef=0", f"data.path={train}", f"data.val_path={val}",
             "data.reward=engine.grpo.tasks:echo_reward", "run.val_every=2", "run.save_every=1",
             "run.keep_checkpoints=1", "run.loggers=[jsonl,wandb,mlflow]"]
-    env = {"ACCEL_BACKEND": "cpu", "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": ""}
-    result = run_python(["-m", "engine.rl.algorithms.grpo.cli", *args], env=env, timeout=300)
+    env = {"ACCEL_BACKEND": "cpu", "WANDB_MODE": "offline", "MLFLOW_TRACKING_URI": ""}
+    result = run_command("grpo", args, env=env)  # on the warm rank pool's 2 ranks: the checks are about the run
     assert result.returncode == 0, result.stderr[-3000:]
     run_dir = root / "tracked"
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
