@@ -155,3 +155,17 @@ def test_a_signal_sent_while_a_detached_rank_starts_reaches_it_once_started_and_
         assert job.wait(timeout=60, stop_on_failure=False) == "done"  # not 60 s of sleep: the signal arrived
     assert [o.error for o in job.outcomes] == ["KeyboardInterrupt:", "KeyboardInterrupt:"]
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_signal_that_arrives_the_moment_a_rank_starts_is_recorded_as_its_end(capfd):
+    """A rank tells the parent it takes signals only once it runs inside the ``try`` that records how it ends. Here
+    its start does more work (the 20,000 environment variables it is given), a window in which a signal that
+    arrived after the rank said so escaped unrecorded with a traceback (seen under load with the default start)."""
+    import signal
+
+    env = {f"ACCEL_TEST_FILLER_{i}": "x" * 64 for i in range(20_000)}
+    with LocalJob(_sleep, (), nproc=1, detach=True, env=env) as job:
+        job.send(signal.SIGINT)
+        assert job.wait(timeout=60, stop_on_failure=False) == "done"
+    assert [o.error for o in job.outcomes] == ["KeyboardInterrupt:"]
+    assert "Traceback" not in capfd.readouterr().err
