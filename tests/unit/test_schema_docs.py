@@ -60,3 +60,20 @@ def test_a_drifted_table_is_rewritten_and_a_wrong_row_is_refused():
     dropped = "\n".join(line for line in page.splitlines() if not line.startswith("| `train.seed` |")) + "\n"
     added = schema_docs.render(dropped, recipe)
     assert "| `train.seed` | 0 |" in added  # an option no row names gets one, from the schema
+
+
+def test_the_command_checks_every_page_and_rewrites_a_drifted_one_only_when_asked(tmp_path, monkeypatch, capsys):
+    """``python -m engine.train.schema_docs --check`` (what to run after changing a schema) passes on the checkout,
+    names a drifted page without touching it (exit 1), and without ``--check`` writes the generated tables back."""
+    assert schema_docs.main(["--check"]) == 0 and capsys.readouterr().err == ""
+    page = (REPO / schema_docs.DOCS["grpo"]).read_text()
+    drifted = tmp_path / "grpo.md"
+    row = "| `rollout.n`, `rollout.max_new_tokens` | 8, "
+    drifted.write_text(page.replace(row + "512 |", row + "4 |"))  # issue 39's stale default
+    monkeypatch.setattr(schema_docs, "DOCS", {"grpo": str(drifted)})  # an absolute page path: read from the copy
+    assert schema_docs.main(["--check"]) == 1
+    assert capsys.readouterr().err.strip() == f"{drifted}: generated tables differ from the schemas: run python -m " \
+                                              "engine.train.schema_docs"
+    assert drifted.read_text() != page
+    assert schema_docs.main([]) == 0 and drifted.read_text() == page
+    assert capsys.readouterr().err.strip() == f"{drifted}: generated tables rewritten"

@@ -127,3 +127,18 @@ def test_eval_is_offered_to_the_recipes_that_score(scorer):
     for name in ("grpo", "sft", "score"):
         assert set(frame_commands(get_recipe(name))) == {"export", "eval"}, name
     assert set(frame_commands(score_plugin.Untested())) == {"export"}
+
+
+def test_a_model_directorys_evaluation_goes_beside_the_runs_and_a_file_is_no_output(tmp_path):
+    """Where eval writes when no --out is given for a model directory (not a run's checkpoint), and the one-line
+    refusal of an --out that names a file."""
+    from types import SimpleNamespace
+
+    from engine.train.evaluate import ExportError, default_output, output_directory
+
+    config = SimpleNamespace(run=SimpleNamespace(output_dir=str(tmp_path / "runs")))
+    assert default_output(config, {"model": str(tmp_path / "models" / "qwen-tuned")}) == \
+        tmp_path / "runs" / "eval-qwen-tuned"
+    (tmp_path / "results.json").write_text("{}")
+    with pytest.raises(ExportError, match=r"results.json is a file: pass a directory with --out"):
+        output_directory(tmp_path / "results.json", named=True)
