@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import REPO
 
-from accel_backends.torch_import import _is_diagnostics_command, autoload_failure, describe
+from accel_backends.torch_import import _is_diagnostics_command
 
 THIS_TORCH = torch.__version__.split("+")[0]
 
@@ -64,23 +64,6 @@ def test_info_json_names_the_matching_torch_npu_for_a_mismatched_one(tmp_path):
                                                f"{torch.__version__} is installed: pip install "
                                                f"'torch-npu=={THIS_TORCH}.*'")
     assert not doc["available"] and doc["reason"].startswith("torch_npu 2.9.0.post1 is built for torch 2.9.0")
-
-
-def test_the_autoload_failure_is_recognised_from_torchs_error():
-    try:
-        try:
-            raise ImportError("libhccl.so: cannot open shared object file")
-        except ImportError as cause:
-            raise RuntimeError("Failed to load the backend extension: vendor_ext. You can disable extension "
-                               "auto-loading with TORCH_DEVICE_BACKEND_AUTOLOAD=0.") from cause
-    except RuntimeError as exc:
-        failure = autoload_failure(exc)
-    assert failure == {"extension": "vendor_ext", "entry_point": None, "distribution": None,
-                       "error": "ImportError: libhccl.so: cannot open shared object file"}
-    assert describe(failure).endswith("entry point 'vendor_ext', which raised ImportError: libhccl.so: cannot open "
-                                      "shared object file")
-    assert autoload_failure(RuntimeError("CUDA out of memory")) is None
-    assert autoload_failure(ImportError("Failed to load the backend extension: x.")) is None
 
 
 def test_only_the_accel_backends_command_runs_itself_again(monkeypatch):
