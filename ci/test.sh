@@ -23,7 +23,7 @@ spread=()
 if [ "$workers" -gt 1 ]; then
   spread=(-n "$workers" --dist loadfile --no-loadscope-reorder)
   # One thread per worker unless told: a one-rank run in a worker would take every core, and with two workers their
-  # OpenMP threads would spin against each other (3 to 4 minutes of CPU time more over the main stage).
+  # OpenMP threads would spin against each other (about a minute of CPU time more over the main stage, measured).
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 fi
 
