@@ -54,3 +54,19 @@ def test_an_unknown_rollout_engine_is_refused_before_any_process(capsys):
         card_properties("sglang")
     trainer_card = {p.name for p in card_properties()}
     assert "prefix-cache" not in trainer_card and "weight-push" in trainer_card  # each card its own properties
+
+
+def test_a_checkout_without_the_rollout_plugin_is_told_what_to_set(monkeypatch, capsys):
+    """The GPU image runs a checkout that is not installed: no entry point, only ACCEL_BACKENDS_PLUGINS. Naming the
+    engine's rules alone left the rollout card empty there (its first GPU run)."""
+    monkeypatch.setenv("ACCEL_BACKENDS_AUTOLOAD", "0")
+    monkeypatch.setenv("ACCEL_BACKENDS_PLUGINS", "engine.conformance")
+    accel_backends.reset_registry()
+    try:
+        assert main(["certify", "cpu", "--rollout", "hf-continuous"]) == 2
+    finally:
+        monkeypatch.undo()
+        accel_backends.reset_registry()
+    err = capsys.readouterr().err
+    assert "the rollout card knows none" in err
+    assert "ACCEL_BACKENDS_PLUGINS=engine.conformance,engine.rl.certify_rollout" in err

@@ -181,7 +181,9 @@ def card_properties(rollout: str | None = None) -> tuple[Property, ...]:
     chosen = tuple(p for p in all_properties() if p.kind == kind)
     known = sorted({engine for p in chosen for engine in p.engines})
     if rollout and rollout not in known:
-        choices = ", ".join(known) or "none (no plugin registered a rollout property)"
+        choices = ", ".join(known) or ("none (no plugin registered a rollout property: install the project, or in a "
+                                       "checkout set ACCEL_BACKENDS_PLUGINS=engine.conformance,engine.rl."
+                                       "certify_rollout)")
         raise CardCannotRun(f"unknown rollout engine {rollout!r}{did_you_mean(rollout, known, '--rollout ')}: the "
                             f"rollout card knows {choices}")
     return chosen

@@ -4,6 +4,7 @@ are drawn."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,9 +27,10 @@ def save_if_due(engines, run_dir: Path, run, step: int, total: int, *, stopping:
     every = run.save_every
     if (every and (step + 1) % every == 0) or step + 1 == total or stopping:
         path = run_dir / "checkpoints" / f"step_{step + 1:06d}"
+        started = time.perf_counter()
         checkpoint.save_engines(engines if isinstance(engines, dict) else {"policy": engines}, path)
         if rank == 0:
-            after_save(path, run.keep_checkpoints, progress, tool=tool)
+            after_save(path, run.keep_checkpoints, progress, tool=tool, seconds=time.perf_counter() - started)
 
 
 def finish(progress, loggers, plot: Callable[[], None]) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import re
 from types import SimpleNamespace
 
 from tqdm import tqdm
@@ -27,7 +28,8 @@ def test_checkpoints_every_save_every_steps_at_the_end_and_on_stop_keeping_the_n
     for step in range(7):
         save_if_due(engine, tmp_path, run, step, 7, stopping=False, rank=0, progress=None, tool="accel-sft")
     assert engine.saved == ["step_000003", "step_000006", "step_000007"]
-    assert "accel-sft: saved " in capsys.readouterr().out
+    said = capsys.readouterr().out
+    assert re.search(r"accel-sft: saved \S+step_000007 \(10 B in \d+\.\d s\)", said), said  # size and seconds
     stopped = RecordingEngine()
     save_if_due(stopped, tmp_path / "b", SimpleNamespace(save_every=None, keep_checkpoints=None), 1, 7,
                 stopping=True, rank=1, progress=None, tool="accel-sft")
