@@ -16,6 +16,8 @@ import os
 import re
 import sys
 
+from .collector import paused_collector
+
 AUTOLOAD_ENV = "TORCH_DEVICE_BACKEND_AUTOLOAD"
 FAILURE_ENV = "ACCEL_BACKENDS_TORCH_AUTOLOAD_FAILURE"
 COMMAND = "accel-backends"
@@ -75,7 +77,8 @@ def import_torch():
     """``import torch``; on a broken device-backend autoload, re-run ``accel-backends`` without it, or raise an
     ``ImportError`` that names the entry point and what to do."""
     try:
-        import torch
+        with paused_collector():  # torch's import makes ~150,000 lasting objects (collector.py)
+            import torch
     except Exception as exc:
         failure = autoload_failure(exc)
         if failure is None:

@@ -11,8 +11,10 @@ from rank_pool import RankPool
 
 import accel_backends
 from accel_backends.backends.cuda import CUDABackend
+from accel_backends.collector import freeze_startup
 
 REPO = Path(__file__).resolve().parent.parent
+freeze_startup()  # this pytest process is ours: torch's objects are never walked again (accel_backends/collector.py)
 
 
 @pytest.fixture(autouse=True)

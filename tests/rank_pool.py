@@ -20,6 +20,7 @@ import time
 import traceback
 from multiprocessing.connection import wait as wait_for
 
+from accel_backends.collector import STARTING_ENV
 from accel_backends.spawn import free_port
 
 MAX_RANKS = 4  # jobs of more ranks start their own processes
@@ -90,7 +91,11 @@ class RankPool:
             ours, theirs = context.Pipe()
             process = context.Process(target=_worker_main, args=(rank, theirs, os.getpid()), daemon=True,
                                       name=f"accel-pool-rank{rank}")
-            process.start()
+            os.environ[STARTING_ENV] = "1"  # its collector paused through its imports, as a LocalJob rank's is
+            try:
+                process.start()
+            finally:
+                del os.environ[STARTING_ENV]  # a worker's job runs in the test's environment, without it
             theirs.close()
             self.workers.append((process, ours))
             self.started += 1
@@ -116,7 +121,10 @@ def _worker_main(rank: int, connection, parent_pid: int) -> None:
     import torch
 
     import accel_backends
+    import engine  # noqa: F401 - what nearly every job uses, imported once and frozen with torch
+    from accel_backends.collector import freeze_startup
 
+    freeze_startup()  # as a spawned rank does: the imports' objects are never walked again; the collector back on
     torch.set_num_threads(1)
     threading.Thread(target=_exit_with_parent, args=(parent_pid,), daemon=True).start()
     base_cwd, base_dtype = os.getcwd(), torch.get_default_dtype()

@@ -108,20 +108,27 @@ def test_named_semaphores_a_rank_made_are_unlinked_when_it_leaves():
     assert [n for n in names if os.path.exists("/dev/shm/sem." + n.lstrip("/"))] == []
 
 
-def _safe_path_seen():
+def _start_seen():
+    import gc
     import sys
 
-    return sys.flags.safe_path, os.environ.get("PYTHONSAFEPATH")
+    return {"safe_path": (sys.flags.safe_path, os.environ.get("PYTHONSAFEPATH")),
+            "starting": os.environ.get("ACCEL_BACKENDS_STARTING"), "collector_on": gc.isenabled(),
+            "frozen": gc.get_freeze_count(), "young": gc.get_count()[0]}
 
 
 def test_ranks_start_without_the_working_directory_on_their_path_and_keep_the_users_environment(monkeypatch):
     """Issue 45: a rank is a fresh interpreter, which put the working directory first on sys.path until it took
-    the launcher's; it starts with PYTHONSAFEPATH=1, and then has the variable as the user had it (unset here)."""
+    the launcher's; it starts with PYTHONSAFEPATH=1, and then has the variable as the user had it (unset here).
+    Its collector was paused through its imports and their objects frozen (accel_backends/collector.py): the rank
+    starts its work with the collector on, nothing young to walk, and no trace of the start in its environment."""
     monkeypatch.delenv("PYTHONSAFEPATH", raising=False)
-    with LocalJob(_safe_path_seen, (), nproc=1) as job:
+    with LocalJob(_start_seen, (), nproc=1) as job:
         assert job.wait(timeout=60) == "done"
-    assert job.outcomes[0].result == (True, None)
-    assert "PYTHONSAFEPATH" not in os.environ
+    seen = job.outcomes[0].result
+    assert seen["safe_path"] == (True, None) and seen["starting"] is None and seen["collector_on"] is True
+    assert seen["frozen"] > 100_000 and seen["young"] < 700, seen  # torch's objects, in the permanent generation
+    assert "PYTHONSAFEPATH" not in os.environ and "ACCEL_BACKENDS_STARTING" not in os.environ
 
 
 def test_a_torch_npu_py_in_the_working_directory_is_never_imported(tmp_path):
