@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import multiprocessing
 import os
 
 STARTING_ENV = "ACCEL_BACKENDS_STARTING"  # set while a LocalJob's ranks start (see above)
@@ -37,8 +38,14 @@ def paused_collector():
     try:
         yield
     finally:
-        if was_enabled and not os.environ.get(STARTING_ENV):  # a starting rank: paused until freeze_startup
+        if was_enabled and not _starting_rank():
             gc.enable()
+
+
+def _starting_rank() -> bool:
+    """A rank still starting: a process multiprocessing spawned while ``STARTING_ENV`` was set (any other process
+    that inherited the variable, started by another thread meanwhile, collects as usual)."""
+    return bool(os.environ.get(STARTING_ENV)) and multiprocessing.parent_process() is not None
 
 
 def freeze_startup() -> None:

@@ -2,6 +2,7 @@
 makes. Counted, not timed: the collections an import runs, the objects frozen, the collector's state afterwards."""
 
 import gc
+import multiprocessing
 import subprocess
 import sys
 
@@ -52,6 +53,10 @@ def test_a_pause_leaves_the_collector_as_it_found_it(collector_restored):
 def test_a_starting_rank_stays_paused_until_its_start_is_frozen(collector_restored, monkeypatch):
     gc.enable()
     monkeypatch.setenv(STARTING_ENV, "1")
+    with paused_collector():  # the variable alone (a process another thread started meanwhile): collects as usual
+        pass
+    assert gc.isenabled()
+    monkeypatch.setattr(multiprocessing, "parent_process", lambda: object())  # as in a rank multiprocessing spawned
     with paused_collector():
         pass
     assert not gc.isenabled()  # its imports go on without collections until the rank's work begins
