@@ -49,8 +49,8 @@ def _starting_rank() -> bool:
 
 
 def freeze_startup() -> None:
-    """Freeze every object alive now (``gc.freeze``) and run the collector: for a process this project started,
-    after its imports and before its work. Cycles among them are never collected; objects made later are collected
-    as always."""
+    """Freeze every object alive now (``gc.freeze``) and turn the collector back on: for a process this project
+    started, after its imports and before its work. Cycles among the frozen objects are never collected; objects
+    made later are collected as always."""
     gc.freeze()
     gc.enable()
