@@ -15,8 +15,9 @@ nothing. Two measures:
   collector keeps.
 
 A rank's imports happen before its own code runs (the spawn start-up unpickles its function). So while
-``spawn.LocalJob`` starts ranks it sets ``ACCEL_BACKENDS_STARTING``: in such a process the pause does not end with
-its block but lasts until ``freeze_startup``.
+``spawn.LocalJob`` starts ranks (``starting_children``) it sets ``ACCEL_BACKENDS_STARTING``: in a process
+multiprocessing spawned with it, the pause does not end with its block but lasts until ``freeze_startup``, which
+also removes the variable, so that nothing the rank starts inherits it.
 """
 
 from __future__ import annotations
@@ -27,6 +28,21 @@ import multiprocessing
 import os
 
 STARTING_ENV = "ACCEL_BACKENDS_STARTING"  # set while a LocalJob's ranks start (see above)
+
+
+@contextlib.contextmanager
+def starting_children():
+    """The processes multiprocessing spawns inside the block keep their collector paused until ``freeze_startup``;
+    this process's environment is as it was afterwards."""
+    before = os.environ.get(STARTING_ENV)
+    os.environ[STARTING_ENV] = "1"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[STARTING_ENV]
+        else:
+            os.environ[STARTING_ENV] = before
 
 
 @contextlib.contextmanager
@@ -51,6 +67,7 @@ def _starting_rank() -> bool:
 def freeze_startup() -> None:
     """Freeze every object alive now (``gc.freeze``) and turn the collector back on: for a process this project
     started, after its imports and before its work. Cycles among the frozen objects are never collected; objects
-    made later are collected as always."""
+    made later are collected as always. The start is over: ``STARTING_ENV`` goes."""
+    os.environ.pop(STARTING_ENV, None)
     gc.freeze()
     gc.enable()

@@ -28,7 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Callable
 
-from .collector import STARTING_ENV, freeze_startup
+from .collector import freeze_startup, starting_children
 
 POLL_S = 0.1
 
@@ -52,23 +52,19 @@ def forget_working_directory() -> None:
         del sys.path[0]
 
 
-class _StartingEnvironment:
+class _SafePathForChildren:
     """While ranks start: ``PYTHONSAFEPATH=1``, so that a spawned interpreter (``python -c ...`` until it takes this
-    process's ``sys.path``) puts no working directory first either, and ``ACCEL_BACKENDS_STARTING=1``, so that its
-    collector stays paused through its imports (``collector.py``). Each rank then puts both back as the user had
-    them, for the processes it starts itself."""
-
-    NAMES = ("PYTHONSAFEPATH", STARTING_ENV)
+    process's ``sys.path``) puts no working directory first either; each rank then puts the variable back as the
+    user had it, for the processes it starts itself."""
 
     def __init__(self) -> None:
-        self.before = {name: os.environ.get(name) for name in self.NAMES}
+        self.before = os.environ.get("PYTHONSAFEPATH")
 
     def __enter__(self) -> None:
-        os.environ.update(dict.fromkeys(self.NAMES, "1"))
+        os.environ["PYTHONSAFEPATH"] = "1"
 
     def __exit__(self, *exc) -> None:
-        for name, value in self.before.items():
-            _restore(name, value)
+        _restore("PYTHONSAFEPATH", self.before)
 
 
 @contextlib.contextmanager
@@ -144,8 +140,8 @@ class LocalJob:
     def start(self) -> None:
         self._directory = tempfile.mkdtemp(prefix="accel-job-")
         context = multiprocessing.get_context("spawn")
-        starting = _StartingEnvironment()
-        env = {**starting.before, **self.env}  # as the user had them, once the rank runs
+        safe_path = _SafePathForChildren()
+        env = {"PYTHONSAFEPATH": safe_path.before, **self.env}  # as the user had it, once the rank runs
         self.processes = [
             context.Process(target=_rank_main, name=f"accel-rank{rank}", daemon=False,
                             args=(rank, self.fn, self.args, env, self._directory, os.getpid(), self.detach,
@@ -155,7 +151,9 @@ class LocalJob:
         # were still in this process group, importing, and each printed a KeyboardInterrupt traceback. A rank takes
         # SIGINT again once in its own group (``started``); what ``send`` had for it before is delivered then. A
         # Ctrl-C in the few milliseconds of the start itself is not seen.
-        with starting, _sigint_ignored(self.detach and threading.current_thread() is threading.main_thread()):
+        # starting_children: each rank's collector stays paused through its imports (collector.py).
+        ignore_sigint = self.detach and threading.current_thread() is threading.main_thread()
+        with safe_path, starting_children(), _sigint_ignored(ignore_sigint):
             for process in self.processes:
                 process.start()
 
@@ -251,7 +249,7 @@ def _rank_main(rank, fn, args, env, directory, parent_pid, detach, describe) -> 
     if detach:
         os.setpgrp()  # a terminal's Ctrl-C goes to the parent only, which may forward it
     for name, value in env.items():
-        _restore(name, value)  # None: unset (PYTHONSAFEPATH and ACCEL_BACKENDS_STARTING: set only while ranks started)
+        _restore(name, value)  # None: unset (PYTHONSAFEPATH, set only while the ranks started)
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank))
     threads = env.get("OMP_NUM_THREADS")
     if threads and "torch" in sys.modules:  # imported while unpickling ``fn``: the variable alone came too late

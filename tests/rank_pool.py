@@ -20,7 +20,7 @@ import time
 import traceback
 from multiprocessing.connection import wait as wait_for
 
-from accel_backends.collector import STARTING_ENV
+from accel_backends.collector import starting_children
 from accel_backends.spawn import free_port
 
 MAX_RANKS = 4  # jobs of more ranks start their own processes
@@ -91,11 +91,8 @@ class RankPool:
             ours, theirs = context.Pipe()
             process = context.Process(target=_worker_main, args=(rank, theirs, os.getpid()), daemon=True,
                                       name=f"accel-pool-rank{rank}")
-            os.environ[STARTING_ENV] = "1"  # its collector paused through its imports, as a LocalJob rank's is
-            try:
+            with starting_children():  # its collector paused through its imports, as a LocalJob rank's is
                 process.start()
-            finally:
-                del os.environ[STARTING_ENV]  # a worker's job runs in the test's environment, without it
             theirs.close()
             self.workers.append((process, ours))
             self.started += 1

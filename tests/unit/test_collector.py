@@ -3,12 +3,13 @@ makes. Counted, not timed: the collections an import runs, the objects frozen, t
 
 import gc
 import multiprocessing
+import os
 import subprocess
 import sys
 
 import pytest
 
-from accel_backends.collector import STARTING_ENV, freeze_startup, paused_collector
+from accel_backends.collector import STARTING_ENV, freeze_startup, paused_collector, starting_children
 
 COUNT_COLLECTIONS = """
 import gc
@@ -63,3 +64,15 @@ def test_a_starting_rank_stays_paused_until_its_start_is_frozen(collector_restor
     frozen = gc.get_freeze_count()
     freeze_startup()  # in this test process too (conftest froze its start): what is alive now stays
     assert gc.isenabled() and gc.get_freeze_count() > frozen and gc.get_count()[0] == 0
+    assert STARTING_ENV not in os.environ  # the start is over: what the rank starts does not inherit it
+
+
+def test_children_started_inside_get_the_variable_and_the_environment_is_put_back(monkeypatch):
+    monkeypatch.delenv(STARTING_ENV, raising=False)
+    with starting_children():
+        assert os.environ[STARTING_ENV] == "1"
+    assert STARTING_ENV not in os.environ
+    monkeypatch.setenv(STARTING_ENV, "outer")
+    with starting_children():
+        pass
+    assert os.environ[STARTING_ENV] == "outer"
