@@ -95,19 +95,19 @@ def _sample(setup: Setup, prompts: list[str], greedy: bool, seed: int = 7):
         return rollout(setup.engine, setup.tokenizer, prompts, _sampling(setup, greedy))
 
 
-def _on_device(setup: Setup, batch) -> tuple[torch.Tensor, torch.Tensor]:
-    """The rollout batch's tokens and mask on the policy's device: a rollout engine hands its batch back on the host
-    (the card found this on its first GPU, where the trainer's forward refused host indices)."""
+def _on_device(setup: Setup, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Tensors of a rollout batch on the policy's device: a rollout engine hands its batch back on the host (the card
+    found this on its first GPU, where the trainer's forward refused host indices)."""
     device = setup.policy.backend.device()
-    return batch.input_ids.to(device), batch.attention_mask.to(device)
+    return tuple(tensor.to(device) for tensor in tensors)
 
 
 def _trainer_log_probs(setup: Setup, batch) -> torch.Tensor:
     from .logprobs import response_log_probs
 
     with setup.policy.eval_mode(), torch.no_grad():
-        return response_log_probs(setup.policy.module, *_on_device(setup, batch), batch.prompt_length,
-                                  1.0).float().cpu()
+        return response_log_probs(setup.policy.module, *_on_device(setup, batch.input_ids, batch.attention_mask),
+                                  batch.prompt_length, 1.0).float().cpu()
 
 
 def _largest_difference(a: torch.Tensor, b: torch.Tensor, batch) -> float:
@@ -129,8 +129,8 @@ def _update(setup: Setup, batch) -> None:
     enough that an engine serving the old ones cannot pass."""
     from .logprobs import response_log_probs
 
-    mask = batch.response_mask.float().to(setup.policy.backend.device())
-    input_ids, attention_mask = _on_device(setup, batch)
+    input_ids, attention_mask, mask = _on_device(setup, batch.input_ids, batch.attention_mask,
+                                                 batch.response_mask.float())
 
     def step(module, _):
         log_probs = response_log_probs(module, input_ids, attention_mask, batch.prompt_length, 1.0)
